@@ -1,0 +1,111 @@
+"""`fl-lightning run / resume / list / fetch / config`.
+
+User mistakes end with one line on stderr and exit code 2, before any work starts;
+failures during a run end with one line and exit code 1.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .core.errors import CheckpointError, ClientFailure, ConfigError
+
+USAGE_EXAMPLE = (
+    "fl-lightning run method=fedavg data=fmnist fl.rounds=5 fl.num_clients=10 "
+    "data.partition=dirichlet data.alpha=0.3 seed=1 output_dir=runs"
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fl-lightning", description="Language-driven heterogeneous FL on Lightning + Ray.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="run an experiment", epilog=f"example: {USAGE_EXAMPLE}")
+    run.add_argument("overrides", nargs="*", help="group=name, +experiment=name, or key=value")
+    run.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    res = sub.add_parser("resume", help="continue a run from its last round checkpoint")
+    res.add_argument("run_dir", type=Path)
+    res.add_argument("overrides", nargs="*", help="fl.rounds=N, runtime.*, logger.*")
+    res.add_argument("--quiet", action="store_true")
+    cfg = sub.add_parser("config", help="print the composed config without running")
+    cfg.add_argument("overrides", nargs="*")
+    sub.add_parser("list", help="list registered methods, datasets, models, ...")
+    fetch = sub.add_parser("fetch", help="download a dataset into the data root")
+    fetch.add_argument("dataset", choices=["fmnist"])
+    fetch.add_argument("--root", default=None, help="data root (default: data.root of the config)")
+    return p
+
+
+def _cmd_list() -> None:
+    from .config import GROUPS, choices
+    from .data.datasets import DATASETS
+    from .data.partition import PARTITIONERS
+    from .methods import METHODS
+    from .models import MODELS
+
+    print("methods:     " + ", ".join(METHODS.names()))
+    print("datasets:    " + ", ".join(DATASETS.names()))
+    print("partitions:  " + ", ".join(PARTITIONERS.names()))
+    print("models:      " + ", ".join(MODELS.names()))
+    for g in GROUPS:
+        if g not in ("method",):
+            print(f"conf/{g}/".ljust(13) + ", ".join(choices(g)))
+    print("experiments: " + (", ".join(choices("experiment")) or "(none)"))
+
+
+def _cmd_fetch(dataset: str, root: str | None) -> None:
+    from .config import compose
+    from .data.fetch import fetch_fmnist
+
+    root = root or compose([f"data={dataset}"]).data.root
+    print(fetch_fmnist(root, log=lambda m: print(m, file=sys.stderr)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.cmd == "list":
+            _cmd_list()
+        elif args.cmd == "fetch":
+            _cmd_fetch(args.dataset, args.root)
+        elif args.cmd == "config":
+            from .config import compose, to_yaml
+
+            print(to_yaml(compose(args.overrides)), end="")
+        elif args.cmd == "run":
+            from .config import compose
+
+            cfg = compose(args.overrides)  # fast: before torch, Ray or data are touched
+            from .runtime.runner import start_run
+
+            summary, _ = start_run(cfg, console=not args.quiet)
+            if args.quiet:
+                print(f"final_accuracy={summary['final_accuracy']}")
+        elif args.cmd == "resume":
+            from .config import load_run_config
+
+            cfg = load_run_config(args.run_dir, args.overrides)
+            from .runtime.runner import resume_run
+
+            resume_run(args.run_dir, cfg, console=not args.quiet)
+    except ConfigError as e:
+        print(f"fl-lightning: error: {e}", file=sys.stderr)
+        return 2
+    except (CheckpointError, ClientFailure) as e:
+        print(f"fl-lightning: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("fl-lightning: interrupted; continue with `fl-lightning resume <run dir>`", file=sys.stderr)
+        return 130
+    return 0
+
+
+def entrypoint() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entrypoint()

@@ -1,0 +1,137 @@
+"""Typed messages and state (fedjax-style explicit state, FLSim-style messages).
+
+Methods add fields by subclassing, never by string keys. Everything here is plain data:
+it is pickled across the actor boundary and checkpointed by `runtime.checkpoint`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .params import nbytes
+from .types import ClientId, Metrics, StateDict
+
+
+def tensor_nbytes(obj: Any) -> int:
+    """Bytes of every tensor reachable from `obj` (dataclass fields, dicts, lists)."""
+    if isinstance(obj, torch.Tensor):
+        return nbytes([obj])
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return sum(tensor_nbytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    if isinstance(obj, dict):
+        return sum(tensor_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_nbytes(v) for v in obj)
+    return 0
+
+
+@dataclass
+class ClientState:
+    """Per-client memory kept between rounds, held by the driver (so a checkpoint holds it).
+
+    Attributes:
+        personal_params: parameters that never leave the client in FL terms
+            (FedBN's batch-norm layers, personal heads). Empty for FedAvg.
+    """
+
+    personal_params: StateDict = field(default_factory=dict)
+
+
+@dataclass
+class ServerState:
+    """Everything the driver needs to continue a run; the only thing checkpointed.
+
+    Attributes:
+        round: last completed round (0 before the first).
+        global_params: the global model, or None for methods that share no weights.
+        client_states: per-client memory, keyed by client id.
+    """
+
+    round: int
+    global_params: StateDict | None
+    client_states: dict[ClientId, ClientState] = field(default_factory=dict)
+
+
+@dataclass
+class Broadcast:
+    """What every client selected in a round receives; `ray.put` once per round.
+
+    Attributes:
+        round: the round being run.
+        global_params: global weights to load, or None.
+    """
+
+    round: int
+    global_params: StateDict | None = None
+
+    def nbytes(self) -> int:
+        return tensor_nbytes(self)
+
+
+@dataclass
+class ClientPayload:
+    """The per-client part of a round.
+
+    Attributes:
+        client_id: which client to run.
+        round: the round being run.
+        seed: seeds this client's local training (derived from run seed, round, client id).
+        client_state: the client's memory from earlier rounds, or None on first contact.
+    """
+
+    client_id: ClientId
+    round: int
+    seed: int
+    client_state: ClientState | None = None
+
+
+@dataclass
+class ClientUpdate:
+    """What a client returns after local training.
+
+    Attributes:
+        client_id: who sent it.
+        num_examples: local training examples (FedAvg weight).
+        params: updated shared weights, or None for methods that share none.
+        client_state: new memory for this client (kept on the driver, not uploaded in FL terms).
+        metrics: local training metrics (loss, time).
+    """
+
+    client_id: ClientId
+    num_examples: int
+    params: StateDict | None = None
+    client_state: ClientState | None = None
+    metrics: Metrics = field(default_factory=dict)
+
+    def upload_nbytes(self) -> int:
+        """Bytes this update would send over a real network: everything but client state."""
+        return sum(
+            tensor_nbytes(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.name != "client_state"
+        )
+
+
+@dataclass
+class ClientEval:
+    """A client's evaluation of the model it would use, on its own test split."""
+
+    client_id: ClientId
+    num_examples: int
+    metrics: Metrics = field(default_factory=dict)
+
+
+@dataclass
+class RoundPlan:
+    """What `Strategy.configure_round` returns: one broadcast, one payload per client."""
+
+    round: int
+    broadcast: Broadcast
+    payloads: list[ClientPayload]
+
+    @property
+    def client_ids(self) -> list[ClientId]:
+        return [p.client_id for p in self.payloads]

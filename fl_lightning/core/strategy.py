@@ -1,0 +1,145 @@
+"""`Strategy`: the driver side of a method (Flower's configure/aggregate split over
+fedjax-style explicit state). Instance attributes are hyperparameters only; everything
+that changes during a run lives in `ServerState`, so resuming means loading it.
+
+The base class is FedAvg: uniform client sampling, example-weighted averaging of every
+parameter and buffer. Methods override the smallest hook and call `super()`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+from torch import nn
+
+from .messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState
+from .objective import ClientObjective
+from .params import weighted_mean
+from .types import ClientId, StateDict
+
+
+@dataclass
+class MethodConfig:
+    """Hyperparameters of a method (`conf/method/<name>.yaml` is validated against it)."""
+
+    name: str = "fedavg"
+
+
+@dataclass
+class OptimConfig:
+    """Client optimiser; the optimiser is rebuilt every round, as in the papers' code."""
+
+    name: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+
+
+def client_seed(run_seed: int, rnd: int, client_id: ClientId) -> int:
+    """A seed for one client's local training that depends only on (seed, round, client)."""
+    return int(np.random.SeedSequence([run_seed, rnd, client_id]).generate_state(1)[0])
+
+
+def round_rng(run_seed: int, rnd: int) -> np.random.Generator:
+    """The driver's randomness for one round; stateless, so a resumed run repeats it."""
+    return np.random.default_rng([run_seed, rnd, 0x5EED])
+
+
+class Strategy:
+    name: ClassVar[str] = "fedavg"
+    config_cls: ClassVar[type[MethodConfig]] = MethodConfig
+    objective_cls: ClassVar[type[ClientObjective]] = ClientObjective
+
+    def __init__(
+        self, config: MethodConfig, num_clients: int, clients_per_round: int, seed: int
+    ) -> None:
+        self.config = config
+        self.num_clients = num_clients
+        self.clients_per_round = clients_per_round
+        self.seed = seed
+
+    # --- client side, built inside hosts ---------------------------------------------
+    @classmethod
+    def build_objective(
+        cls, config: MethodConfig, model: nn.Module, optim: OptimConfig
+    ) -> ClientObjective:
+        """The client's LightningModule. Extra method fields go to the objective by name."""
+        kwargs = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        kwargs.pop("name")
+        return cls.objective_cls(
+            model,
+            lr=optim.lr,
+            momentum=optim.momentum,
+            weight_decay=optim.weight_decay,
+            optimizer=optim.name,
+            **kwargs,
+        )
+
+    # --- driver side ---------------------------------------------------------------
+    def init_state(self, global_params: StateDict) -> ServerState:
+        return ServerState(round=0, global_params=global_params)
+
+    def sample_clients(self, rnd: int, rng: np.random.Generator) -> list[ClientId]:
+        chosen = rng.choice(self.num_clients, size=self.clients_per_round, replace=False)
+        return sorted(int(c) for c in chosen)
+
+    def broadcast(self, state: ServerState, rnd: int) -> Broadcast:
+        return Broadcast(round=rnd, global_params=state.global_params)
+
+    def payload(self, state: ServerState, rnd: int, client_id: ClientId) -> ClientPayload:
+        return ClientPayload(
+            client_id=client_id,
+            round=rnd,
+            seed=client_seed(self.seed, rnd, client_id),
+            client_state=state.client_states.get(client_id),
+        )
+
+    def configure_round(self, state: ServerState, rnd: int, rng: np.random.Generator) -> RoundPlan:
+        ids = self.sample_clients(rnd, rng)
+        return RoundPlan(rnd, self.broadcast(state, rnd), [self.payload(state, rnd, c) for c in ids])
+
+    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
+        """Example-weighted mean of the shared parameters; keep each client's new state."""
+        client_states = dict(state.client_states)
+        for u in updates:
+            if u.client_state is not None:
+                client_states[u.client_id] = u.client_state
+        with_params = [u for u in updates if u.params is not None]
+        params = state.global_params
+        if with_params and params is not None:
+            params = {
+                **params,
+                **weighted_mean([u.params for u in with_params], [u.num_examples for u in with_params]),  # type: ignore[misc]
+            }
+        return dataclasses.replace(state, global_params=params, client_states=client_states)
+
+    def server_update(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
+        """Server-side work after aggregation (prompt tuning, prototypes, ...). FedAvg: none."""
+        return state
+
+    def eval_broadcast(self, state: ServerState) -> Broadcast | None:
+        """What the global model needs for evaluation on the server; None if there is none."""
+        return Broadcast(round=state.round, global_params=state.global_params)
+
+    def configure_evaluate(self, state: ServerState, client_ids: Sequence[ClientId]) -> RoundPlan:
+        """Plan for evaluating each client's model on its own test split."""
+        return RoundPlan(
+            state.round,
+            self.broadcast(state, state.round),
+            [self.payload(state, state.round, c) for c in client_ids],
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """Effective hyperparameters, logged at start."""
+        return {
+            "method": self.name,
+            **dataclasses.asdict(self.config),
+            "num_clients": self.num_clients,
+            "clients_per_round": self.clients_per_round,
+        }
+
+    def warnings(self) -> list[str]:
+        """Degenerate settings worth telling the user about."""
+        return []

@@ -1,0 +1,13 @@
+"""One file per method; importing this package registers them all in `METHODS`."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..core.registry import Registry
+
+if TYPE_CHECKING:
+    from ..core.strategy import Strategy
+
+METHODS: Registry[type["Strategy"]] = Registry("method")
+
+from . import fedavg  # noqa: E402,F401

@@ -1,0 +1,52 @@
+"""Small CNNs for 28×28 (and smaller) grey images.
+
+`cnn` is the FedAvg paper's CNN (McMahan et al. 2017): two 5×5 conv layers (32, 64
+channels) with 2×2 max-pooling, a 512-unit hidden layer, a linear head. Padding keeps
+it valid for inputs as small as 8×8 (scikit-learn digits).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import MODELS
+
+
+class SmallCNN(nn.Module):
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int = 1,
+        image_size: int = 28,
+        channels: tuple[int, int] = (32, 64),
+        hidden: int = 512,
+    ) -> None:
+        super().__init__()
+        c1, c2 = channels
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, c1, 5, padding=2),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5, padding=2),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+        )
+        flat = c2 * (image_size // 4) ** 2
+        self.neck = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU(inplace=True))
+        self.feature_dim = hidden
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.neck(self.features(x))
+
+    def forward_head(self, f: torch.Tensor) -> torch.Tensor:
+        return self.head(f)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+@MODELS.register("cnn")
+def cnn(num_classes: int, in_channels: int = 1, image_size: int = 28, channels: tuple[int, int] = (32, 64), hidden: int = 512) -> SmallCNN:
+    return SmallCNN(num_classes, in_channels, image_size, tuple(channels), hidden)  # type: ignore[arg-type]

@@ -1,0 +1,143 @@
+"""`ClientHost`: holds some clients' data shards and runs their local fits and evaluations.
+
+It is the same code in both executors: `SerialExecutor` calls it in the driver process,
+`RayExecutor` wraps it in an actor. Nothing here imports Ray.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from ..core.messages import Broadcast, ClientEval, ClientPayload, ClientUpdate
+from ..core.objective import ClientObjective, evaluate_model
+from ..core.strategy import MethodConfig, OptimConfig
+from ..core.types import ClientId
+from ..data.datasets import ArrayDataset
+from ..methods import METHODS
+from ..models import build_model
+
+
+@dataclass
+class ClientSpec:
+    """Everything a host needs to build a client's objective and trainer (picklable)."""
+
+    method: str
+    method_config: MethodConfig
+    model: str
+    model_kwargs: dict[str, Any]
+    optim: OptimConfig
+    num_classes: int
+    in_channels: int
+    image_size: int
+    local_epochs: int = 1
+    local_steps: int | None = None
+    batch_size: int = 64
+    accelerator: str = "cpu"
+    threads: int | None = None  # torch intra-op threads during a fit; None: leave as is
+    eval_batch_size: int = 1000
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run with `n` intra-op threads (same count in every executor: same numbers)."""
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def quiet_lightning() -> None:
+    """No banners or per-fit info lines: a host runs thousands of tiny fits."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=r".*`training_step` returns.*")
+    warnings.filterwarnings("ignore", module=r"lightning(_utilities)?\..*")
+
+
+class ClientHost:
+    def __init__(
+        self,
+        spec: ClientSpec,
+        dataset: ArrayDataset,
+        train_indices: dict[ClientId, np.ndarray],
+        test_indices: dict[ClientId, np.ndarray] | None = None,
+    ) -> None:
+        quiet_lightning()
+        self.spec = spec
+        # Shards are materialised once and stay resident between rounds.
+        self.train = {c: dataset.tensors(dataset.train_x[i], dataset.train_y[i]) for c, i in train_indices.items()}
+        self.test = {c: dataset.tensors(dataset.train_x[i], dataset.train_y[i]) for c, i in (test_indices or {}).items()}
+        self._objectives: dict[Any, ClientObjective] = {}
+
+    @property
+    def client_ids(self) -> list[ClientId]:
+        return sorted(self.train)
+
+    def objective(self, client_id: ClientId) -> ClientObjective:
+        """One objective per architecture, reused across rounds and clients (begin_round
+        resets all state), so a host with 1,000 clients keeps one model in memory."""
+        key = self.spec.model
+        if key not in self._objectives:
+            s = self.spec
+            model = build_model(s.model, s.num_classes, s.in_channels, s.image_size, **s.model_kwargs)
+            self._objectives[key] = METHODS.get(s.method).build_objective(s.method_config, model, s.optim)
+        return self._objectives[key]
+
+    def _trainer(self) -> L.Trainer:
+        s = self.spec
+        return L.Trainer(
+            accelerator=s.accelerator,
+            devices=1,
+            max_epochs=s.local_epochs if s.local_steps is None else -1,
+            max_steps=s.local_steps if s.local_steps is not None else -1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+        )
+
+    def fit(self, broadcast: Broadcast, payload: ClientPayload) -> ClientUpdate:
+        cid = payload.client_id
+        x, y = self.train[cid]
+        start = time.perf_counter()
+        with torch_threads(self.spec.threads):
+            torch.manual_seed(payload.seed)
+            obj = self.objective(cid)
+            obj.begin_round(broadcast, payload)
+            loader = DataLoader(
+                TensorDataset(x, y),
+                batch_size=self.spec.batch_size,
+                shuffle=True,
+                generator=torch.Generator().manual_seed(payload.seed),
+            )
+            self._trainer().fit(obj, loader)
+            update = obj.end_round(payload, num_examples=len(y))
+        update.metrics["fit_time_s"] = time.perf_counter() - start
+        return update
+
+    def evaluate(self, broadcast: Broadcast, payload: ClientPayload) -> ClientEval:
+        cid = payload.client_id
+        x, y = self.test[cid]
+        with torch_threads(self.spec.threads):
+            obj = self.objective(cid)
+            obj.begin_round(broadcast, payload)
+            metrics = evaluate_model(obj, x, y, self.spec.eval_batch_size)
+        return ClientEval(client_id=cid, num_examples=len(y), metrics=metrics)

@@ -1,0 +1,1 @@
+"""Loggers (W&B, run-directory files), console output, comparison tables and plots."""

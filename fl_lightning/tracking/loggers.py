@@ -1,0 +1,144 @@
+"""Metric loggers. Strategies and objectives never import W&B; only the driver does.
+
+`RunFiles` writes the run directory (always on); `WandbLogger` mirrors the same numbers
+to Weights & Biases: online with an API key, offline files otherwise, off with
+`logger=none`. One W&B run per (method, seed), grouped by experiment, tagged by method
+and dataset, so the W&B UI can group by method and average seeds without extra work.
+"""
+from __future__ import annotations
+
+import json
+import netrc
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class MetricsLogger(Protocol):
+    def log_config(self, config: dict[str, Any]) -> None: ...
+
+    def log_round(self, rnd: int, metrics: dict[str, Any]) -> None: ...
+
+    def log_summary(self, summary: dict[str, Any]) -> None: ...
+
+    def close(self, ok: bool = True) -> None: ...
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl, skipping a torn last line (a run killed mid-write)."""
+    out = []
+    if not Path(path).exists():
+        return out
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+class RunFiles:
+    """`metrics.jsonl` (one object per round, fsynced) and `summary.json` in the run dir."""
+
+    def __init__(self, run_dir: Path, keep_until_round: int | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        if keep_until_round is not None:  # resume: drop rounds after the checkpoint
+            kept = [r for r in read_jsonl(self.metrics_path) if r.get("round", 0) <= keep_until_round]
+            tmp = self.metrics_path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            tmp.replace(self.metrics_path)
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        pass  # config.yaml is written by the runner before anything starts
+
+    def log_round(self, rnd: int, metrics: dict[str, Any]) -> None:
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps({"round": rnd, **metrics}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def records(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.metrics_path)
+
+    def log_summary(self, summary: dict[str, Any]) -> None:
+        tmp = self.run_dir / ".summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        tmp.replace(self.run_dir / "summary.json")
+
+    def close(self, ok: bool = True) -> None:
+        pass
+
+
+def wandb_mode(mode: str) -> str:
+    """auto: online when an API key is configured, offline otherwise."""
+    if mode != "auto":
+        return mode
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        rc = netrc.netrc(os.environ.get("NETRC") or None)
+        if any(host.endswith("wandb.ai") for host in rc.hosts):
+            return "online"
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return "offline"
+
+
+class WandbLogger:
+    def __init__(
+        self,
+        run_dir: Path,
+        run_id: str,
+        project: str,
+        entity: str | None,
+        group: str,
+        tags: list[str],
+        mode: str,
+        config: dict[str, Any],
+        resume_id: str | None = None,
+    ) -> None:
+        import wandb
+
+        run_dir = Path(run_dir)
+        # Keep W&B's caches out of $HOME (and out of other users' way) unless set.
+        base = run_dir.parent / ".wandb"
+        for var, sub in (("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data"), ("WANDB_CONFIG_DIR", "config")):
+            os.environ.setdefault(var, str(base / sub))
+        os.environ.setdefault("WANDB_SILENT", "true")
+        self.mode = wandb_mode(mode)
+        self._wandb = wandb
+        self.run = wandb.init(
+            project=project,
+            entity=entity,
+            group=group,
+            name=run_id,
+            id=resume_id or wandb.util.generate_id(),
+            resume="allow",
+            tags=tags,
+            config=config,
+            dir=str(run_dir),
+            mode=self.mode,
+            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, disable_git=True),
+        )
+        self.id = self.run.id
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        self.run.config.update(config, allow_val_change=True)
+
+    def log_round(self, rnd: int, metrics: dict[str, Any]) -> None:
+        self.run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=rnd)
+
+    def log_summary(self, summary: dict[str, Any]) -> None:
+        for k, v in summary.items():
+            if isinstance(v, (int, float, str)):
+                self.run.summary[k] = v
+
+    def close(self, ok: bool = True) -> None:
+        self.run.finish(exit_code=0 if ok else 1)
+
+    @property
+    def location(self) -> str:
+        return str(Path(self.run.dir).parent)

@@ -1,4 +1,4 @@
-"""`fl-lightning run / resume / list / fetch / config`.
+"""`fl-lightning run / resume / list / fetch / config / text`.
 
 User mistakes end with one line on stderr and exit code 2, before any work starts;
 failures during a run end with one line and exit code 1.
@@ -35,6 +35,14 @@ def _parser() -> argparse.ArgumentParser:
     fetch = sub.add_parser("fetch", help="download a dataset into the data root")
     fetch.add_argument("dataset", choices=["fmnist"])
     fetch.add_argument("--root", default=None, help="data root (default: data.root of the config)")
+    part = sub.add_parser("partition", help="print and plot the client split a run would use, without training")
+    part.add_argument("overrides", nargs="*", help="data=<name> data.partition=<name> fl.num_clients=N ...")
+    txt = sub.add_parser("text", help="class-text similarity matrix and heatmap (data=fmnist text=minilm)")
+    txt.add_argument("overrides", nargs="*", help="data=<name> text=<encoder> text.<key>=value ...")
+    txt.add_argument("--templates", default=None, help="simple | small | imagenet80 | a template with {}")
+    txt.add_argument("--descriptions", action="store_true", help="per-class descriptions, not templates")
+    txt.add_argument("--out", default=None, help="PNG path (default: <output_dir>/text/...png)")
+    txt.add_argument("--cache-dir", default=None, help="default: ~/.cache/fl_lightning/text")
     return p
 
 
@@ -84,6 +92,14 @@ def main(argv: list[str] | None = None) -> int:
             summary, _ = start_run(cfg, console=not args.quiet)
             if args.quiet:
                 print(f"final_accuracy={summary['final_accuracy']}")
+        elif args.cmd == "partition":
+            from .data.cli_partition import partition_command
+
+            return partition_command(args.overrides)
+        elif args.cmd == "text":
+            from .text.cli_text import text_command
+
+            return text_command(args.overrides, args.templates, args.descriptions, args.out, args.cache_dir)
         elif args.cmd == "resume":
             from .config import load_run_config
 

@@ -49,12 +49,19 @@ class DataConfig:
     name: str = "fmnist"
     root: str = "${oc.env:FL_LIGHTNING_DATA,'~/.cache/fl_lightning/data'}"
     download: bool = False
-    partition: str = "dirichlet"
-    alpha: float = 0.5
-    min_size: int = 10
+    partition: str = "dirichlet"  # iid | dirichlet | dirichlet_balanced | shards | longtail | domain | ...
+    alpha: float = 0.5  # Dirichlet concentration (dirichlet, dirichlet_balanced, longtail, multilabel_dirichlet)
+    min_size: int = 10  # dirichlet: every client gets at least this many samples
+    classes_per_client: int = 2  # shards: exactly this many classes per client
+    imbalance_factor: float = 1.0  # long tail: max/min class count (cifar*_lt datasets, longtail partition)
     client_test_fraction: float = 0.0
     train_subset: Optional[int] = None  # first N training samples (quick runs, tests)
     test_subset: Optional[int] = None
+    image_size: Optional[int] = None  # folder/HDF5 datasets: resize to this square size (default per dataset)
+    domains: Optional[list[str]] = None  # domain datasets: which domains to load (default: all)
+    fine_grained: bool = False  # flair: the 1,628 fine-grained labels instead of the 17 coarse ones
+    max_users: Optional[int] = None  # flair: read only the first N training users
+    cache_partitions: bool = True  # cache splits in <root>/.partitions/<hash>.npz
 
 
 @dataclass
@@ -243,6 +250,12 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"data.client_test_fraction must be in [0, 1) (got {data.client_test_fraction})")
     if data.min_size < 0:
         raise ConfigError(f"data.min_size must be >= 0 (got {data.min_size})")
+    for key in ("classes_per_client", "image_size", "max_users"):
+        positive(f"data.{key}", data[key])
+    if data.imbalance_factor < 1:
+        raise ConfigError(f"data.imbalance_factor must be >= 1 (got {data.imbalance_factor})")
+    if data.partition == "longtail" and data.imbalance_factor <= 1:
+        raise ConfigError("data.partition=longtail needs data.imbalance_factor > 1 (e.g. 10, 50, 100)")
     enums = {
         "runtime.executor": (rt.executor, ("ray", "serial")),
         "runtime.placement": (rt.placement, ("auto", "per_client", "pool")),
@@ -276,6 +289,11 @@ def validate_registered(cfg: DictConfig) -> None:
     _check_kwargs("model", cfg.model.name, MODELS.get(cfg.model.name), model_kwargs)
     DATASETS.get(cfg.data.name)
     PARTITIONERS.get(cfg.data.partition)
+    if cfg.text.name != "none":
+        from .text import TEXT_ENCODERS
+
+        text_kwargs = {k: v for k, v in cfg.text.items() if k != "name"}
+        _check_kwargs("text", cfg.text.name, TEXT_ENCODERS.get(cfg.text.name), text_kwargs)
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -60,7 +60,10 @@ def _home(path: Path) -> Iterator[None]:
 def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
     """Start a private local Ray on loopback, or join `address`. Returns True if this call
     connected (so the caller should `ray.shutdown()`), False if Ray was already up."""
+    if not address:
+        apply_loopback_env()  # before `import ray`: Ray reads some of these at import
     import ray
+    from ray._private import ray_constants
 
     if ray.is_initialized():
         return False
@@ -68,7 +71,9 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
     if address:
         ray.init(address=address, **kwargs)
         return True
-    apply_loopback_env()
+    # If Ray was imported before the variables were set (e.g. by user code), the node-IP
+    # switch was already read; set it the way the variable would have.
+    ray_constants.ENABLE_RAY_CLUSTER = False
     with _home(ray_home()):
         ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, **kwargs)
     return True

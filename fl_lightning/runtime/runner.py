@@ -31,8 +31,9 @@ from ..core.messages import ClientEval, ServerState
 from ..core.objective import ClientObjective, evaluate_model
 from ..core.params import to_cpu
 from ..core.strategy import OptimConfig, Strategy, round_rng
-from ..data.datasets import ArrayDataset, check_dataset, load_dataset
-from ..data.federated import FederatedSplit, make_split
+from ..data.datasets import ArrayDataset, check_dataset, load_from_config
+from ..data.federated import FederatedSplit, split_from_config
+from ..data.stats import save_partition_plot
 from ..methods import METHODS
 from ..models import build_model
 from . import checkpoint
@@ -76,11 +77,8 @@ def prepare(cfg: DictConfig) -> Prepared:
     validate_registered(cfg)
     d = cfg.data
     check_dataset(d.name, d.root, d.download)
-    dataset = _subset(load_dataset(d.name, d.root, d.download), d.train_subset, d.test_subset)
-    split = make_split(
-        dataset, d.partition, cfg.fl.num_clients, cfg.seed,
-        client_test_fraction=d.client_test_fraction, alpha=d.alpha, min_size=d.min_size,
-    )  # fmt: skip
+    dataset = load_from_config(d)  # with data.image_size, domains, ... and train/test subsets
+    split = split_from_config(dataset, cfg)  # cached under <data.root>/.partitions/
     strategy_cls = METHODS.get(cfg.method.name)
     method_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(strategy_cls.config_cls), cfg.method))
     strategy = strategy_cls(method_cfg, cfg.fl.num_clients, clients_per_round(cfg), cfg.seed)
@@ -162,12 +160,13 @@ class Run:
             self.p.spec.accelerator = placement.accelerator
             host = ClientHost(self.p.spec, self.p.dataset, dict(enumerate(self.p.split.train)), dict(enumerate(self.p.split.test)))
             return SerialExecutor(host), placement, False
-        import ray
-
         from .local_ray import init_ray
-        from .ray_executor import RayExecutor
 
         started = init_ray(cfg.runtime.address, cfg.runtime.num_cpus, cfg.runtime.num_gpus)
+        import ray
+
+        from .ray_executor import RayExecutor
+
         try:
             res = ray.cluster_resources()
             placement = _placement(cfg, res.get("CPU", 1.0), res.get("GPU", 0.0))
@@ -228,6 +227,7 @@ class Run:
         prior = files.records()
         wall_offset = float(prior[-1].get("wall_time_s", 0.0)) if prior else 0.0
         (self.run_dir / "partition.json").write_text(json.dumps(self.p.split.stats(self.p.dataset)) + "\n")
+        save_partition_plot(self.p.split.stats(self.p.dataset), self.run_dir / "partition.png")
         for w in strategy.warnings():
             log.warning(w)
         executor, placement, started_ray = self._executor()

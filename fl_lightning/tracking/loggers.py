@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import netrc
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -115,7 +116,7 @@ class WandbLogger:
             entity=entity,
             group=group,
             name=run_id,
-            id=resume_id or wandb.util.generate_id(),
+            id=resume_id or secrets.token_hex(4),
             resume="allow",
             tags=tags,
             config=config,
@@ -132,9 +133,7 @@ class WandbLogger:
         self.run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=rnd)
 
     def log_summary(self, summary: dict[str, Any]) -> None:
-        for k, v in summary.items():
-            if isinstance(v, (int, float, str)):
-                self.run.summary[k] = v
+        self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
 
     def close(self, ok: bool = True) -> None:
         self.run.finish(exit_code=0 if ok else 1)

@@ -1,0 +1,1 @@
+"""Datasets, partitioners, per-client splits and partition statistics."""

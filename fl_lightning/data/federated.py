@@ -1,0 +1,189 @@
+"""`FederatedSplit`: which training (and test) samples each client holds.
+
+`make_split` runs a partitioner (seeded by the run seed) and, given a `cache_dir`, caches
+the result in `<cache_dir>/<hash>.npz`, keyed by a hash of everything that decides it:
+the dataset's name and labels (content hash), the partitioner and its options, the number
+of clients, the seed and the per-client test fraction. Any change gives a new key (a miss);
+files are written atomically and an unreadable or foreign file is recomputed.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ..core.errors import ConfigError
+from .datasets import ArrayDataset, load_from_config
+from .folders import atomic_savez, load_npz
+from .partition import PARTITIONERS, class_histogram, split_train_test
+
+log = logging.getLogger("fl_lightning")
+PARTITION_CACHE_VERSION = 1
+
+
+@dataclass
+class FederatedSplit:
+    train: list[np.ndarray]  # per client, indices into dataset.train_x
+    test: list[np.ndarray] = field(default_factory=list)  # per client, also into train_x
+    partition: str = ""
+    options: dict[str, Any] = field(default_factory=dict)  # scalar options that made it
+    key: str = ""  # the cache key (hash of the partition config)
+    from_cache: bool = False
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.train)
+
+    def client_domains(self, dataset: ArrayDataset) -> Optional[list[int]]:
+        """Each client's (majority) domain id, for datasets with domains."""
+        if dataset.train_domains is None:
+            return None
+        out = []
+        for p in self.train:
+            d = dataset.train_domains[p]
+            out.append(int(np.bincount(d).argmax()) if len(d) else -1)
+        return out
+
+    def stats(self, dataset: ArrayDataset) -> dict:
+        hist = class_histogram(dataset.train_y, self.train, dataset.num_classes)
+        out: dict[str, Any] = {
+            "dataset": dataset.name,
+            "partition": self.partition,
+            "options": self.options,
+            "num_clients": self.num_clients,
+            "class_names": dataset.class_names,
+            "multilabel": dataset.multilabel,
+            "train_sizes": [int(len(p)) for p in self.train],
+            "train_class_histogram": hist.tolist(),
+        }
+        if self.test:
+            out["test_sizes"] = [int(len(p)) for p in self.test]
+        assigned = sum(len(p) for p in self.train) + sum(len(p) for p in self.test)
+        out["unassigned"] = int(len(dataset.train_y) - assigned)  # > 0 only for `longtail`
+        if dataset.train_domains is not None:
+            out["domain_names"] = dataset.domain_names
+            out["client_domains"] = self.client_domains(dataset)
+            n_dom = max(len(dataset.domain_names), int(dataset.train_domains.max()) + 1 if len(dataset.train_domains) else 0)
+            out["train_domain_histogram"] = [np.bincount(dataset.train_domains[p], minlength=n_dom).tolist() for p in self.train]
+        if dataset.standin:
+            out["standin"] = dataset.standin
+        return out
+
+
+def _digest(a: np.ndarray) -> str:
+    a = np.ascontiguousarray(a)
+    return hashlib.sha256(f"{a.dtype}|{a.shape}|".encode() + a.tobytes()).hexdigest()[:20]
+
+
+def partition_key(
+    dataset: ArrayDataset, partition: str, num_clients: int, seed: int, client_test_fraction: float, options: dict
+) -> str:
+    """A hash of everything that decides a split."""
+    opts = {k: ({"sha256": _digest(v)} if isinstance(v, np.ndarray) else v) for k, v in sorted(options.items())}
+    desc = {
+        "version": PARTITION_CACHE_VERSION,
+        "dataset": dataset.name,
+        "labels": _digest(dataset.train_y),
+        "partition": partition,
+        "num_clients": int(num_clients),
+        "seed": int(seed),
+        "client_test_fraction": float(client_test_fraction),
+        "options": opts,
+    }
+    return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _check(parts: list[np.ndarray], n: int, partition: str) -> None:
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    if len(flat) and (flat.min() < 0 or flat.max() >= n or len(np.unique(flat)) != len(flat)):
+        raise RuntimeError(f"partition {partition!r} assigned a sample twice or out of range (a bug)")
+
+
+def _load_cached(path: Path, key: str, num_clients: int) -> Optional[tuple[list[np.ndarray], list[np.ndarray]]]:
+    z = load_npz(path)
+    if z is None or str(z.get("key", "")) != key:
+        return None
+    train = [z[f"train_{k}"] for k in range(num_clients) if f"train_{k}" in z]
+    test = [z[f"test_{k}"] for k in range(num_clients) if f"test_{k}" in z]
+    if len(train) != num_clients or (test and len(test) != num_clients):
+        return None
+    return train, test
+
+
+def make_split(
+    dataset: ArrayDataset,
+    partition: str,
+    num_clients: int,
+    seed: int,
+    client_test_fraction: float = 0.0,
+    cache_dir: str | Path | None = None,
+    **options: object,
+) -> FederatedSplit:
+    """Partition `dataset`'s training set over `num_clients` clients. Domain ids and natural
+    users of the dataset are passed to the partitioner as `domains=` / `groups=`."""
+    if num_clients > len(dataset.train_y):
+        raise ConfigError(f"fl.num_clients={num_clients} exceeds the {len(dataset.train_y)} training samples")
+    fn = PARTITIONERS.get(partition)
+    opts: dict[str, Any] = dict(options)
+    if dataset.train_domains is not None:
+        opts.setdefault("domains", dataset.train_domains)
+    if dataset.train_groups is not None:
+        opts.setdefault("groups", dataset.train_groups)
+    named = inspect.signature(fn).parameters
+    scalars = {k: v for k, v in sorted(options.items()) if k in named and not isinstance(v, np.ndarray)}
+    key = partition_key(dataset, partition, num_clients, seed, client_test_fraction, opts)
+    path = Path(cache_dir).expanduser() / f"{key}.npz" if cache_dir is not None else None
+    if path is not None:
+        hit = _load_cached(path, key, num_clients)
+        if hit is not None:
+            return FederatedSplit(hit[0], hit[1], partition, scalars, key, from_cache=True)
+    rng = np.random.default_rng([seed, 0xDA7A])
+    parts = [np.asarray(p, dtype=np.int64) for p in fn(dataset.train_y, num_clients, rng, **opts)]
+    if len(parts) != num_clients:
+        raise RuntimeError(f"partition {partition!r} returned {len(parts)} clients, not {num_clients} (a bug)")
+    _check(parts, len(dataset.train_y), partition)
+    train, test = split_train_test(parts, client_test_fraction, rng) if client_test_fraction > 0 else (parts, [])
+    if path is not None:
+        arrays = {f"train_{k}": p for k, p in enumerate(train)}
+        arrays.update({f"test_{k}": p for k, p in enumerate(test)})
+        arrays["key"] = np.asarray(key)
+        atomic_savez(path, arrays)
+    return FederatedSplit(train, test, partition, scalars, key)
+
+
+def partition_options(data: Any) -> dict[str, Any]:
+    """The partitioner options a `data` config section carries."""
+    return {
+        "alpha": float(data.alpha),
+        "min_size": int(data.min_size),
+        "classes_per_client": int(data.get("classes_per_client", 2)),
+        "imbalance_factor": float(data.get("imbalance_factor", 1.0)),
+    }
+
+
+def partition_cache_dir(data: Any) -> Optional[Path]:
+    if not data.get("cache_partitions", True):
+        return None
+    return Path(str(data.root)).expanduser() / ".partitions"
+
+
+def split_from_config(dataset: ArrayDataset, cfg: Any) -> FederatedSplit:
+    """The split a run config asks for (cached under `<data.root>/.partitions/`)."""
+    d = cfg.data
+    return make_split(
+        dataset, d.partition, int(cfg.fl.num_clients), int(cfg.seed),
+        client_test_fraction=float(d.client_test_fraction), cache_dir=partition_cache_dir(d),
+        **partition_options(d),
+    )  # fmt: skip
+
+
+def prepare_data(cfg: Any) -> tuple[ArrayDataset, FederatedSplit]:
+    """Load the dataset and split it, as `fl-lightning run` does."""
+    dataset = load_from_config(cfg.data)
+    return dataset, split_from_config(dataset, cfg)

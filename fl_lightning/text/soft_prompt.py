@@ -1,0 +1,121 @@
+"""CoOp-style class-specific soft prompts over a frozen `TextEncoder` (FedTSP's prompt learner).
+
+    sp = ClassSoftPrompts(encoder, class_names, descriptions=descs, ctx_init="a photo of a")
+    feats = sp()                  # [C, k, d]: prompt "a photo of a {class}: {description_j}."
+    feats = sp(reduce="mean")     # [C, d], averaged over the k descriptions, re-normalised
+
+Each class owns `m` trainable vectors (`sp.ctx`, [C, m, h]; m = the number of tokens of
+`ctx_init`) that replace the first m content-token embeddings of all that class's k prompts
+(the leading [CLS] / <start_of_text> stays in place). They start as the token embeddings of
+`ctx_init`, so an untrained module reproduces the handcrafted prompts' features. The encoder is
+held outside the module tree: `parameters()` and `state_dict()` hold only `ctx`, and no encoder
+weight can receive a gradient. Move the encoder with the module: `sp.to(dev)` moves both.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .prompts import clean_class_name
+
+
+class ClassSoftPrompts(nn.Module):
+    def __init__(
+        self,
+        encoder: Any,
+        class_names: Sequence[str],
+        descriptions: Optional[Sequence[Sequence[str]]] = None,
+        ctx_init: Optional[str] = "a photo of a",
+        n_ctx: Optional[int] = None,
+        class_specific: bool = True,
+        init_std: float = 0.02,
+    ) -> None:
+        """`descriptions`: k strings per class (same k for all); without them k = 1 and the
+        prompt is "<ctx> {class}.". `ctx_init=None` with `n_ctx=m` starts from N(0, init_std)
+        vectors (CoOp's random init; placeholders "X" are tokenised in their place).
+        `class_specific=False` shares one set of m vectors across all classes."""
+        super().__init__()
+        object.__setattr__(self, "encoder", encoder)  # not a submodule: never trained, never saved
+        if ctx_init is None and not n_ctx:
+            raise ValueError("give ctx_init (a handcrafted context) or n_ctx (random init)")
+        ctx_text = ctx_init if ctx_init is not None else " ".join(["X"] * int(n_ctx))
+        ids, ctx_mask = encoder.tokenize([ctx_text])
+        p = encoder.prefix_tokens
+        m = int(ctx_mask.sum()) - p - encoder.suffix_tokens
+        if n_ctx is not None and ctx_init is not None and n_ctx != m:
+            raise ValueError(f"ctx_init {ctx_init!r} has {m} tokens, but n_ctx={n_ctx}")
+        self.n_ctx, self.class_names = m, [str(c) for c in class_names]
+        C = len(self.class_names)
+        if descriptions is None:
+            rests = [[f"{clean_class_name(c)}."] for c in self.class_names]
+        else:
+            if len(descriptions) != C:
+                raise ValueError(f"{C} classes but {len(descriptions)} description lists")
+            rests = [
+                [f"{clean_class_name(c)}: {d.rstrip('.')}." for d in ds]
+                for c, ds in zip(self.class_names, descriptions)
+            ]
+        ks = {len(r) for r in rests}
+        if len(ks) != 1:
+            raise ValueError(f"every class needs the same number of descriptions (got {sorted(ks)})")
+        self.k = ks.pop()
+        self.prompts = [[f"{ctx_text} {r}" for r in rs] for rs in rests]  # the handcrafted equivalents
+        flat = [t for ts in self.prompts for t in ts]
+        all_ids, mask = encoder.tokenize(flat)
+        ctx_ids = ids[0, p : p + m]
+        if not torch.equal(all_ids[:, p : p + m], ctx_ids.expand(len(flat), m)):
+            raise ValueError(
+                f"the context {ctx_text!r} does not tokenise to the same tokens inside every prompt"
+            )
+        with torch.no_grad():
+            embeds = encoder.embed_tokens(all_ids).detach()
+            init = encoder.embed_tokens(ctx_ids[None])[0].detach().float()  # [m, h]
+        if ctx_init is None:
+            init = torch.randn_like(init) * init_std
+        shape = (C, m, init.shape[-1]) if class_specific else (m, init.shape[-1])
+        self.ctx = nn.Parameter(init.expand(shape).clone())
+        self.class_specific = class_specific
+        self.register_buffer("token_embeds", embeds, persistent=False)  # [C*k, L, h], frozen
+        self.register_buffer("attention_mask", mask, persistent=False)
+        self.register_buffer("class_index", torch.arange(C).repeat_interleave(self.k), persistent=False)
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> "ClassSoftPrompts":
+        super()._apply(fn, *args, **kwargs)
+        self.encoder._apply(fn, *args, **kwargs)  # .to(device) moves the frozen encoder too
+        return self
+
+    def embeddings(self, classes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        """The prompts' embedding sequences [n, L, h] with the class vectors spliced in, and masks."""
+        rows = torch.arange(len(self.class_index), device=self.token_embeds.device)
+        if classes is not None:
+            classes = torch.as_tensor(classes, device=rows.device)
+            rows = rows[torch.isin(self.class_index, classes)]
+        base, p, m = self.token_embeds[rows], self.encoder.prefix_tokens, self.n_ctx
+        ctx = (
+            self.ctx[self.class_index[rows]]
+            if self.class_specific
+            else self.ctx.unsqueeze(0).expand(len(rows), -1, -1)
+        )
+        x = torch.cat([base[:, :p], ctx.to(base.dtype), base[:, p + m :]], dim=1)
+        return x, self.attention_mask[rows]
+
+    def forward(self, reduce: str = "none", classes: Optional[Tensor] = None) -> Tensor:
+        """Features [C, k, d] (`reduce="none"`) or [C, d] (`"mean"`, re-normalised); with
+        `classes`, only those classes (sorted), e.g. the labels present in a batch."""
+        x, mask = self.embeddings(classes)
+        feats = self.encoder.forward_embeddings(x, mask).float()
+        feats = feats.view(-1, self.k, feats.shape[-1])
+        if reduce == "mean":
+            return F.normalize(feats.mean(1), dim=-1)
+        if reduce != "none":
+            raise ValueError(f"reduce={reduce!r}: expected none or mean")
+        return feats
+
+    def extra_repr(self) -> str:
+        return (
+            f"classes={len(self.class_names)}, k={self.k}, n_ctx={self.n_ctx}, encoder={self.encoder.name!r}"
+        )

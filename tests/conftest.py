@@ -1,0 +1,54 @@
+"""Shared fixtures: the real Fashion-MNIST files, one local Ray for the session, quiet W&B.
+
+Nothing here fakes a part: runs use the real Lightning Trainer, a real local Ray on
+loopback, real W&B offline files and the real dataset (small subsets for speed).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach W&B's servers
+os.environ.setdefault("WANDB_SILENT", "true")
+
+from fl_lightning.config import compose  # noqa: E402
+from fl_lightning.data.fetch import fetch_fmnist, fmnist_present  # noqa: E402
+
+# Small but real: the first 2,000 training and 500 test images of Fashion-MNIST.
+SMALL = [
+    "data=fmnist",
+    "data.train_subset=2000",
+    "data.test_subset=500",
+    "fl.num_clients=4",
+    "fl.rounds=2",
+    "fl.batch_size=32",
+    "logger=none",
+]
+
+
+@pytest.fixture(scope="session")
+def data_root() -> str:
+    root = compose([]).data.root
+    if not fmnist_present(root):
+        fetch_fmnist(root)  # idempotent: the README commands normally did this already
+    return root
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One private local Ray (2 CPUs, loopback) shared by the tests that need it; runs
+    started inside reuse it instead of paying ~3 s for their own."""
+    import ray
+
+    from fl_lightning.runtime.local_ray import init_ray
+
+    started = init_ray(None, num_cpus=2)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def small(tmp_path: Path, *extra: str) -> list[str]:
+    return [*SMALL, f"output_dir={tmp_path}", *extra]

@@ -1,0 +1,69 @@
+"""Bad input: one clear line on stderr, a non-zero exit, nothing written, no Ray started."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fl_lightning.cli import main
+from fl_lightning.config import clients_per_round, compose
+
+BAD = [
+    (["fl.roundz=3"], "unknown config key 'fl.roundz'"),
+    (["method=fedfoo"], "unknown method 'fedfoo'; valid: fedavg"),
+    (["data=imagenet9"], "unknown dataset 'imagenet9'; valid:"),
+    (["model=resnet999"], "unknown model 'resnet999'; valid: cnn"),
+    (["method.mu=0.1"], "unknown config key 'method.mu'"),
+    (["model.hiden=3"], "unknown config key 'model.hiden'"),
+    (["data.alpha=0"], "data.alpha must be > 0"),
+    (["data.alpha=-0.5"], "data.alpha must be > 0"),
+    (["fl.num_clients=5", "fl.clients_per_round=6"], "fl.clients_per_round=6 exceeds fl.num_clients=5"),
+    (["fl.rounds=abc"], "bad value for 'fl.rounds'"),
+    (["runtime.placement=everywhere"], "runtime.placement='everywhere' is not one of"),
+    (["data.partition=zipf"], "unknown partition 'zipf'; valid:"),
+    (["data.root=/nonexistent/fl_data"], "Fashion-MNIST not found: expected train-images-idx3-ubyte.gz"),
+    (["+experiment=nope"], "unknown experiment 'nope'"),
+    (["seed"], "bad override 'seed': expected key=value"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD, ids=[" ".join(b[0]) for b in BAD])
+def test_bad_config_is_one_line_and_exit_2(overrides, message, tmp_path, capsys):
+    code = main(["run", *overrides, f"output_dir={tmp_path}", "logger=none"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("fl-lightning: error: "), err
+    assert message in err
+    assert list(tmp_path.iterdir()) == []  # nothing was written
+
+
+def test_console_script_exit_code_and_single_line(tmp_path):
+    """The installed entry point, as a user runs it: no traceback, exit code 2."""
+    exe = os.path.join(os.path.dirname(sys.executable), "fl-lightning")
+    r = subprocess.run([exe, "run", "data.alpha=-1", f"output_dir={tmp_path}"], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr == "fl-lightning: error: data.alpha must be > 0 (got -1.0)\n"
+
+
+def test_overrides_groups_and_fraction():
+    cfg = compose(["method=fedavg", "data=fmnist", "fl.rounds=5", "fl.num_clients=10",
+                   "data.partition=dirichlet", "data.alpha=0.3", "seed=1", "output_dir=/some/dir"])  # fmt: skip
+    assert (cfg.fl.rounds, cfg.fl.num_clients, cfg.data.alpha, cfg.seed) == (5, 10, 0.3, 1)
+    assert cfg.output_dir == "/some/dir" and cfg.runtime.executor == "ray"
+    assert clients_per_round(cfg) == 10
+    assert clients_per_round(compose(["fl.fraction=0.25", "fl.num_clients=10"])) == 2  # round(2.5)
+    assert compose(["runtime=serial"]).runtime.executor == "serial"
+
+
+def test_list_prints_registries(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "methods:     fedavg" in out and "fmnist" in out and "dirichlet" in out
+
+
+def test_resume_refuses_to_change_the_experiment(tmp_path, capsys):
+    (tmp_path / "config.yaml").write_text("seed: 0\n")
+    assert main(["resume", str(tmp_path), "data.alpha=9"]) == 2
+    assert "cannot change 'data.alpha' on resume" in capsys.readouterr().err
+    assert main(["resume", str(tmp_path / "nope")]) == 2
+    assert "is not a run directory" in capsys.readouterr().err

@@ -1,0 +1,111 @@
+"""End to end on the real parts: Fashion-MNIST files, Lightning Trainer, local Ray, W&B offline."""
+import glob
+import json
+
+import pytest
+import torch
+
+from fl_lightning.config import compose
+from fl_lightning.runtime.runner import start_run
+
+from .conftest import small
+from .wandb_files import read_run
+
+ISSUE_EXAMPLE = ["method=fedavg", "data=fmnist", "fl.rounds=5", "fl.num_clients=10",
+                 "data.partition=dirichlet", "data.alpha=0.3", "seed=1"]  # fmt: skip
+
+
+def _records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_issue_example_learns_well_above_chance(tmp_path, data_root):
+    """The issue's example command (serial executor, 6,000 training images for speed)."""
+    cfg = compose([*ISSUE_EXAMPLE, "runtime=serial", "logger=none", "data.train_subset=6000",
+                   "data.test_subset=1000", f"output_dir={tmp_path}"])  # fmt: skip
+    summary, run_dir = start_run(cfg, console=False)
+    assert summary["rounds_completed"] == 5 and summary["method"] == "fedavg"
+    assert summary["final_accuracy"] > 0.55  # chance is 0.10
+    assert summary["best_accuracy"] >= summary["final_accuracy"]
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    for key in ("method", "dataset", "seed", "rounds_completed", "final_accuracy", "best_accuracy", "wall_time_s"):
+        assert on_disk[key] == summary[key]
+    recs = _records(run_dir)
+    assert [r["round"] for r in recs] == [1, 2, 3, 4, 5]
+    for r in recs:
+        assert {"accuracy", "loss", "wall_time_s", "bytes_up", "bytes_down"} <= set(r)
+        assert r["bytes_up"] == r["bytes_down"] == 10 * 1_663_370 * 4  # 10 CNNs each way
+    assert recs[-1]["accuracy"] == summary["final_accuracy"]
+    assert (run_dir / "config.yaml").read_text().count("alpha: 0.3") == 1
+    stats = json.loads((run_dir / "partition.json").read_text())
+    assert sum(stats["train_sizes"]) == 6000 and len(stats["train_class_histogram"]) == 10
+
+
+def test_serial_and_ray_give_identical_metrics(tmp_path, data_root, ray_session):
+    """Same config and seed, both executors (Ray with per-client actors and with a pool)."""
+    args = small(tmp_path, "fl.rounds=2", "fl.num_clients=3", "runtime.threads_per_client=1")
+    serial, sdir = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False)
+    ray_pc, pdir = start_run(compose([*args, "runtime=ray", "runtime.placement=per_client", "run_id=per_client"]), console=False)
+    ray_pool, odir = start_run(compose([*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=2", "run_id=pool"]), console=False)
+    assert ray_pc["num_actors"] == 3 and ray_pool["num_actors"] == 2
+    keys = ("accuracy", "loss", "train_loss", "bytes_up")
+    expect = [[r[k] for k in keys] for r in _records(sdir)]
+    assert expect == [[r[k] for k in keys] for r in _records(pdir)]
+    assert expect == [[r[k] for k in keys] for r in _records(odir)]
+    assert serial["final_accuracy"] == ray_pc["final_accuracy"] == ray_pool["final_accuracy"]
+
+
+def test_local_ray_stays_on_loopback(ray_session):
+    import ray
+
+    nodes = ray.nodes()
+    assert [n["NodeManagerAddress"] for n in nodes] == ["127.0.0.1"]
+
+    @ray.remote(num_cpus=0.1)
+    def where():
+        return ray.util.get_node_ip_address()
+
+    assert ray.get(where.remote()) == "127.0.0.1"
+
+
+def test_client_test_splits_give_personalised_metrics(tmp_path, data_root, ray_session):
+    cfg = compose(small(tmp_path, "data.client_test_fraction=0.25", "runtime=ray"))
+    summary, run_dir = start_run(cfg, console=False)
+    last = _records(run_dir)[-1]
+    for k in ("client_accuracy", "client_accuracy_mean", "client_accuracy_std", "client_accuracy_worst10"):
+        assert 0.0 <= last[k] <= 1.0
+    assert last["client_accuracy_worst10"] <= last["client_accuracy_mean"]
+    assert summary["final_client_accuracy"] == last["client_accuracy"]
+    stats = json.loads((run_dir / "partition.json").read_text())
+    assert sum(stats["train_sizes"]) + sum(stats["test_sizes"]) == 2000
+
+
+def test_wandb_offline_run_holds_config_rounds_and_summary(tmp_path, data_root):
+    cfg = compose(small(tmp_path, "runtime=serial", "logger=wandb", "logger.mode=offline",
+                        "experiment=wbtest", "seed=3"))  # fmt: skip
+    summary, run_dir = start_run(cfg, console=False)
+    (path,) = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
+    logged = read_run(path)
+    assert logged["run"].run_group == "wbtest"
+    assert {"fedavg", "fmnist"} <= set(logged["run"].tags)
+    assert logged["config"]["seed"] == 3 and logged["config"]["method"]["name"] == "fedavg"
+    accs = [h["accuracy"] for h in logged["history"] if "accuracy" in h]
+    assert accs == [r["accuracy"] for r in _records(run_dir)]
+    assert logged["summary"]["final_accuracy"] == summary["final_accuracy"]
+    assert logged["summary"]["best_accuracy"] == summary["best_accuracy"]
+
+
+def test_only_weights_and_metrics_leave_a_client(tmp_path, data_root):
+    """What crosses the actor boundary: parameter-shaped tensors, counts and floats."""
+    from fl_lightning.runtime.runner import prepare
+    from fl_lightning.runtime.host import ClientHost
+    from fl_lightning.core.messages import Broadcast, ClientPayload
+
+    p = prepare(compose(small(tmp_path)))
+    host = ClientHost(p.spec, p.dataset, {0: p.split.train[0]})
+    update = host.fit(Broadcast(1, p.init_params), ClientPayload(0, 1, seed=5))
+    assert set(update.params) == set(p.init_params)
+    assert all(update.params[k].shape == p.init_params[k].shape for k in update.params)
+    assert update.client_state is None and update.num_examples == len(p.split.train[0])
+    assert all(isinstance(v, float) for v in update.metrics.values())
+    assert not any(torch.equal(update.params[k], p.init_params[k]) for k in update.params if "weight" in k)

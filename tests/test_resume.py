@@ -1,0 +1,51 @@
+"""A run killed at any moment resumes from its last checkpoint and ends the same."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from fl_lightning.cli import main
+from fl_lightning.config import compose
+from fl_lightning.runtime.runner import start_run
+
+from .conftest import small
+
+
+def _accs(run_dir):
+    return [json.loads(line)["accuracy"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_killed_run_resumes_to_the_same_result(tmp_path, data_root):
+    args = small(tmp_path, "fl.rounds=4", "runtime=serial", "data.train_subset=3000")
+    full, full_dir = start_run(compose([*args, "experiment=full", "run_id=a"]), console=False)
+
+    exe = os.path.join(os.path.dirname(sys.executable), "fl-lightning")
+    killed_dir = tmp_path / "killed" / "b"
+    proc = subprocess.Popen([exe, "run", *args, "experiment=killed", "run_id=b", "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    marker = killed_dir / "checkpoints" / "round-000002.json"
+    deadline = time.time() + 240
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert marker.exists(), proc.stderr.read().decode() if proc.poll() is not None else "no checkpoint"
+    proc.send_signal(signal.SIGKILL)  # no chance to clean up
+    proc.wait()
+    done = json.loads((killed_dir / "checkpoints" / sorted(p.name for p in (killed_dir / "checkpoints").glob("*.json"))[-1]).read_text())["round"]
+    assert done < 4, "the run finished before it could be killed"
+    assert not (killed_dir / "summary.json").exists() or json.loads((killed_dir / "summary.json").read_text())["rounds_completed"] < 4
+
+    assert main(["resume", str(killed_dir), "--quiet"]) == 0
+    resumed = json.loads((killed_dir / "summary.json").read_text())
+    assert resumed["rounds_completed"] == 4
+    assert resumed["final_accuracy"] == full["final_accuracy"]
+    assert _accs(killed_dir) == _accs(full_dir)  # every round, none twice
+
+
+def test_corrupt_checkpoint_gives_one_line(tmp_path, data_root, capsys):
+    summary, run_dir = start_run(compose(small(tmp_path, "runtime=serial", "fl.rounds=1")), console=False)
+    (run_dir / "checkpoints" / "round-000001.pt").write_bytes(b"not a checkpoint")
+    assert main(["resume", str(run_dir), "fl.rounds=2", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not match" in err

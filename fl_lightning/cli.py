@@ -72,7 +72,13 @@ def _cmd_fetch(dataset: str, root: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    # Overrides may come after flags (`run --quiet fl.rounds=3`): argparse leaves them over.
+    if extra and (not hasattr(args, "overrides") or any(e.startswith("-") for e in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.cmd == "list":

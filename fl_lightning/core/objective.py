@@ -45,6 +45,9 @@ class ClientObjective(L.LightningModule):
         self.optimizer_name = optimizer
         self._loss_sum = 0.0
         self._loss_count = 0
+        #: this client's training examples per class, set by the host before each round
+        #: (FedLC's calibration, prototype counts); None where labels are not single-class.
+        self.class_counts: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Class logits; evaluation takes the argmax of this."""
@@ -78,10 +81,11 @@ class ClientObjective(L.LightningModule):
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
         personal = self.personal_params()
+        shared = self.shared_params()
         return ClientUpdate(
             client_id=payload.client_id,
             num_examples=num_examples,
-            params=to_cpu(self.shared_params()),
+            params=to_cpu(shared) if shared else None,
             client_state=ClientState(personal_params=to_cpu(personal)) if personal else None,
             metrics={"train_loss": self._loss_sum / max(self._loss_count, 1)},
         )

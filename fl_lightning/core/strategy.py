@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 from torch import nn
 
+from .errors import ConfigError
 from .messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState
 from .objective import ClientObjective
 from .params import weighted_mean
@@ -37,6 +38,25 @@ class OptimConfig:
     weight_decay: float = 0.0
 
 
+@dataclass(frozen=True)
+class TaskInfo:
+    """What a strategy may know about the task, besides its own hyperparameters.
+
+    Attributes:
+        num_classes: number of classes.
+        class_names: text-ready class names (for class-text features).
+        dataset: dataset registry name.
+        text: the text-encoder config (`{"name": "none"}` when none is chosen).
+        has_client_test_split: whether clients hold their own test splits.
+    """
+
+    num_classes: int
+    class_names: tuple[str, ...] = ()
+    dataset: str = ""
+    text: dict[str, Any] = dataclasses.field(default_factory=lambda: {"name": "none"})
+    has_client_test_split: bool = False
+
+
 def client_seed(run_seed: int, rnd: int, client_id: ClientId) -> int:
     """A seed for one client's local training that depends only on (seed, round, client)."""
     return int(np.random.SeedSequence([run_seed, rnd, client_id]).generate_state(1)[0])
@@ -51,23 +71,40 @@ class Strategy:
     name: ClassVar[str] = "fedavg"
     config_cls: ClassVar[type[MethodConfig]] = MethodConfig
     objective_cls: ClassVar[type[ClientObjective]] = ClientObjective
+    #: True for methods without one global model (personal weights): they are evaluated
+    #: on each client's own test split, so the data must have one.
+    personalised: ClassVar[bool] = False
 
     def __init__(
-        self, config: MethodConfig, num_clients: int, clients_per_round: int, seed: int
+        self,
+        config: MethodConfig,
+        num_clients: int,
+        clients_per_round: int,
+        seed: int,
+        task: TaskInfo | None = None,
     ) -> None:
         self.config = config
         self.num_clients = num_clients
         self.clients_per_round = clients_per_round
         self.seed = seed
+        self.task = task or TaskInfo(num_classes=0)
+        if self.personalised and task is not None and not task.has_client_test_split:
+            raise ConfigError(
+                f"{self.name} keeps personal models, evaluated on each client's own test split: "
+                "set data.client_test_fraction (e.g. 0.25)"
+            )
 
     # --- client side, built inside hosts ---------------------------------------------
-    @classmethod
-    def build_objective(
-        cls, config: MethodConfig, model: nn.Module, optim: OptimConfig
-    ) -> ClientObjective:
-        """The client's LightningModule. Extra method fields go to the objective by name."""
-        kwargs = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    def objective_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the client objective (picklable; shipped to hosts once).
+        Default: the method config's fields, by name."""
+        kwargs = {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config)}
         kwargs.pop("name")
+        return kwargs
+
+    @classmethod
+    def build_objective(cls, model: nn.Module, optim: OptimConfig, **kwargs: Any) -> ClientObjective:
+        """The client's LightningModule, built inside hosts (and once on the driver)."""
         return cls.objective_cls(
             model,
             lr=optim.lr,
@@ -106,7 +143,7 @@ class Strategy:
         for u in updates:
             if u.client_state is not None:
                 client_states[u.client_id] = u.client_state
-        with_params = [u for u in updates if u.params is not None]
+        with_params = [u for u in updates if u.params]
         params = state.global_params
         if with_params and params is not None:
             params = {
@@ -121,7 +158,9 @@ class Strategy:
 
     def eval_broadcast(self, state: ServerState) -> Broadcast | None:
         """What the global model needs for evaluation on the server; None if there is none."""
-        return Broadcast(round=state.round, global_params=state.global_params)
+        if self.personalised:
+            return None
+        return self.broadcast(state, state.round)
 
     def configure_evaluate(self, state: ServerState, client_ids: Sequence[ClientId]) -> RoundPlan:
         """Plan for evaluating each client's model on its own test split."""

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import lightning as L
@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ..core.messages import Broadcast, ClientEval, ClientPayload, ClientUpdate
 from ..core.objective import ClientObjective, evaluate_model
-from ..core.strategy import MethodConfig, OptimConfig
+from ..core.strategy import OptimConfig
 from ..core.types import ClientId
 from ..data.datasets import ArrayDataset
 from ..methods import METHODS
@@ -31,7 +31,7 @@ class ClientSpec:
     """Everything a host needs to build a client's objective and trainer (picklable)."""
 
     method: str
-    method_config: MethodConfig
+    objective_kwargs: dict[str, Any]
     model: str
     model_kwargs: dict[str, Any]
     optim: OptimConfig
@@ -44,7 +44,11 @@ class ClientSpec:
     accelerator: str = "cpu"
     threads: int | None = None  # torch intra-op threads during a fit; None: leave as is
     eval_batch_size: int = 1000
-    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def build_objective(spec: ClientSpec) -> ClientObjective:
+    model = build_model(spec.model, spec.num_classes, spec.in_channels, spec.image_size, **spec.model_kwargs)
+    return METHODS.get(spec.method).build_objective(model, spec.optim, **spec.objective_kwargs)
 
 
 @contextlib.contextmanager
@@ -82,6 +86,9 @@ class ClientHost:
         self.spec = spec
         # Shards are materialised once and stay resident between rounds.
         self.train = {c: dataset.tensors(dataset.train_x[i], dataset.train_y[i]) for c, i in train_indices.items()}
+        self.class_counts = {
+            c: torch.bincount(y, minlength=spec.num_classes) for c, (_, y) in self.train.items() if y.dim() == 1
+        }
         self.test = {c: dataset.tensors(dataset.train_x[i], dataset.train_y[i]) for c, i in (test_indices or {}).items()}
         self._objectives: dict[Any, ClientObjective] = {}
 
@@ -94,10 +101,10 @@ class ClientHost:
         resets all state), so a host with 1,000 clients keeps one model in memory."""
         key = self.spec.model
         if key not in self._objectives:
-            s = self.spec
-            model = build_model(s.model, s.num_classes, s.in_channels, s.image_size, **s.model_kwargs)
-            self._objectives[key] = METHODS.get(s.method).build_objective(s.method_config, model, s.optim)
-        return self._objectives[key]
+            self._objectives[key] = build_objective(self.spec)
+        obj = self._objectives[key]
+        obj.class_counts = self.class_counts.get(client_id)
+        return obj
 
     def _trainer(self) -> L.Trainer:
         s = self.spec

@@ -30,15 +30,14 @@ from ..core.errors import ConfigError
 from ..core.messages import ClientEval, ServerState
 from ..core.objective import ClientObjective, evaluate_model
 from ..core.params import to_cpu
-from ..core.strategy import OptimConfig, Strategy, round_rng
+from ..core.strategy import OptimConfig, Strategy, TaskInfo, round_rng
 from ..data.datasets import ArrayDataset, check_dataset, load_from_config
 from ..data.federated import FederatedSplit, split_from_config
 from ..data.stats import save_partition_plot
 from ..methods import METHODS
-from ..models import build_model
 from . import checkpoint
 from .executor import Executor, SerialExecutor
-from .host import ClientHost, ClientSpec
+from .host import ClientHost, ClientSpec, build_objective
 from .placement import Placement, plan_placement
 
 log = logging.getLogger("fl_lightning")
@@ -54,6 +53,7 @@ class Prepared:
     strategy: Strategy
     spec: ClientSpec
     init_params: dict[str, torch.Tensor]
+    objective: ClientObjective
 
 
 def new_run_dir(cfg: DictConfig) -> Path:
@@ -61,15 +61,6 @@ def new_run_dir(cfg: DictConfig) -> Path:
         f"{cfg.method.name}_{cfg.data.name}_s{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}_{secrets.token_hex(2)}"
     )
     return Path(cfg.output_dir).expanduser() / cfg.experiment / run_id
-
-
-def _subset(ds: ArrayDataset, train: int | None, test: int | None) -> ArrayDataset:
-    if train is None and test is None:
-        return ds
-    return ArrayDataset(
-        ds.name, ds.train_x[:train], ds.train_y[:train], ds.test_x[:test], ds.test_y[:test],
-        ds.class_names, ds.mean, ds.std,
-    )  # fmt: skip
 
 
 def prepare(cfg: DictConfig) -> Prepared:
@@ -81,11 +72,18 @@ def prepare(cfg: DictConfig) -> Prepared:
     split = split_from_config(dataset, cfg)  # cached under <data.root>/.partitions/
     strategy_cls = METHODS.get(cfg.method.name)
     method_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(strategy_cls.config_cls), cfg.method))
-    strategy = strategy_cls(method_cfg, cfg.fl.num_clients, clients_per_round(cfg), cfg.seed)
+    task = TaskInfo(
+        num_classes=dataset.num_classes,
+        class_names=tuple(dataset.class_names),
+        dataset=cfg.data.name,
+        text=OmegaConf.to_container(cfg.text, resolve=True),
+        has_client_test_split=bool(split.test),
+    )
+    strategy = strategy_cls(method_cfg, cfg.fl.num_clients, clients_per_round(cfg), cfg.seed, task)
     model_kwargs = {k: (list(v) if OmegaConf.is_list(v) else v) for k, v in cfg.model.items() if k != "name"}
     spec = ClientSpec(
         method=cfg.method.name,
-        method_config=method_cfg,
+        objective_kwargs=strategy.objective_kwargs(),
         model=cfg.model.name,
         model_kwargs=model_kwargs,
         optim=OptimConfig(**OmegaConf.to_container(cfg.optim)),
@@ -99,10 +97,10 @@ def prepare(cfg: DictConfig) -> Prepared:
     )
     torch.manual_seed(cfg.seed)
     try:
-        model = build_model(spec.model, spec.num_classes, spec.in_channels, spec.image_size, **model_kwargs)
+        objective = build_objective(spec)  # the driver's copy: initial weights, global evaluation
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model {spec.model!r}: {e}") from None
-    return Prepared(cfg, dataset, split, strategy, spec, to_cpu(model.state_dict()))
+    return Prepared(cfg, dataset, split, strategy, spec, to_cpu(objective.model.state_dict()), objective)
 
 
 def _placement(cfg: DictConfig, cpus: float, gpus: float) -> Placement:
@@ -140,7 +138,6 @@ class Run:
         self.run_dir = Path(run_dir)
         self.resume = resume
         self.console = console
-        self._eval_obj: ClientObjective | None = None
         self._test = prepared.dataset.tensors(prepared.dataset.test_x, prepared.dataset.test_y)
 
     # --- setup -------------------------------------------------------------------------
@@ -203,12 +200,8 @@ class Run:
         broadcast = self.p.strategy.eval_broadcast(state)
         if broadcast is None:
             return {}
-        if self._eval_obj is None:
-            s = self.p.spec
-            model = build_model(s.model, s.num_classes, s.in_channels, s.image_size, **s.model_kwargs)
-            self._eval_obj = METHODS.get(s.method).build_objective(s.method_config, model, s.optim)
-        self._eval_obj.begin_round(broadcast, None)
-        return evaluate_model(self._eval_obj, *self._test, batch_size=self.cfg.eval.batch_size)
+        self.p.objective.begin_round(broadcast, None)
+        return evaluate_model(self.p.objective, *self._test, batch_size=self.cfg.eval.batch_size)
 
     def _client_eval(self, executor: Executor, state: ServerState) -> dict[str, float]:
         if not (self.cfg.eval.clients and self.p.split.test):

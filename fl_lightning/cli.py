@@ -1,4 +1,4 @@
-"""`fl-lightning run / resume / list / fetch / config / text`.
+"""`fl-lightning run / resume / sweep / compare / list / fetch / config / text`.
 
 User mistakes end with one line on stderr and exit code 2, before any work starts;
 failures during a run end with one line and exit code 1.
@@ -29,6 +29,20 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("run_dir", type=Path)
     res.add_argument("overrides", nargs="*", help="fl.rounds=N, runtime.*, logger.*")
     res.add_argument("--quiet", action="store_true")
+    sw = sub.add_parser(
+        "sweep", help="a grid of runs: comma lists become axes (method=fedavg,fedprox seed=0,1,2)",
+        epilog="example: fl-lightning sweep method=fedavg seed=0,1,2 fl.rounds=5 experiment=cmp --parallel 2",
+    )
+    sw.add_argument("overrides", nargs="*", help="key=v1,v2,... (an axis) or key=value (fixed)")
+    sw.add_argument("--parallel", type=int, default=1, help="runs at a time, each in its own process (default 1)")
+    sw.add_argument("--dry-run", action="store_true", help="print the runs, run nothing")
+    sw.add_argument("--no-plots", action="store_true", help="no accuracy-vs-round PNGs at the end")
+    cmp_ = sub.add_parser("compare", help="table (mean ± std over seeds) and accuracy-vs-round plots of runs")
+    cmp_.add_argument("paths", nargs="+", help="runs folders (searched for run directories) or run directories")
+    cmp_.add_argument("--by", default=None, help="group by these comma-separated keys (default: method)")
+    cmp_.add_argument("--metric", default=None, help="per-round metric to compare (default: the run's accuracy metric)")
+    cmp_.add_argument("--out", default=None, help="folder for the plots and compare.json (default: <first path>/compare)")
+    cmp_.add_argument("--no-plots", action="store_true")
     cfg = sub.add_parser("config", help="print the composed config without running")
     cfg.add_argument("overrides", nargs="*")
     sub.add_parser("list", help="list registered methods, datasets, models, ...")
@@ -98,6 +112,14 @@ def main(argv: list[str] | None = None) -> int:
             summary, _ = start_run(cfg, console=not args.quiet)
             if args.quiet:
                 print(f"final_accuracy={summary['final_accuracy']}")
+        elif args.cmd == "sweep":
+            from .tracking.sweep import sweep_command
+
+            return sweep_command(args.overrides, args.parallel, args.dry_run, not args.no_plots)
+        elif args.cmd == "compare":
+            from .tracking.compare import compare_command
+
+            return compare_command(args.paths, args.by, args.metric, args.out, not args.no_plots)
         elif args.cmd == "partition":
             from .data.cli_partition import partition_command
 

@@ -82,7 +82,7 @@ class EvalConfig:
 @dataclass
 class RuntimeConfig:
     executor: str = "ray"  # ray | serial
-    address: Optional[str] = None  # join a running cluster ("auto" or host:port); else local
+    address: Optional[str] = None  # "auto" or host:port joins a cluster; null: $RAY_ADDRESS (a Ray job's cluster), else local
     placement: str = "auto"  # auto | per_client | pool
     num_actors: Optional[int] = None  # pool size; default: one per CPU (or GPU)
     num_cpus: Optional[int] = None  # size of a local Ray instance; default: all
@@ -91,6 +91,8 @@ class RuntimeConfig:
     gpus_per_client: Optional[float] = None  # default: 1 when GPUs exist
     threads_per_client: Optional[int] = None  # torch threads per fit; default: CPU share
     accelerator: str = "auto"  # auto | cpu | gpu
+    placement_strategy: str = "PACK"  # GPU placement group: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    schedule_timeout_s: Optional[float] = 120.0  # wait this long for the GPU bundles; null: forever
 
 
 @dataclass
@@ -260,6 +262,7 @@ def validate(cfg: DictConfig) -> None:
         "runtime.executor": (rt.executor, ("ray", "serial")),
         "runtime.placement": (rt.placement, ("auto", "per_client", "pool")),
         "runtime.accelerator": (rt.accelerator, ("auto", "cpu", "gpu")),
+        "runtime.placement_strategy": (rt.placement_strategy, ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")),
         "logger.backend": (cfg.logger.backend, ("wandb", "none")),
         "logger.mode": (cfg.logger.mode, ("auto", "online", "offline", "disabled")),
         "optim.name": (cfg.optim.name, ("sgd", "adam")),
@@ -267,7 +270,7 @@ def validate(cfg: DictConfig) -> None:
     for key, (value, valid) in enums.items():
         if value not in valid:
             raise ConfigError(f"{key}={value!r} is not one of: {', '.join(valid)}")
-    for key in ("num_actors", "num_cpus", "cpus_per_client", "gpus_per_client", "threads_per_client"):
+    for key in ("num_actors", "num_cpus", "cpus_per_client", "gpus_per_client", "threads_per_client", "schedule_timeout_s"):
         positive(f"runtime.{key}", rt[key])
     if rt.num_gpus is not None and rt.num_gpus < 0:
         raise ConfigError(f"runtime.num_gpus must be >= 0 (got {rt.num_gpus})")

@@ -135,3 +135,10 @@ class RoundPlan:
     @property
     def client_ids(self) -> list[ClientId]:
         return [p.client_id for p in self.payloads]
+
+
+def extend(base: Any, cls: type, **changes: Any) -> Any:
+    """`base` as an instance of its subclass `cls` (e.g. a method's ClientUpdate subclass),
+    with `changes` applied: lets a method call `super()` and then add its fields."""
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    return cls(**(fields | changes))

@@ -49,9 +49,18 @@ class ClientObjective(L.LightningModule):
         #: (FedLC's calibration, prototype counts); None where labels are not single-class.
         self.class_counts: torch.Tensor | None = None
 
+    def represent(self, x: torch.Tensor, model: nn.Module | None = None) -> torch.Tensor:
+        """The representation a method aligns or compares (MOON, prototypes); `model`
+        defaults to the client's own (MOON passes its frozen global/previous copies)."""
+        return (model if model is not None else self.model).forward_features(x)
+
+    def classify(self, z: torch.Tensor) -> torch.Tensor:
+        """Class logits from a representation."""
+        return self.model.forward_head(z)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Class logits; evaluation takes the argmax of this."""
-        return self.model(x)
+        return self.classify(self.represent(x))
 
     # --- round protocol -------------------------------------------------------------
     def is_personal(self, key: str) -> bool:
@@ -92,8 +101,15 @@ class ClientObjective(L.LightningModule):
 
     # --- training -------------------------------------------------------------------
     def loss_terms(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Named loss terms, summed by `training_step`. Mixins add terms after `super()`
+        and may read `self.batch_features`, the batch's representation."""
         x, y = batch
-        return {"ce": F.cross_entropy(self(x), y)}
+        z = self.represent(x)
+        self.batch_features = z
+        return {"ce": self.task_loss(self.classify(z), y)}
+
+    def task_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, y)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         terms = self.loss_terms(batch)

@@ -10,4 +10,4 @@ if TYPE_CHECKING:
 
 METHODS: Registry[type["Strategy"]] = Registry("method")
 
-from . import fedavg  # noqa: E402,F401
+from . import fedavg, fedbn, fedglcl, fedlc, fednova, fedprox, fedproto, moon, scaffold  # noqa: E402,F401

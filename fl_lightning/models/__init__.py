@@ -1,5 +1,5 @@
 """Backbones with one contract: `forward_features(x) -> [B, D]`, `forward_head(f) -> logits`,
-`head` (the final linear layer), `feature_dim`. Registered by name in `MODELS`."""
+`head` (the classifier on top of the features), `feature_dim`. Registered by name in `MODELS`."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -16,3 +16,4 @@ def build_model(name: str, num_classes: int, in_channels: int, image_size: int, 
 
 
 from . import cnn  # noqa: E402,F401
+from . import backbones  # noqa: E402,F401

@@ -20,20 +20,27 @@ class SmallCNN(nn.Module):
         image_size: int = 28,
         channels: tuple[int, int] = (32, 64),
         hidden: int = 512,
+        batch_norm: bool = False,
     ) -> None:
         super().__init__()
         c1, c2 = channels
+
+        def norm(c: int, dim: int = 2) -> nn.Module:
+            return (nn.BatchNorm2d(c) if dim == 2 else nn.BatchNorm1d(c)) if batch_norm else nn.Identity()
+
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, c1, 5, padding=2),
+            norm(c1),
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
             nn.Conv2d(c1, c2, 5, padding=2),
+            norm(c2),
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
             nn.Flatten(),
         )
         flat = c2 * (image_size // 4) ** 2
-        self.neck = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU(inplace=True))
+        self.neck = nn.Sequential(nn.Linear(flat, hidden), norm(hidden, 1), nn.ReLU(inplace=True))
         self.feature_dim = hidden
         self.head = nn.Linear(hidden, num_classes)
 
@@ -48,5 +55,15 @@ class SmallCNN(nn.Module):
 
 
 @MODELS.register("cnn")
-def cnn(num_classes: int, in_channels: int = 1, image_size: int = 28, channels: tuple[int, int] = (32, 64), hidden: int = 512) -> SmallCNN:
+def cnn(
+    num_classes: int, in_channels: int = 1, image_size: int = 28, channels: tuple[int, int] = (32, 64), hidden: int = 512
+) -> SmallCNN:
     return SmallCNN(num_classes, in_channels, image_size, tuple(channels), hidden)  # type: ignore[arg-type]
+
+
+@MODELS.register("cnn_bn")
+def cnn_bn(
+    num_classes: int, in_channels: int = 1, image_size: int = 28, channels: tuple[int, int] = (32, 64), hidden: int = 512
+) -> SmallCNN:
+    """`cnn` with batch norm after each conv and the hidden layer (for FedBN and friends)."""
+    return SmallCNN(num_classes, in_channels, image_size, tuple(channels), hidden, batch_norm=True)  # type: ignore[arg-type]

@@ -44,6 +44,9 @@ class ClientSpec:
     accelerator: str = "cpu"
     threads: int | None = None  # torch intra-op threads during a fit; None: leave as is
     eval_batch_size: int = 1000
+    #: the initial weights: a client seen for the first time starts from them, whatever
+    #: client the (reused) objective served before
+    init_params: dict[str, torch.Tensor] | None = None
 
 
 def build_objective(spec: ClientSpec) -> ClientObjective:
@@ -106,6 +109,13 @@ class ClientHost:
         obj.class_counts = self.class_counts.get(client_id)
         return obj
 
+    def _begin(self, broadcast: Broadcast, payload: ClientPayload) -> ClientObjective:
+        obj = self.objective(payload.client_id)
+        if payload.client_state is None and self.spec.init_params is not None:
+            obj.load_params(self.spec.init_params)
+        obj.begin_round(broadcast, payload)
+        return obj
+
     def _trainer(self) -> L.Trainer:
         s = self.spec
         return L.Trainer(
@@ -127,8 +137,7 @@ class ClientHost:
         start = time.perf_counter()
         with torch_threads(self.spec.threads):
             torch.manual_seed(payload.seed)
-            obj = self.objective(cid)
-            obj.begin_round(broadcast, payload)
+            obj = self._begin(broadcast, payload)
             loader = DataLoader(
                 TensorDataset(x, y),
                 batch_size=self.spec.batch_size,
@@ -144,7 +153,6 @@ class ClientHost:
         cid = payload.client_id
         x, y = self.test[cid]
         with torch_threads(self.spec.threads):
-            obj = self.objective(cid)
-            obj.begin_round(broadcast, payload)
+            obj = self._begin(broadcast, payload)
             metrics = evaluate_model(obj, x, y, self.spec.eval_batch_size)
         return ClientEval(client_id=cid, num_examples=len(y), metrics=metrics)

@@ -2,13 +2,24 @@
 
 A local Ray started by us stays on loopback (see shared/RAY_LOCAL.md): node IP
 127.0.0.1, no 8.8.8.8 probe, no cloud-metadata look-ups, no usage report, session files
-in our own temp dir. Joining a cluster (`runtime.address`) applies none of this.
+in our own temp dir. Joining a cluster applies none of this.
+
+Which Ray a run uses (`cluster_address`):
+
+- `runtime.address=auto` or `host:port` (or `ray://host:port`): join that cluster;
+- `runtime.address=local`: always a private local Ray;
+- `runtime.address=null` (default): join the cluster named by `$RAY_ADDRESS` when it is a
+  cluster address (inside a job started by `ray job submit`, Ray sets it to the head's
+  GCS address, so the job's driver joins the cluster it was submitted to); an
+  `http://` dashboard URL there (what `ray job submit` itself reads) is not a cluster
+  address and is ignored; otherwise start a private local Ray.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -57,9 +68,23 @@ def _home(path: Path) -> Iterator[None]:
             os.environ["HOME"] = before
 
 
+def cluster_address(address: str | None) -> str | None:
+    """The cluster to join, or None for a private local Ray (see the module docstring)."""
+    if address == "local":
+        return None
+    if address:
+        return address
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    if env and not env.startswith(("http://", "https://")):
+        return env
+    return None
+
+
 def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
-    """Start a private local Ray on loopback, or join `address`. Returns True if this call
-    connected (so the caller should `ray.shutdown()`), False if Ray was already up."""
+    """Start a private local Ray on loopback, or join a cluster (`address`, else
+    `$RAY_ADDRESS`: see `cluster_address`). Returns True if this call connected (so the
+    caller should `ray.shutdown()`), False if Ray was already up."""
+    address = cluster_address(address)
     if not address:
         apply_loopback_env()  # before `import ray`: Ray reads some of these at import
     import ray
@@ -70,6 +95,12 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
     kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
     if address:
         ray.init(address=address, **kwargs)
+        res = ray.cluster_resources()
+        print(
+            f"ray: joined the cluster at {address} ({len(ray.nodes())} nodes, "
+            f"{res.get('CPU', 0):g} CPUs, {res.get('GPU', 0):g} GPUs)",
+            file=sys.stderr,
+        )
         return True
     # If Ray was imported before the variables were set (e.g. by user code), the node-IP
     # switch was already read; set it the way the variable would have.

@@ -2,6 +2,11 @@
 
 Pure arithmetic over the cluster's resources, so it is tested without GPUs and the
 serial executor can use the same thread count as the actors would (same numbers).
+
+GPU actors go into a Ray placement group with one bundle per GPU used
+(`{"GPU": 1, "CPU": <its actors' CPUs>}`); actor i lives in bundle i % bundles, so
+fractional requests (`runtime.gpus_per_client=0.25`) fill every GPU evenly instead of
+packing GPU 0 first, and one-GPU actors each get their own GPU.
 """
 from __future__ import annotations
 
@@ -19,9 +24,44 @@ class Placement:
     threads: int  # torch intra-op threads per fit
     accelerator: str  # cpu | gpu
     assignment: tuple[int, ...]  # client id -> actor index (sticky: data loads once)
+    gpu_bundles: int = 0  # placement-group bundles, one per GPU used; 0: no placement group
 
     def clients_of(self, actor: int) -> list[int]:
         return [c for c, a in enumerate(self.assignment) if a == actor]
+
+    def bundle_of(self, actor: int) -> int:
+        """Round-robin over the GPUs: actor i -> bundle i % bundles."""
+        return actor % self.gpu_bundles
+
+    def bundles(self) -> list[dict[str, float]]:
+        """The placement group's bundles: one whole GPU each, with its actors' CPUs."""
+        out = []
+        for b in range(self.gpu_bundles):
+            k = len(range(b, self.num_actors, self.gpu_bundles))
+            out.append({"GPU": 1.0, "CPU": round(k * self.cpus_per_actor, 4)})
+        return out
+
+
+def bundles_fit(bundles: list[dict[str, float]], nodes: list[dict[str, float]]) -> str | None:
+    """Whether each bundle fits on one node (a bundle cannot span nodes). Returns None when
+    they fit (first-fit, largest bundles first), else a one-line reason."""
+    free = [dict(n) for n in nodes]
+    for i, bundle in sorted(enumerate(bundles), key=lambda x: -sum(x[1].values())):
+        for node in free:
+            if all(node.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items()):
+                for k, v in bundle.items():
+                    node[k] = node.get(k, 0.0) - v
+                break
+        else:
+            shape = ", ".join(f"{k} {v:g}" for k, v in bundle.items())
+            per_node = "; ".join(
+                f"node {j}: " + ", ".join(f"{k} {n.get(k, 0.0):g}" for k in bundle) for j, n in enumerate(nodes)
+            )
+            return (
+                f"cannot place {len(bundles)} GPU bundles: bundle {i} ({shape}) fits on no node "
+                f"once the others are placed ({per_node}); lower runtime.cpus_per_client or the number of clients"
+            )
+    return None
 
 
 def plan_placement(
@@ -43,8 +83,12 @@ def plan_placement(
     per_gpu = (gpus_per_client or 1.0) if gpu else 0.0
     if per_gpu > 1 or (gpu and per_gpu <= 0):
         raise ConfigError(f"runtime.gpus_per_client must be in (0, 1] (got {per_gpu})")
+    whole_gpus = int(math.floor(total_gpus + 1e-9))
+    per_device = int(math.floor(1.0 / per_gpu + 1e-9)) if gpu else 0  # actors sharing one GPU
+    if gpu and whole_gpus < 1:
+        raise ConfigError(f"Ray sees {total_gpus:g} GPUs; runtime.accelerator=gpu needs at least one whole GPU")
     if gpu:
-        slots = max(1, int(math.floor(total_gpus / per_gpu + 1e-9)))
+        slots = whole_gpus * per_device
     else:
         slots = max(1, int(total_cpus // (cpus_per_client or 1.0)))
     if placement == "auto":
@@ -59,6 +103,11 @@ def plan_placement(
             f"{n} client actors × {per_gpu} GPU need {n * per_gpu:g} GPUs but the cluster has "
             f"{total_gpus:g}; use runtime.placement=pool, fewer clients, or a smaller runtime.gpus_per_client"
         )
+    if gpu and n > slots:
+        raise ConfigError(
+            f"{n} client actors × {per_gpu:g} GPU do not fit on {whole_gpus} GPUs ({per_device} per GPU at most); "
+            f"use runtime.placement=pool, fewer clients, or runtime.gpus_per_client=1/k"
+        )
     if n * cpus > total_cpus + 1e-6:
         raise ConfigError(
             f"{n} client actors × {cpus:g} CPUs need {n * cpus:g} CPUs but the cluster has "
@@ -72,4 +121,5 @@ def plan_placement(
         threads=threads,
         accelerator=accelerator,
         assignment=tuple(c % n for c in range(num_clients)),
+        gpu_bundles=min(whole_gpus, n) if gpu else 0,
     )

@@ -4,6 +4,12 @@ Per round the broadcast is `ray.put` once and each sampled client's payload goes
 actor hosting it; results come back in completion order (`ray.wait`). A client whose
 task raises, or whose actor dies, is retried once on a fresh actor, then dropped for the
 round if `max_client_failures` allows, else the run stops with the client id and cause.
+
+GPU actors are created inside a placement group (one bundle per GPU, see `placement.py`):
+the group is reserved atomically, so a request the cluster cannot meet ends with a
+clear error after `schedule_timeout_s` instead of a half-started run that waits forever.
+Ray sets CUDA_VISIBLE_DEVICES for each actor to the GPU it was given, so the Lightning
+Trainer's `devices=1` trains on exactly that GPU.
 """
 from __future__ import annotations
 
@@ -12,14 +18,14 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from ..core.errors import ClientFailure
+from ..core.errors import ClientFailure, ConfigError
 from ..core.messages import ClientPayload, RoundPlan
 from ..core.types import ClientId
 from ..data.datasets import ArrayDataset
 from .host import ClientHost, ClientSpec
-from .placement import Placement
+from .placement import Placement, bundles_fit
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +40,18 @@ class ClientActor:
         dataset: ArrayDataset,
         train: dict[ClientId, np.ndarray],
         test: dict[ClientId, np.ndarray],
+        check_cuda: bool = True,
     ) -> None:
+        import os
+
         import torch
 
+        if spec.accelerator == "gpu" and check_cuda and not torch.cuda.is_available():
+            raise RuntimeError(
+                f"Ray gave this actor GPU {[str(g) for g in ray.get_gpu_ids()]} but CUDA is not usable in it "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+                "a GPU declared with num_gpus needs a real device, or use runtime.accelerator=cpu"
+            )
         if spec.threads:
             torch.set_num_threads(spec.threads)
         self.host = ClientHost(spec, dataset, train, test)
@@ -66,30 +81,47 @@ class RayExecutor:
         test: list[np.ndarray],
         placement: Placement,
         max_client_failures: int = 0,
+        placement_strategy: str = "PACK",
+        schedule_timeout_s: float | None = 120.0,
+        check_cuda: bool = True,
     ) -> None:
         self.placement = placement
         self.max_client_failures = max_client_failures
+        self.pg = None
+        if placement.gpu_bundles:
+            self.pg = reserve_gpu_bundles(placement, placement_strategy, schedule_timeout_s)
         self._dataset_ref = ray.put(dataset)  # once; actors read it zero-copy
         self._spec = spec
         self._train, self._test = train, test
-        self._remote = ray.remote(ClientActor).options(
-            num_cpus=placement.cpus_per_actor, num_gpus=placement.gpus_per_actor
-        )
+        self._check_cuda = check_cuda
+        self._actor_cls = ray.remote(ClientActor)
+        self._options = dict(num_cpus=placement.cpus_per_actor, num_gpus=placement.gpus_per_actor)
         self.actors = [self._start(a) for a in range(placement.num_actors)]
         self.failures: list[str] = []
 
     def _start(self, actor: int):
         clients = self.placement.clients_of(actor)
-        return self._remote.remote(
+        options = dict(self._options)
+        if self.pg is not None:  # same bundle (same GPU) when an actor is restarted
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=self.placement.bundle_of(actor)
+            )
+        return self._actor_cls.options(**options).remote(
             self._spec,
             self._dataset_ref,
             {c: self._train[c] for c in clients},
             {c: self._test[c] for c in clients} if self._test else {},
+            self._check_cuda,
         )
 
     def ready(self) -> list[dict[str, Any]]:
         """Wait until every actor is up; returns where each one runs."""
-        return ray.get([a.info.remote() for a in self.actors])
+        try:
+            return ray.get([a.info.remote() for a in self.actors])
+        except (RayTaskError, RayActorError) as e:
+            raise ClientFailure(f"a client actor failed to start: {_cause(e)}") from None
 
     def _actor_of(self, payload: ClientPayload) -> Any:
         return self.actors[self.placement.assignment[payload.client_id]]
@@ -133,9 +165,44 @@ class RayExecutor:
         for a in self.actors:
             ray.kill(a)
         self.actors = []
+        if self.pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.pg)
+            self.pg = None
+
+
+def reserve_gpu_bundles(placement: Placement, strategy: str = "PACK", timeout_s: float | None = 120.0):
+    """A placement group with one bundle per GPU, ready; a clear ConfigError when the
+    bundles fit on no node, or when the cluster cannot grant them within `timeout_s`."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundles = placement.bundles()
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    reason = bundles_fit(bundles, nodes)
+    if reason:
+        raise ConfigError(reason)
+    pg = placement_group(bundles, strategy=strategy)
+    try:
+        ray.get(pg.ready(), timeout=timeout_s)
+    except GetTimeoutError:
+        remove_placement_group(pg)
+        free = ray.available_resources()
+        raise ConfigError(
+            f"Ray could not reserve {len(bundles)} GPU bundles ({bundles[0]['CPU']:g} CPUs + 1 GPU each, "
+            f"strategy {strategy}) within {timeout_s:g}s: {free.get('GPU', 0.0):g} GPUs and "
+            f"{free.get('CPU', 0.0):g} CPUs are free now (other jobs hold the rest?); free them, ask for fewer, "
+            "or raise runtime.schedule_timeout_s"
+        ) from None
+    return pg
 
 
 def _cause(e: Exception) -> str:
+    init_error = getattr(e, "error_msg", "") or ""
+    if not isinstance(e, RayTaskError) and "__init__" in init_error:  # the constructor raised
+        lines = [ln.strip() for ln in init_error.strip().splitlines() if ln.strip()]
+        errors = [ln for ln in lines if ln.split(":")[0].endswith(("Error", "Exception"))]
+        return errors[-1] if errors else lines[-1]
     if isinstance(e, RayTaskError):
         inner = e.cause if getattr(e, "cause", None) is not None else e
         return f"{type(inner).__name__}: {str(inner).strip().splitlines()[-1] if str(inner).strip() else ''}"

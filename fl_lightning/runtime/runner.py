@@ -100,7 +100,8 @@ def prepare(cfg: DictConfig) -> Prepared:
         objective = build_objective(spec)  # the driver's copy: initial weights, global evaluation
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model {spec.model!r}: {e}") from None
-    return Prepared(cfg, dataset, split, strategy, spec, to_cpu(objective.model.state_dict()), objective)
+    spec.init_params = to_cpu(objective.model.state_dict())
+    return Prepared(cfg, dataset, split, strategy, spec, spec.init_params, objective)
 
 
 def _placement(cfg: DictConfig, cpus: float, gpus: float) -> Placement:
@@ -172,6 +173,7 @@ class Run:
             ex = RayExecutor(
                 self.p.spec, self.p.dataset, self.p.split.train, self.p.split.test,
                 placement, cfg.fl.max_client_failures,
+                cfg.runtime.placement_strategy, cfg.runtime.schedule_timeout_s,
             )  # fmt: skip
             ex.ready()
         except BaseException:
@@ -191,8 +193,11 @@ class Run:
         config["partition"] = {"train_sizes": [int(len(t)) for t in self.p.split.train]}
         wb = WandbLogger(
             self.run_dir, self.run_dir.name, lc.project, lc.entity, lc.group or self.cfg.experiment,
-            [self.cfg.method.name, self.cfg.data.name, *lc.tags], lc.mode, config, meta.get("wandb_id"),
+            [self.cfg.method.name, self.cfg.data.name, f"seed:{self.cfg.seed}", *lc.tags], lc.mode, config,
+            meta.get("wandb_id"),
         )  # fmt: skip
+        if not meta.get("wandb_id"):  # once per W&B run (a resumed run has it already)
+            wb.log_partition(self.run_dir / "partition.json", self.run_dir / "partition.png")
         return [wb]
 
     # --- evaluation ----------------------------------------------------------------------

@@ -152,6 +152,9 @@ class HFTextEncoder(TextEncoder):
         if pooling not in ("mean", "cls"):
             raise ConfigError(f"text.pooling={pooling!r} is not one of: mean, cls")
         from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # no "Loading weights" bar in run output
 
         src = str(Path(model).expanduser()) if Path(model).expanduser().exists() else model
         try:

@@ -135,6 +135,26 @@ class WandbLogger:
     def log_summary(self, summary: dict[str, Any]) -> None:
         self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
 
+    def log_partition(self, stats_path: Path, plot_path: Path | None = None) -> None:
+        """The partition statistics at step 0: a table of per-client sizes and class counts
+        (`partition/class_histogram`) and the heatmap image (`partition/plot`) when present."""
+        payload: dict[str, Any] = {}
+        stats_path = Path(stats_path)
+        if stats_path.is_file():
+            stats = json.loads(stats_path.read_text())
+            hist = stats.get("train_class_histogram") or []
+            sizes = stats.get("train_sizes") or [sum(row) for row in hist]
+            if hist:
+                names = [str(n) for n in stats.get("class_names") or range(len(hist[0]))]
+                if len(set(names) | {"client", "size"}) != len(names) + 2:
+                    names = [f"{i}:{n}" for i, n in enumerate(names)]
+                rows = [[i, int(sizes[i]), *(int(v) for v in row)] for i, row in enumerate(hist)]
+                payload["partition/class_histogram"] = self._wandb.Table(columns=["client", "size", *names], data=rows)
+        if plot_path is not None and Path(plot_path).is_file():
+            payload["partition/plot"] = self._wandb.Image(str(plot_path))
+        if payload:
+            self.run.log(payload, step=0)
+
     def close(self, ok: bool = True) -> None:
         self.run.finish(exit_code=0 if ok else 1)
 

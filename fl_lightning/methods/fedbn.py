@@ -1,0 +1,37 @@
+"""FedBN: Li et al., "FedBN: Federated Learning on Non-IID Features via Local Batch
+Normalization", ICLR 2021, https://arxiv.org/abs/2102.07623.
+
+Differs from FedAvg by keeping every batch-norm layer (affine weights and running
+statistics) with its client: those keys are never uploaded or averaged. There is no
+single global model, so FedBN is evaluated on each client's own test split.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..core.objective import ClientObjective
+from ..core.strategy import Strategy
+from . import METHODS
+
+
+def batchnorm_prefixes(model: nn.Module) -> tuple[str, ...]:
+    return tuple(f"{name}." for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
+
+
+class FedBNObjective(ClientObjective):
+    def __init__(self, model: nn.Module, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(model, **kwargs)
+        self._bn = batchnorm_prefixes(model)
+        if not self._bn:
+            raise ValueError("fedbn needs a model with batch norm (e.g. model=cnn_bn)")
+
+    def is_personal(self, key: str) -> bool:
+        return key.startswith(self._bn)
+
+
+@METHODS.register("fedbn")
+class FedBN(Strategy):
+    name = "fedbn"
+    objective_cls = FedBNObjective
+    personalised = True

@@ -1,0 +1,222 @@
+"""`fl-lightning sweep method=fedavg,fedprox seed=0,1,2 <overrides>`: a grid of runs.
+
+Every override whose value holds a comma (outside brackets and quotes) is an axis; the
+grid is their product, in command-line order (the last axis varies fastest). All runs
+share one experiment name, so they land in one runs folder
+(`<output_dir>/<experiment>/`) and one W&B group; without `experiment=...` the sweep
+names one `sweep_<timestamp>`. Every configuration is composed and validated before
+the first run starts.
+
+Runs go one after another in this process by default. `--parallel N` runs N at a time,
+each in its own `fl-lightning run` subprocess (its output in
+`<experiment dir>/sweep_logs/`); on a private local Ray each then gets
+`cpu_count / N` CPUs (`runtime.num_cpus`) unless set, while runs that join a cluster
+(`runtime.address`, or `$RAY_ADDRESS` inside a Ray job) share the cluster's resources.
+At the end the sweep prints the comparison table of its runs and writes the plots
+(`compare.py`), grouped by the swept keys other than `seed`.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..core.errors import CheckpointError, ClientFailure, ConfigError
+
+
+def split_top_level(value: str) -> list[str]:
+    """Split on commas outside [], {}, () and quotes: `a,b` -> [a, b]; `[a,b]` stays."""
+    parts, depth, quote, cur = [], 0, "", []
+    for ch in value:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def expand(overrides: Sequence[str]) -> tuple[list[list[str]], list[str]]:
+    """The grid (one override list per run) and the swept keys, in order."""
+    axes: list[list[str]] = []
+    swept: list[str] = []
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"bad override {item!r}: expected key=value")
+        key, value = item.split("=", 1)
+        values = split_top_level(value)
+        if any(v == "" for v in values):
+            raise ConfigError(f"bad sweep values in {item!r}: empty value between commas")
+        if len(values) > 1:
+            if len(set(values)) != len(values):
+                raise ConfigError(f"repeated value in {item!r}")
+            swept.append(key)
+        axes.append([f"{key}={v}" for v in values])
+    return [list(p) for p in itertools.product(*axes)], swept
+
+
+@dataclass
+class SweepRun:
+    index: int
+    overrides: list[str]
+    cfg: Any
+    run_dir: Path
+    status: str = "pending"  # pending | ok | failed
+    message: str = ""
+
+    def label(self, swept: Sequence[str]) -> str:
+        keys = {k.lstrip("+") for k in swept}
+        shown = [o for o in self.overrides if o.split("=", 1)[0].lstrip("+") in keys]
+        return " ".join(shown) or f"run {self.index}"
+
+
+def plan_sweep(overrides: Sequence[str]) -> tuple[list[SweepRun], list[str], str]:
+    """Compose and validate every grid point; returns the runs, swept keys and experiment."""
+    from ..config import compose
+
+    grid, swept = expand(overrides)
+    keys = [o.split("=", 1)[0] for o in overrides]
+    if "run_id" in keys and len(grid) > 1:
+        raise ConfigError("run_id cannot be set in a sweep of several runs (each run names its own)")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    extra: list[str] = []
+    if "experiment" not in keys:
+        experiments = {compose(grid[0]).experiment}
+        if experiments == {"default"} and not any(k == "+experiment" for k in keys):
+            extra.append(f"experiment=sweep_{stamp}")
+    runs: list[SweepRun] = []
+    for i, point in enumerate(grid):
+        cfg = compose([*point, *extra])
+        args = [*point, *extra]
+        if "run_id" not in keys:
+            rid = f"{cfg.method.name}_{cfg.data.name}_s{cfg.seed}_{stamp}_{i:03d}"
+            args.append(f"run_id={rid}")
+            cfg = compose(args)
+        run_dir = Path(cfg.output_dir).expanduser() / cfg.experiment / cfg.run_id
+        if run_dir.exists():
+            raise ConfigError(f"run directory {run_dir} exists")
+        runs.append(SweepRun(i, args, cfg, run_dir))
+    experiments = sorted({r.cfg.experiment for r in runs})
+    return runs, swept, ", ".join(experiments)
+
+
+def _result_line(run: SweepRun, total: int, swept: Sequence[str]) -> str:
+    head = f"[{run.index + 1}/{total}] {run.label(swept)}"
+    if run.status != "ok":
+        return f"{head}: FAILED: {run.message}"
+    import json
+
+    s = json.loads((run.run_dir / "summary.json").read_text())
+    acc = s.get("final_accuracy")
+    best = s.get("best_accuracy")
+    fmt = (lambda v: "-" if v is None else f"{v:.4f}")  # noqa: E731
+    return (f"{head}: final {s.get('accuracy_metric', 'accuracy')} {fmt(acc)}, best {fmt(best)}, "
+            f"{s.get('rounds_completed')} rounds, {s.get('wall_time_s', 0.0):.1f}s  {run.run_dir}")  # fmt: skip
+
+
+def _run_inline(run: SweepRun) -> None:
+    from ..runtime.runner import start_run
+
+    try:
+        start_run(run.cfg, console=False)
+        run.status = "ok"
+    except (ClientFailure, CheckpointError, RuntimeError) as e:
+        run.status, run.message = "failed", str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+
+
+def _local_cpus(run: SweepRun, parallel: int) -> list[str]:
+    """On a private local Ray (or serial), N concurrent runs share the machine's CPUs."""
+    from ..runtime.local_ray import cluster_address
+
+    keys = {o.split("=", 1)[0] for o in run.overrides}
+    rt = run.cfg.runtime
+    if parallel <= 1 or "runtime.num_cpus" in keys or rt.num_cpus is not None:
+        return []
+    if rt.executor == "ray" and cluster_address(rt.address):
+        return []  # joins a cluster: its resources are shared by Ray's scheduler
+    return [f"runtime.num_cpus={max(1, (os.cpu_count() or 1) // parallel)}"]
+
+
+def _run_parallel(runs: list[SweepRun], parallel: int, log_dir: Path, total: int, swept: Sequence[str]) -> None:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    queue = list(runs)
+    active: dict[subprocess.Popen, tuple[SweepRun, Path, Any]] = {}
+    try:
+        while queue or active:
+            while queue and len(active) < parallel:
+                run = queue.pop(0)
+                log = log_dir / f"{run.index:03d}_{run.run_dir.name}.log"
+                fh = open(log, "w")
+                cmd = [sys.executable, "-m", "fl_lightning", "run", *run.overrides, *_local_cpus(run, parallel), "--quiet"]
+                fh.write("$ " + " ".join(cmd) + "\n")
+                fh.flush()
+                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                active[proc] = (run, log, fh)
+            for proc in [p for p in active if p.poll() is not None]:
+                run, log, fh = active.pop(proc)
+                fh.close()
+                if proc.returncode == 0 and (run.run_dir / "summary.json").is_file():
+                    run.status = "ok"
+                else:
+                    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+                    errs = [ln for ln in lines if ln.startswith("fl-lightning: error:")]
+                    last = (errs or lines or ["no output"])[-1]
+                    run.status, run.message = "failed", f"exit {proc.returncode}: {last} (log: {log})"
+                print(_result_line(run, total, swept), flush=True)
+            time.sleep(0.2)
+    finally:
+        for proc, (_, _, fh) in active.items():  # interrupted: stop only the runs we started
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            fh.close()
+
+
+def sweep_command(overrides: Sequence[str], parallel: int = 1, dry_run: bool = False, plots: bool = True) -> int:
+    if parallel < 1:
+        raise ConfigError(f"--parallel must be >= 1 (got {parallel})")
+    runs, swept, experiment = plan_sweep(overrides)
+    out = runs[0].run_dir.parent
+    mode = "one after another" if parallel == 1 else f"{parallel} at a time, one process each"
+    print(f"sweep: {len(runs)} runs ({mode}) of experiment {experiment} in {out}", flush=True)
+    if dry_run:
+        for r in runs:
+            print(f"  fl-lightning run {' '.join(r.overrides)}")
+        return 0
+    if parallel == 1:
+        for r in runs:
+            _run_inline(r)
+            print(_result_line(r, len(runs), swept), flush=True)
+    else:
+        _run_parallel(runs, parallel, out / "sweep_logs", len(runs), swept)
+    done = [r for r in runs if r.status == "ok"]
+    failed = [r for r in runs if r.status != "ok"]
+    if done:
+        from .compare import RunResult, compare, find_runs
+
+        by = [k.lstrip("+") for k in swept if k.lstrip("+") != "seed"] or ["method"]
+        results: list[RunResult] = find_runs([r.run_dir for r in done])
+        table, written = compare(by=by, out_dir=out / "compare", plots=plots, runs=results)
+        print(table)
+        for p in written:
+            print(f"wrote {p}")
+    if failed:
+        print(f"fl-lightning: error: {len(failed)} of {len(runs)} sweep runs failed", file=sys.stderr)
+        return 1
+    return 0

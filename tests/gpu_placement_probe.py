@@ -1,0 +1,73 @@
+"""Run by tests/test_cluster.py in a subprocess: a private local Ray on loopback that
+declares fake GPUs, and the real placement + RayExecutor code creating the client actors
+(CUDA check off, nothing fitted). Prints one JSON line per case:
+
+    {"case": [...], "gpu_ids": [[...] per actor], "bundles": [...], "clients": [[...] per actor]}
+    {"case": [...], "error": "<the ConfigError message>"}
+
+usage: python tests/gpu_placement_probe.py <num_gpus> '<json list of cases>'
+a case is [num_clients, gpus_per_client, placement] or ["busy", num_clients, timeout_s]
+(3 of the GPUs held by another placement group, then ask for one GPU per client).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> None:
+    num_gpus, cases = int(sys.argv[1]), json.loads(sys.argv[2])
+    from fl_lightning.runtime.local_ray import init_ray
+
+    init_ray(None, num_cpus=2, num_gpus=num_gpus)
+    import ray
+
+    from fl_lightning.config import compose
+    from fl_lightning.core.errors import ConfigError
+    from fl_lightning.runtime.ray_executor import RayExecutor
+    from fl_lightning.runtime.runner import _placement, prepare
+
+    for case in cases:
+        busy = None
+        if case[0] == "busy":
+            from ray.util.placement_group import placement_group
+
+            busy = placement_group([{"GPU": 1.0}] * (num_gpus - 1))
+            ray.get(busy.ready(), timeout=30)
+            n, gpus, where, timeout = case[1], 1.0, "per_client", case[2]
+        else:
+            (n, gpus, where), timeout = case, 60
+        cfg = compose([
+            "data=digits", "runtime=gpu", f"fl.num_clients={n}", f"runtime.gpus_per_client={gpus}",
+            f"runtime.placement={where}", f"runtime.schedule_timeout_s={timeout}", "logger=none",
+        ])  # fmt: skip
+        p = prepare(cfg)
+        res = ray.cluster_resources()
+        try:
+            placement = _placement(cfg, res.get("CPU", 0.0), res.get("GPU", 0.0))
+            p.spec.accelerator, p.spec.threads = placement.accelerator, placement.threads
+            ex = RayExecutor(
+                p.spec, p.dataset, p.split.train, p.split.test, placement, 0,
+                cfg.runtime.placement_strategy, cfg.runtime.schedule_timeout_s, check_cuda=False,
+            )  # fmt: skip
+        except ConfigError as e:
+            print(json.dumps({"case": case, "error": str(e)}), flush=True)
+        else:
+            infos = ex.ready()
+            print(json.dumps({
+                "case": case,
+                "gpu_ids": [i["gpu_ids"] for i in infos],
+                "clients": [i["clients"] for i in infos],
+                "bundles": [placement.bundle_of(a) for a in range(placement.num_actors)],
+                "bundle_shapes": placement.bundles(),
+            }), flush=True)  # fmt: skip
+            ex.close()
+        if busy is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(busy)
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

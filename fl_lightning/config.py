@@ -77,6 +77,7 @@ class EvalConfig:
     every: int = 1
     batch_size: int = 1000
     clients: bool = True  # also evaluate on each client's own test split, when it has one
+    device: str = "auto"  # where the driver evaluates the global model: auto (cuda if any) | cpu | cuda
 
 
 @dataclass
@@ -266,6 +267,7 @@ def validate(cfg: DictConfig) -> None:
         "logger.backend": (cfg.logger.backend, ("wandb", "none")),
         "logger.mode": (cfg.logger.mode, ("auto", "online", "offline", "disabled")),
         "optim.name": (cfg.optim.name, ("sgd", "adam")),
+        "eval.device": (cfg.eval.device, ("auto", "cpu", "cuda")),
     }
     for key, (value, valid) in enums.items():
         if value not in valid:
@@ -303,7 +305,7 @@ def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
-RESUMABLE = ("fl.rounds", "runtime.", "logger.", "eval.batch_size")
+RESUMABLE = ("fl.rounds", "runtime.", "logger.", "eval.batch_size", "eval.device")
 
 
 def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
@@ -315,7 +317,7 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
         key = item.split("=", 1)[0]
         if "=" not in item or not any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE):
             raise ConfigError(
-                f"cannot change {key!r} on resume; only fl.rounds, runtime.*, logger.* and eval.batch_size"
+                f"cannot change {key!r} on resume; only fl.rounds, runtime.*, logger.*, eval.batch_size and eval.device"
             )
     try:
         cfg = OmegaConf.structured(RootConfig)

@@ -9,7 +9,7 @@ from fl_lightning.config import compose
 from fl_lightning.runtime.runner import start_run
 
 from .conftest import small
-from .wandb_files import read_run
+from .wandb_files import read_finished_run
 
 ISSUE_EXAMPLE = ["method=fedavg", "data=fmnist", "fl.rounds=5", "fl.num_clients=10",
                  "data.partition=dirichlet", "data.alpha=0.3", "seed=1"]  # fmt: skip
@@ -85,7 +85,7 @@ def test_wandb_offline_run_holds_config_rounds_and_summary(tmp_path, data_root):
                         "experiment=wbtest", "seed=3"))  # fmt: skip
     summary, run_dir = start_run(cfg, console=False)
     (path,) = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
-    logged = read_run(path)
+    logged = read_finished_run(path)
     assert logged["run"].run_group == "wbtest"
     assert {"fedavg", "fmnist"} <= set(logged["run"].tags)
     assert logged["config"]["seed"] == 3 and logged["config"]["method"]["name"] == "fedavg"

@@ -60,20 +60,22 @@ def digits():
     return ds, {0: idx0, 1: idx1}
 
 
+def toy_spec(name: str, objective_kwargs: dict, init) -> ClientSpec:
+    return ClientSpec(method=name, objective_kwargs=objective_kwargs, model="toy", model_kwargs={},
+                      optim=OptimConfig(lr=LR, momentum=MOM), num_classes=10, in_channels=1, image_size=8,
+                      batch_size=BS, threads=1, init_params=init, accelerator="cpu")  # fmt: skip
+
+
 def one_round(name: str, digits, task_extra: dict | None = None, **method_kwargs):
     ds, shards = digits
     cls = METHODS.get(name)
     task = TaskInfo(num_classes=10, class_names=tuple(ds.class_names), dataset="digits",
                     has_client_test_split=True, **(task_extra or {}))  # fmt: skip
     strategy = cls(cls.config_cls(**method_kwargs), num_clients=2, clients_per_round=2, seed=0, task=task)
-    optim = OptimConfig(lr=LR, momentum=MOM)
     torch.manual_seed(0)
-    obj = cls.build_objective(Toy(), optim, **strategy.objective_kwargs())
+    obj = cls.build_objective(Toy(), OptimConfig(lr=LR, momentum=MOM), **strategy.objective_kwargs())
     init = to_cpu(obj.model.state_dict())
-    spec = ClientSpec(method=name, objective_kwargs=strategy.objective_kwargs(), model="toy", model_kwargs={},
-                      optim=optim, num_classes=10, in_channels=1, image_size=8, batch_size=BS, threads=1,
-                      init_params=init, accelerator="cpu")  # fmt: skip
-    host = ClientHost(spec, ds, shards)
+    host = ClientHost(toy_spec(name, strategy.objective_kwargs(), init), ds, shards)
     state = strategy.init_state(init)
     plan = strategy.configure_round(state, 1, round_rng(0, 1))
     updates = sorted((host.fit(plan.broadcast, p) for p in plan.payloads), key=lambda u: u.client_id)
@@ -171,12 +173,7 @@ def test_scaffold_control_variates(digits):
 
     expect, _ = manual_fit(m, *client_data(digits, 0), p0.seed, ce, hook)
     ds, shards = digits
-    spec_host = ClientHost(
-        ClientSpec(method="scaffold", objective_kwargs={}, model="toy", model_kwargs={}, optim=OptimConfig(lr=LR, momentum=MOM),
-                   num_classes=10, in_channels=1, image_size=8, batch_size=BS, threads=1, init_params=init, accelerator="cpu"),
-        ds, {0: shards[0]},
-    )  # fmt: skip
-    got = spec_host.fit(plan2.broadcast, p0)
+    got = ClientHost(toy_spec("scaffold", {}, init), ds, {0: shards[0]}).fit(plan2.broadcast, p0)
     close(got.params, to_cpu(expect.state_dict()))
 
 
@@ -276,10 +273,7 @@ def test_moon_round_two_pulls_to_global_and_pushes_from_previous(digits):
     m.load_state_dict(state1.global_params)
     expect, _ = manual_fit(m, *client_data(digits, 0), p0.seed, loss)
     ds, shards = digits
-    spec = ClientSpec(method="moon", objective_kwargs=strategy.objective_kwargs(), model="toy", model_kwargs={},
-                      optim=OptimConfig(lr=LR, momentum=MOM), num_classes=10, in_channels=1, image_size=8,
-                      batch_size=BS, threads=1, init_params=init, accelerator="cpu")  # fmt: skip
-    got = ClientHost(spec, ds, {0: shards[0]}).fit(plan2.broadcast, p0)
+    got = ClientHost(toy_spec("moon", strategy.objective_kwargs(), init), ds, {0: shards[0]}).fit(plan2.broadcast, p0)
     close(got.params, to_cpu(expect.state_dict()))
     plain = one_round("fedavg", digits)[3].global_params  # the term changes the result
     assert not torch.allclose(got.params["head.weight"], plain["head.weight"])
@@ -355,6 +349,10 @@ def test_fedglcl_random_and_orthogonal_class_vectors(digits):
 SMOKE = {
     "fedbn": ["model=cnn_bn", "data.client_test_fraction=0.25"],
     "fedproto": ["data.client_test_fraction=0.25"],
+    # heterogeneous-model methods: personal models of a model family (tests/test_fedtsp.py)
+    **{m: ["model=htfe_cnn3", "data.client_test_fraction=0.25", "optim.lr=0.01"]
+       for m in ("fedtsp", "feddistill", "lg_fedavg", "local")},
+    "fedtgp": ["model=htfe_cnn3", "data.client_test_fraction=0.25", "optim.lr=0.01", "method.server_epochs=5"],
 }
 
 
@@ -391,9 +389,6 @@ def test_fedproto_round_two_regularises_towards_global_prototypes(digits):
     m.load_state_dict(p1.client_state.personal_params)  # personal model from round 1
     expect, _ = manual_fit(m, *client_data(digits, 1), p1.seed, loss)
     ds, shards = digits
-    spec = ClientSpec(method="fedproto", objective_kwargs=strategy.objective_kwargs(), model="toy", model_kwargs={},
-                      optim=OptimConfig(lr=LR, momentum=MOM), num_classes=10, in_channels=1, image_size=8,
-                      batch_size=BS, threads=1, init_params=init, accelerator="cpu")  # fmt: skip
-    got = ClientHost(spec, ds, {1: shards[1]}).fit(plan2.broadcast, p1)
+    got = ClientHost(toy_spec("fedproto", strategy.objective_kwargs(), init), ds, {1: shards[1]}).fit(plan2.broadcast, p1)
     close(got.client_state.personal_params, to_cpu(expect.state_dict()))
     assert plan2.broadcast.global_params is None and plan2.broadcast.nbytes() == P.numel() * 4 + 10 * 8

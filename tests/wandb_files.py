@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -59,3 +60,17 @@ def read_run(path: Path) -> dict[str, Any]:
             for item in rec.config.update:
                 out["config"][_key(item)] = json.loads(item.value_json)
     return out
+
+
+def read_finished_run(path: Path, timeout: float = 60.0) -> dict[str, Any]:
+    """`read_run` once the file holds its exit record: W&B's service may still be writing
+    the offline file when `run.finish()` returns (seen: only the 7-byte header)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if any(r.WhichOneof("record_type") == "exit" for r in records(path)):
+                break
+        except Exception:  # a record still being written
+            pass
+        time.sleep(0.2)
+    return read_run(path)

@@ -102,6 +102,11 @@ class Strategy:
         kwargs.pop("name")
         return kwargs
 
+    def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The backbone's keyword arguments (`model.*` of the config) for model `model`; a
+        method may set some (FedTSP: the feature dimension = the text dimension)."""
+        return kwargs
+
     @classmethod
     def build_objective(cls, model: nn.Module, optim: OptimConfig, **kwargs: Any) -> ClientObjective:
         """The client's LightningModule, built inside hosts (and once on the driver)."""

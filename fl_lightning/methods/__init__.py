@@ -11,3 +11,4 @@ if TYPE_CHECKING:
 METHODS: Registry[type["Strategy"]] = Registry("method")
 
 from . import fedavg, fedbn, fedglcl, fedlc, fednova, fedprox, fedproto, moon, scaffold  # noqa: E402,F401
+from . import feddistill, fedtgp, fedtsp, lg_fedavg, local  # noqa: E402,F401  (heterogeneous-model FL)

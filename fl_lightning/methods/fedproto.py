@@ -50,6 +50,36 @@ def average_prototypes(protos: Sequence[torch.Tensor], counts: Sequence[torch.Te
     return mean.float(), total
 
 
+class LocalClassMeans:
+    """Mixin: after local training, the per-class means of `class_mean_inputs(x)` (default:
+    the representation) over the client's training set, in eval mode without gradients, as
+    the FedTGP/FedTSP code's `collect_protos` does. `class_means()` -> ([C, D], counts [C])."""
+
+    num_classes: int
+
+    def class_mean_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        return self.represent(x)  # type: ignore[attr-defined]
+
+    def on_train_end(self) -> None:
+        super().on_train_end()  # type: ignore[misc]
+        was_training = self.training  # type: ignore[attr-defined]
+        self.eval()  # type: ignore[attr-defined]
+        sums, n = None, torch.zeros(self.num_classes, dtype=torch.long)
+        with torch.no_grad():
+            for x, y in self.trainer.train_dataloader:  # type: ignore[attr-defined]
+                z = self.class_mean_inputs(x.to(self.device)).float().cpu()  # type: ignore[attr-defined]
+                if sums is None:
+                    sums = torch.zeros(self.num_classes, z.shape[1], dtype=torch.float64)
+                sums.index_add_(0, y, z.double())
+                n += torch.bincount(y, minlength=self.num_classes)
+        self.train(was_training)  # type: ignore[attr-defined]
+        self._class_means = (sums / n.clamp(min=1)[:, None]).float()  # type: ignore[operator]
+        self._class_counts = n
+
+    def class_means(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._class_means, self._class_counts
+
+
 class FedProtoObjective(ClientObjective):
     def __init__(  # type: ignore[no-untyped-def]
         self, model: torch.nn.Module, num_classes: int, lam: float = 1.0, share_weights: bool = False, **kwargs

@@ -1,8 +1,15 @@
 """Backbones with one contract: `forward_features(x) -> [B, D]`, `forward_head(f) -> logits`,
-`head` (the classifier on top of the features), `feature_dim`. Registered by name in `MODELS`."""
+`head` (the classifier on top of the features), `feature_dim`. Registered by name in `MODELS`.
+
+A `ModelFamily` is registered in `MODELS` too: it gives client i the architecture
+`members[i mod X]` (heterogeneous clients, the HtFE settings of FedTGP/FedTSP). Hosts build
+a client's model with `build_client_model(name, client_id, ...)` and cache objectives by
+`architecture(name, client_id)`; for a single model both ignore the client id.
+"""
 from __future__ import annotations
 
-from typing import Any, Callable
+import inspect
+from typing import Any, Callable, Sequence
 
 from torch import nn
 
@@ -11,9 +18,76 @@ from ..core.registry import Registry
 MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
 
 
+class ModelFamily:
+    """Heterogeneous architectures: client i gets `members[i mod len(members)]`.
+
+    Every `model.*` key goes to every member, so members share their keyword arguments
+    (e.g. `feature_dim`); the family's signature is its first member's (config validation).
+    """
+
+    def __init__(self, members: Sequence[str]) -> None:
+        if not members:
+            raise ValueError("a model family needs at least one member")
+        self.members = tuple(members)
+
+    def member(self, client_id: int) -> str:
+        return self.members[int(client_id) % len(self.members)]
+
+    @property
+    def __signature__(self) -> inspect.Signature:  # what `config.validate_registered` checks
+        return inspect.signature(MODELS.get(self.members[0]))
+
+    def __call__(self, num_classes: int, in_channels: int, image_size: int, client_id: int = 0, **kwargs: Any) -> nn.Module:
+        return MODELS.get(self.member(client_id))(
+            num_classes=num_classes, in_channels=in_channels, image_size=image_size, **kwargs
+        )
+
+    def __repr__(self) -> str:
+        return f"ModelFamily({', '.join(self.members)})"
+
+
+def register_family(name: str, members: Sequence[str]) -> ModelFamily:
+    family = ModelFamily(members)
+    MODELS.register(name)(family)
+    return family
+
+
+def family(name: str) -> ModelFamily | None:
+    """The family registered as `name`, or None for a single architecture."""
+    entry = MODELS.get(name)
+    return entry if isinstance(entry, ModelFamily) else None
+
+
+def architecture(name: str, client_id: int) -> str:
+    """The registered architecture client `client_id` gets (`name` itself unless a family)."""
+    fam = family(name)
+    return fam.member(client_id) if fam is not None else name
+
+
+def architectures(name: str) -> tuple[str, ...]:
+    """Every architecture a model name stands for, in member order."""
+    fam = family(name)
+    return fam.members if fam is not None else (name,)
+
+
 def build_model(name: str, num_classes: int, in_channels: int, image_size: int, **kwargs: Any) -> nn.Module:
     return MODELS.get(name)(num_classes=num_classes, in_channels=in_channels, image_size=image_size, **kwargs)
 
 
+def build_client_model(
+    name: str, client_id: int, num_classes: int, in_channels: int, image_size: int, **kwargs: Any
+) -> nn.Module:
+    """Client `client_id`'s model: its family member's, or the one model for everyone."""
+    return build_model(architecture(name, client_id), num_classes, in_channels, image_size, **kwargs)
+
+
+def feature_dim_key(name: str) -> str | None:
+    """The keyword that sets a model's feature dimension (`feature_dim`, or `hidden` for the
+    backbones whose neck width is their feature dimension), None if it has none."""
+    params = inspect.signature(MODELS.get(architectures(name)[0])).parameters
+    return next((k for k in ("feature_dim", "hidden") if k in params), None)
+
+
 from . import cnn  # noqa: E402,F401
 from . import backbones  # noqa: E402,F401
+from . import htfe  # noqa: E402,F401

@@ -19,11 +19,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ..core.messages import Broadcast, ClientEval, ClientPayload, ClientUpdate
 from ..core.objective import ClientObjective, evaluate_model
-from ..core.strategy import OptimConfig
-from ..core.types import ClientId
+from ..core.params import to_cpu
+from ..core.strategy import OptimConfig, client_seed
+from ..core.types import ClientId, StateDict
 from ..data.datasets import ArrayDataset
 from ..methods import METHODS
-from ..models import build_model
+from ..models import architecture, build_client_model
 
 
 @dataclass
@@ -47,11 +48,30 @@ class ClientSpec:
     #: the initial weights: a client seen for the first time starts from them, whatever
     #: client the (reused) objective served before
     init_params: dict[str, torch.Tensor] | None = None
+    #: without `init_params` (a model family: no one set of weights fits every client), a
+    #: client seen for the first time starts from its own model initialised with a seed
+    #: derived from (init_seed, client id): the same in every executor
+    init_seed: int | None = None
 
 
-def build_objective(spec: ClientSpec) -> ClientObjective:
-    model = build_model(spec.model, spec.num_classes, spec.in_channels, spec.image_size, **spec.model_kwargs)
+def build_objective(spec: ClientSpec, client_id: ClientId = 0) -> ClientObjective:
+    """Client `client_id`'s objective (its architecture, when `spec.model` is a family)."""
+    model = build_client_model(
+        spec.model, client_id, spec.num_classes, spec.in_channels, spec.image_size, **spec.model_kwargs
+    )
     return METHODS.get(spec.method).build_objective(model, spec.optim, **spec.objective_kwargs)
+
+
+def initial_params(spec: ClientSpec, client_id: ClientId) -> StateDict:
+    """The weights a client starts from: `spec.init_params`, else its own model built under
+    a seed derived from (spec.init_seed, client id). Leaves the global RNG untouched."""
+    if spec.init_params is not None:
+        return spec.init_params
+    if spec.init_seed is None:
+        raise ValueError("ClientSpec needs init_params or init_seed")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(client_seed(spec.init_seed, 0, client_id))
+        return to_cpu(build_objective(spec, client_id).model.state_dict())
 
 
 @contextlib.contextmanager
@@ -100,19 +120,22 @@ class ClientHost:
         return sorted(self.train)
 
     def objective(self, client_id: ClientId) -> ClientObjective:
-        """One objective per architecture, reused across rounds and clients (begin_round
-        resets all state), so a host with 1,000 clients keeps one model in memory."""
-        key = self.spec.model
+        """One objective per architecture (a model family has several), reused across
+        rounds and clients (begin_round resets all state), so a host with 1,000 clients
+        keeps one model per architecture in memory. Built without touching the global RNG,
+        so a client's training does not depend on which host built what before."""
+        key = architecture(self.spec.model, client_id)
         if key not in self._objectives:
-            self._objectives[key] = build_objective(self.spec)
+            with torch.random.fork_rng(devices=[]):
+                self._objectives[key] = build_objective(self.spec, client_id)
         obj = self._objectives[key]
         obj.class_counts = self.class_counts.get(client_id)
         return obj
 
     def _begin(self, broadcast: Broadcast, payload: ClientPayload) -> ClientObjective:
         obj = self.objective(payload.client_id)
-        if payload.client_state is None and self.spec.init_params is not None:
-            obj.load_params(self.spec.init_params)
+        if payload.client_state is None and (self.spec.init_params is not None or self.spec.init_seed is not None):
+            obj.load_params(initial_params(self.spec, payload.client_id))
         obj.begin_round(broadcast, payload)
         return obj
 

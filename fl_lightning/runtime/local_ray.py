@@ -47,6 +47,18 @@ def ray_home() -> Path:
     return home
 
 
+def loopback_cli_env(tmpdir: Path | None = None) -> dict[str, str]:
+    """The variables for a `ray start --head` (or any Ray CLI) that must stay on loopback:
+    the loopback switches, `RAY_TMPDIR` and a `HOME` holding `ray_bootstrap_config.yaml`.
+    Merge them into a copy of `os.environ` for a subprocess; nothing here is changed."""
+    tmpdir = Path(tmpdir) if tmpdir is not None else ray_tmpdir()
+    home = tmpdir / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "ray_bootstrap_config.yaml").exists():
+        (home / "ray_bootstrap_config.yaml").write_text("{}\n")
+    return {**LOOPBACK_ENV, "RAY_TMPDIR": str(tmpdir), "HOME": str(home)}
+
+
 def apply_loopback_env() -> dict[str, str]:
     """Set the loopback variables in this process (Ray's processes inherit them)."""
     env = {**LOOPBACK_ENV, "RAY_TMPDIR": str(ray_tmpdir())}

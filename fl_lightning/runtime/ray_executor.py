@@ -121,6 +121,7 @@ class RayExecutor:
         try:
             return ray.get([a.info.remote() for a in self.actors])
         except (RayTaskError, RayActorError) as e:
+            self.close()  # its actors and placement group, also on a cluster we only joined
             raise ClientFailure(f"a client actor failed to start: {_cause(e)}") from None
 
     def _actor_of(self, payload: ClientPayload) -> Any:

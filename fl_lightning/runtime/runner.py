@@ -35,6 +35,7 @@ from ..data.datasets import ArrayDataset, check_dataset, load_from_config
 from ..data.federated import FederatedSplit, split_from_config
 from ..data.stats import save_partition_plot
 from ..methods import METHODS
+from ..models import family
 from . import checkpoint
 from .executor import Executor, SerialExecutor
 from .host import ClientHost, ClientSpec, build_objective
@@ -52,7 +53,7 @@ class Prepared:
     split: FederatedSplit
     strategy: Strategy
     spec: ClientSpec
-    init_params: dict[str, torch.Tensor]
+    init_params: dict[str, torch.Tensor] | None  # the initial global weights (None: nothing shared)
     objective: ClientObjective
 
 
@@ -85,7 +86,7 @@ def prepare(cfg: DictConfig) -> Prepared:
         method=cfg.method.name,
         objective_kwargs=strategy.objective_kwargs(),
         model=cfg.model.name,
-        model_kwargs=model_kwargs,
+        model_kwargs=strategy.model_kwargs(cfg.model.name, model_kwargs),
         optim=OptimConfig(**OmegaConf.to_container(cfg.optim)),
         num_classes=dataset.num_classes,
         in_channels=dataset.in_channels,
@@ -100,8 +101,35 @@ def prepare(cfg: DictConfig) -> Prepared:
         objective = build_objective(spec)  # the driver's copy: initial weights, global evaluation
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model {spec.model!r}: {e}") from None
-    spec.init_params = to_cpu(objective.model.state_dict())
-    return Prepared(cfg, dataset, split, strategy, spec, spec.init_params, objective)
+    if family(spec.model) is None:
+        spec.init_params = to_cpu(objective.model.state_dict())
+        init_params: dict[str, torch.Tensor] | None = spec.init_params
+    else:
+        # Heterogeneous clients: each starts from its own seeded model; only weights every
+        # architecture has alike (e.g. LG-FedAvg's head) can be global.
+        init_params = _family_shared_params(spec, objective) or None
+        spec.init_seed = int(cfg.seed)
+    return Prepared(cfg, dataset, split, strategy, spec, init_params, objective)
+
+
+def _family_shared_params(spec: ClientSpec, objective: ClientObjective) -> dict[str, torch.Tensor]:
+    """The shared (averaged) weights of a model family's members, which must agree in names
+    and shapes; the driver's objective (client 0's architecture) gives their initial values."""
+    shared = to_cpu(objective.shared_params())
+    shapes = {k: tuple(v.shape) for k, v in shared.items()}
+    fam = family(spec.model)
+    for cid, arch in enumerate(fam.members[1:], start=1):  # type: ignore[union-attr]
+        with torch.random.fork_rng(devices=[]):
+            other = {k: tuple(v.shape) for k, v in build_objective(spec, cid).shared_params().items()}
+        if other != shapes:
+            diff = sorted(set(other) ^ set(shapes)) or sorted(k for k in shapes if shapes[k] != other[k])
+            raise ConfigError(
+                f"method {spec.method!r} averages weights that differ across the architectures of model "
+                f"family {spec.model!r} ({fam.members[0]} vs {arch}: {', '.join(diff[:3])}); with "  # type: ignore[union-attr]
+                "heterogeneous clients use a method that shares no weights (local, fedproto, fedtgp, "
+                "feddistill, fedtsp) or only the head (lg_fedavg)"
+            )
+    return shared
 
 
 def _placement(cfg: DictConfig, cpus: float, gpus: float) -> Placement:
@@ -205,8 +233,12 @@ class Run:
         broadcast = self.p.strategy.eval_broadcast(state)
         if broadcast is None:
             return {}
-        self.p.objective.begin_round(broadcast, None)
-        return evaluate_model(self.p.objective, *self._test, batch_size=self.cfg.eval.batch_size)
+        device = self.cfg.eval.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        obj = self.p.objective.to(device)
+        obj.begin_round(broadcast, None)
+        return evaluate_model(obj, *self._test, batch_size=self.cfg.eval.batch_size)
 
     def _client_eval(self, executor: Executor, state: ServerState) -> dict[str, float]:
         if not (self.cfg.eval.clients and self.p.split.test):
@@ -330,6 +362,10 @@ class Run:
 def start_run(cfg: DictConfig, console: bool = True) -> tuple[dict[str, Any], Path]:
     """A new run: prepare (fails before writing anything), then create its directory."""
     prepared = prepare(cfg)
+    from .local_ray import cluster_address
+
+    if cfg.runtime.executor == "serial" or not cluster_address(cfg.runtime.address):
+        _placement(cfg, *_local_resources(cfg))  # this machine cannot hold it: fail before any file
     run_dir = new_run_dir(cfg)
     if run_dir.exists():
         raise ConfigError(f"run directory {run_dir} exists; continue it with `fl-lightning resume {run_dir}`")

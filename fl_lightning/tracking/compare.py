@@ -258,7 +258,7 @@ def write_plots(groups: Sequence[Group], out_dir: Path) -> list[Path]:
         fig, ax = _figure()
         _draw(ax, g, color=f"C{i % 10}")
         paths.append(_finish(fig, ax, metric, f"{g.legend}: mean over {len(g.runs)} runs, band: min-max",
-                             out_dir / f"{metric}_vs_round_{_safe(g.label)}.png"))  # fmt: skip
+                             out_dir / f"{metric}_vs_round_{_safe(g.legend)}.png"))  # fmt: skip
     return paths
 
 

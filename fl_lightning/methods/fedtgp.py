@@ -1,0 +1,96 @@
+"""FedTGP: Zhang et al., "FedTGP: Trainable Global Prototypes with Adaptive-Margin-Enhanced
+Contrastive Learning for Data and Model Heterogeneity in Federated Learning", AAAI 2024,
+https://arxiv.org/abs/2401.03230 (an HtFL baseline of FedTSP).
+
+Clients train as in FedProto, cross-entropy + λ·MSE(f(x), P[y]) towards the global
+prototypes P, and upload per-class mean features (eval mode, over the local training
+set) and counts. The server keeps a small generator (class embedding → Linear+ReLU →
+Linear, its weights in the server state) and trains it for `server_epochs` passes over the
+uploaded client prototypes with cross-entropy over negative L2 distances to the generated
+prototypes, the true class's distance enlarged by the margin min(max_c gap_c, threshold),
+where gap_c is class c's smallest distance to another class's average prototype. The
+generated prototypes are broadcast. Models stay personal.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
+from ..core.strategy import MethodConfig, Strategy
+from ..core.types import StateDict
+from ..server_steps.prototypes import aggregate_class_means, class_gaps, init_prototype_generator, train_global_prototypes
+from . import METHODS
+from .fedproto import FedProtoObjective, LocalClassMeans, PrototypeBroadcast, PrototypeUpdate
+
+
+@dataclass
+class FedTGPState(ServerState):
+    generator: StateDict = dataclasses.field(default_factory=dict)  # TrainablePrototypes weights
+    prototypes: Optional[torch.Tensor] = None  # [C, D] generated global prototypes
+    proto_counts: Optional[torch.Tensor] = None  # [C] client examples per class, at least 1 (all are targets)
+    margin: float = 0.0  # the last round's adaptive margin
+    server_loss: float = 0.0
+
+
+class FedTGPObjective(LocalClassMeans, FedProtoObjective):
+    """FedProto's client loss; prototypes from an eval-mode pass after training."""
+
+    def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
+        update = super().end_round(payload, num_examples)
+        means, counts = self.class_means()
+        return extend(update, PrototypeUpdate, prototypes=means, proto_counts=counts)
+
+
+@dataclass
+class FedTGPConfig(MethodConfig):
+    name: str = "fedtgp"
+    lam: float = 1.0  # λ of the client's prototype term
+    margin_threshold: float = 100.0  # cap of the adaptive margin
+    server_epochs: int = 100  # passes over the uploaded prototypes per round
+    server_batch_size: int = 100
+    server_lr: float = 0.01  # SGD, rebuilt every round
+
+
+@METHODS.register("fedtgp")
+class FedTGP(Strategy):
+    name = "fedtgp"
+    config_cls = FedTGPConfig
+    objective_cls = FedTGPObjective
+    personalised = True
+
+    def objective_kwargs(self) -> dict:
+        return {"lam": self.config.lam, "num_classes": self.task.num_classes}  # type: ignore[attr-defined]
+
+    def init_state(self, global_params: StateDict | None) -> ServerState:
+        return FedTGPState(round=0, global_params=None)
+
+    def broadcast(self, state: ServerState, rnd: int) -> Broadcast:
+        assert isinstance(state, FedTGPState)
+        return PrototypeBroadcast(round=rnd, prototypes=state.prototypes, proto_counts=state.proto_counts)
+
+    def server_update(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
+        assert isinstance(state, FedTGPState)
+        c = self.config
+        ups = [u for u in updates if isinstance(u, PrototypeUpdate) and u.prototypes is not None]
+        if not ups:
+            return state
+        # one training example per (client, class it holds), in client-id order
+        protos = torch.cat([u.prototypes[u.proto_counts > 0] for u in ups])  # type: ignore[index,operator]
+        labels = torch.cat([(u.proto_counts > 0).nonzero().squeeze(1) for u in ups])  # type: ignore[operator]
+        avg, counts = aggregate_class_means([u.prototypes for u in ups], [u.proto_counts for u in ups], "uniform")  # type: ignore[misc]
+        margin = min(float(class_gaps(avg, counts > 0).max()), c.margin_threshold)  # type: ignore[attr-defined]
+        gen = state.generator or init_prototype_generator(self.task.num_classes, protos.shape[1], self.seed)
+        seed = int(np.random.SeedSequence([self.seed, state.round + 1, 0x7A9]).generate_state(1)[0])
+        gen, global_protos, loss = train_global_prototypes(
+            gen, protos, labels, margin, c.server_epochs, c.server_batch_size, c.server_lr, seed  # type: ignore[attr-defined]
+        )
+        # every class has a generated prototype from now on (the authors' clients use all)
+        return dataclasses.replace(
+            state, generator=gen, prototypes=global_protos, proto_counts=counts.clamp(min=1),
+            margin=margin, server_loss=loss,
+        )  # fmt: skip

@@ -1,0 +1,25 @@
+"""LG-FedAvg: Liang et al., "Think Locally, Act Globally: Federated Learning with Local and
+Global Representations", 2020, https://arxiv.org/abs/2001.01523.
+
+Differs from FedAvg by what is averaged: only the head (the backbone's `head`, the
+classifier on the features) is global; each client keeps its feature extractor. With
+heterogeneous clients (a model family) this works as long as every head has the same
+shape, i.e. the same feature dimension (the HtFL baseline of FedTGP/FedTSP).
+"""
+from __future__ import annotations
+
+from ..core.objective import ClientObjective
+from ..core.strategy import Strategy
+from . import METHODS
+
+
+class LGFedAvgObjective(ClientObjective):
+    def is_personal(self, key: str) -> bool:
+        return not key.startswith("head.")
+
+
+@METHODS.register("lg_fedavg")
+class LGFedAvg(Strategy):
+    name = "lg_fedavg"
+    objective_cls = LGFedAvgObjective
+    personalised = True

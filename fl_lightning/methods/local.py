@@ -1,0 +1,21 @@
+"""Local training only: every client trains its own model with cross-entropy and nothing
+is communicated (the lower baseline of the heterogeneous-model tables, e.g. Table 4 ID 1
+of FedTSP). Evaluated on each client's own test split.
+"""
+from __future__ import annotations
+
+from ..core.objective import ClientObjective
+from ..core.strategy import Strategy
+from . import METHODS
+
+
+class LocalObjective(ClientObjective):
+    def is_personal(self, key: str) -> bool:
+        return True
+
+
+@METHODS.register("local")
+class Local(Strategy):
+    name = "local"
+    objective_cls = LocalObjective
+    personalised = True

@@ -1,0 +1,155 @@
+"""Cluster and multi-GPU paths: the `ray up` configs, the job-submit wrapper, how a run picks
+its Ray, and GPU placement on a real local Ray that declares 4 (fake) GPUs."""
+from __future__ import annotations
+
+import collections
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fl_lightning.core.errors import ConfigError
+from fl_lightning.runtime.local_ray import cluster_address
+from fl_lightning.runtime.placement import bundles_fit, plan_placement
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --- cluster configs -------------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["ray_cluster.yaml", "cluster/aws.yaml"])
+def test_cluster_yaml_is_a_valid_launcher_config(path):
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    cfg = yaml.safe_load((REPO / path).read_text())
+    assert cfg["provider"]["type"] == ("local" if path == "ray_cluster.yaml" else "aws")
+    if cfg["provider"]["type"] == "local":
+        assert {"head_ip", "worker_ips"} <= set(cfg["provider"]) and cfg["auth"]["ssh_user"]
+    else:
+        assert cfg["head_node_type"] in cfg["available_node_types"]
+    setup = "\n".join(cfg["setup_commands"])
+    assert "pip install" in setup and "-e ~/fl_lightning" in setup and "fl-lightning fetch fmnist" in setup
+    assert cfg["file_mounts"] and "/data" in cfg["rsync_exclude"] and ".venv" in cfg["rsync_exclude"]
+    head = " ".join(cfg["head_start_ray_commands"])
+    assert "ray start --head" in head and "--dashboard-host=127.0.0.1" in head and "0.0.0.0" not in head
+    assert any("ray start --address=$RAY_HEAD_IP" in c for c in cfg["worker_start_ray_commands"])
+    validate_config(prepare_config(copy.deepcopy(cfg)))  # Ray's own schema, as `ray up` checks it
+
+
+def test_submit_script_uploads_code_but_no_data(tmp_path):
+    """cluster/submit.sh with a stand-in `ray` that records its arguments."""
+    fake = tmp_path / "ray"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "RAY": str(fake), "WANDB_API_KEY": "k123", "FL_LIGHTNING_DATA": "/local/only"}
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([str(REPO / "cluster" / "submit.sh"), "sweep", "method=fedavg", "seed=0,1", "--parallel", "2"],
+                         env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    args = json.loads(out)
+    assert args[:3] == ["job", "submit", "--address"] and args[3] == "http://127.0.0.1:8265"
+    assert args[args.index("--working-dir") + 1] == str(REPO)
+    runtime_env = json.loads(args[args.index("--runtime-env-json") + 1])
+    assert {"/data", "/runs", "/.venv", "/.git"} <= set(runtime_env["excludes"])
+    assert "data" not in runtime_env["excludes"]  # a bare `data` would drop fl_lightning/data too
+    assert runtime_env["env_vars"]["WANDB_API_KEY"] == "k123" and "FL_LIGHTNING_DATA" not in runtime_env["env_vars"]
+    assert args[args.index("--") + 1 :] == ["python", "-m", "fl_lightning", "sweep", "method=fedavg", "seed=0,1", "--parallel", "2"]
+
+
+# --- which Ray a run uses ----------------------------------------------------------------------
+def test_cluster_address_joins_the_job_cluster_from_ray_address(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert cluster_address(None) is None  # private local Ray
+    assert cluster_address("auto") == "auto" and cluster_address("10.0.0.1:6379") == "10.0.0.1:6379"
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # what `ray job submit` gives a job's driver
+    assert cluster_address(None) == "127.0.0.1:6379"
+    assert cluster_address("local") is None  # forced private
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")  # the job CLI's dashboard URL
+    assert cluster_address(None) is None
+
+
+# --- GPU placement (pure) ---------------------------------------------------------------------
+@pytest.mark.parametrize("clients,share,per_gpu", [(4, 1.0, 1), (8, 0.5, 2), (16, 0.25, 4), (6, 0.5, None)])
+def test_gpu_actors_round_robin_over_every_gpu(clients, share, per_gpu):
+    p = plan_placement(clients, total_cpus=16, total_gpus=4, gpus_per_client=share)
+    assert p.num_actors == clients and p.gpu_bundles == 4 and p.gpus_per_actor == share
+    load = collections.Counter(p.bundle_of(a) for a in range(p.num_actors))
+    assert set(load) == {0, 1, 2, 3} and max(load.values()) - min(load.values()) <= 1
+    if per_gpu:
+        assert set(load.values()) == {per_gpu}
+    shapes = p.bundles()
+    assert all(b["GPU"] == 1.0 for b in shapes)
+    assert sum(b["CPU"] for b in shapes) == pytest.approx(p.num_actors * p.cpus_per_actor) and sum(b["CPU"] for b in shapes) <= 16
+
+
+def test_fewer_gpu_actors_than_gpus_use_one_bundle_each_and_cpu_runs_use_none():
+    p = plan_placement(3, total_cpus=8, total_gpus=4, gpus_per_client=0.5)
+    assert p.gpu_bundles == 3 and [p.bundle_of(a) for a in range(3)] == [0, 1, 2]
+    assert plan_placement(3, total_cpus=8, total_gpus=0).gpu_bundles == 0
+
+
+def test_gpu_shares_that_cannot_be_packed_fail_clearly():
+    with pytest.raises(ConfigError, match="do not fit on 4 GPUs"):  # 3.75 GPUs, but 0.75 + 0.75 > 1
+        plan_placement(5, total_cpus=8, total_gpus=4, gpus_per_client=0.75, placement="per_client")
+    with pytest.raises(ConfigError, match="whole GPU"):
+        plan_placement(1, total_cpus=8, total_gpus=0.5, accelerator="gpu")
+
+
+def test_bundles_must_fit_on_single_nodes():
+    two_nodes = [{"CPU": 8.0, "GPU": 2.0}, {"CPU": 8.0, "GPU": 2.0}]
+    assert bundles_fit([{"GPU": 1.0, "CPU": 4.0}] * 4, two_nodes) is None
+    reason = bundles_fit([{"GPU": 1.0, "CPU": 5.0}] * 4, two_nodes)  # 2 x 5 CPUs > 8 per node
+    assert reason and "fits on no node" in reason and "\n" not in reason
+
+
+# --- GPU placement on a real local Ray with 4 declared GPUs -------------------------------------------
+@pytest.mark.timeout(600)
+def test_ray_places_client_actors_evenly_on_declared_gpus():
+    """Real RayExecutor + placement group on a private local Ray (2 CPUs, 4 fake GPUs) in a
+    subprocess, so the session's `ray_session` instance is untouched. Each actor reports
+    `ray.get_gpu_ids()`: the GPU Ray gave it, which CUDA_VISIBLE_DEVICES then names for the
+    Trainer's `devices=1`.
+
+    4 x 1 GPU: one each. 4 x 0.25: still one per GPU (Ray alone would stack all four on GPU
+    0). 8 x 0.5: two per GPU. Each actor costs ~7 CPU-seconds (it imports Lightning), so
+    16 x 0.25 (four per GPU: the same round-robin as 8 x 0.5) runs only with
+    FL_LIGHTNING_GPU_TEST_FULL=1."""
+    cases = [[4, 1.0, "per_client"], [4, 0.25, "auto"], [8, 0.5, "auto"], ["busy", 4, 3]]
+    if os.environ.get("FL_LIGHTNING_GPU_TEST_FULL") == "1":
+        cases.append([16, 0.25, "auto"])
+    res = subprocess.run([sys.executable, str(REPO / "tests" / "gpu_placement_probe.py"), "4", json.dumps(cases)],
+                         capture_output=True, text=True, timeout=560)  # fmt: skip
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    out = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert [o["case"] for o in out] == cases
+    for o in out:
+        if o["case"][0] == "busy":  # 3 of the 4 GPUs held by another placement group
+            assert "could not reserve 4 GPU bundles" in o["error"] and "within 3s" in o["error"]
+            continue
+        n = o["case"][0]
+        assert all(len(ids) == 1 for ids in o["gpu_ids"])  # each actor sees exactly one GPU
+        per_gpu = collections.Counter(ids[0] for ids in o["gpu_ids"])
+        assert per_gpu == {g: n // 4 for g in "0123"}, (o["case"], per_gpu)
+        assert sorted(c for cs in o["clients"] for c in cs) == list(range(n))
+        # actors sharing a bundle share a GPU; different bundles, different GPUs
+        gpu_of_bundle = {}
+        for b, ids in zip(o["bundles"], o["gpu_ids"]):
+            assert gpu_of_bundle.setdefault(b, ids[0]) == ids[0]
+        assert len(set(gpu_of_bundle.values())) == 4
+
+
+def test_impossible_gpu_request_ends_with_one_line(tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-m", "fl_lightning", "run", "data=digits", "runtime=gpu", "runtime.num_gpus=4",
+         "runtime.num_cpus=2", "fl.num_clients=8", "runtime.placement=per_client", "logger=none",
+         f"output_dir={tmp_path / 'runs'}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines == ["fl-lightning: error: 8 client actors × 1.0 GPU need 8 GPUs but the cluster has 4; "
+                     "use runtime.placement=pool, fewer clients, or a smaller runtime.gpus_per_client"]  # fmt: skip
+    assert not (tmp_path / "runs").exists()  # nothing written

@@ -21,7 +21,7 @@ data: venv
 	@$(FLL) fetch fmnist >/dev/null
 
 demo: data
-	$(FLL) run +experiment=demo
+	$(FLL) sweep +experiment=demo method=fedavg,fedglcl
 
 test: data
 	$(PY) -m pytest -q --durations=15

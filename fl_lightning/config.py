@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .core.errors import ConfigError
+from .core.optim import OptimConfig
 
 GROUPS = ("method", "data", "model", "text", "runtime", "logger")
 
@@ -62,14 +63,6 @@ class DataConfig:
     fine_grained: bool = False  # flair: the 1,628 fine-grained labels instead of the 17 coarse ones
     max_users: Optional[int] = None  # flair: read only the first N training users
     cache_partitions: bool = True  # cache splits in <root>/.partitions/<hash>.npz
-
-
-@dataclass
-class OptimSchema:
-    name: str = "sgd"
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 0.0
 
 
 @dataclass
@@ -117,7 +110,7 @@ class RootConfig:
     model: Any = None
     text: Any = None
     fl: FLConfig = field(default_factory=FLConfig)
-    optim: OptimSchema = field(default_factory=OptimSchema)
+    optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)

@@ -8,7 +8,7 @@ OUT=${OUT:-runs}
 # (0.1/256 ~ 0.02/64 per sample). Test: the first 2,000 test images.
 COMMON="data=fmnist data.train_subset=6000 data.test_subset=2000 model=cnn fl.num_clients=10
         fl.rounds=20 fl.local_epochs=1 fl.batch_size=64 optim.lr=0.02 runtime=serial
-        runtime.threads_per_client=2 logger=none output_dir=$OUT"
+        runtime.threads_per_client=1 logger=none output_dir=$OUT"
 for part in "shards data.classes_per_client=2" "dirichlet data.alpha=0.3"; do
   name=fmnist_$(echo "$part" | awk '{print $1}')
   for method in fedavg fedprox moon fedglcl; do

@@ -392,3 +392,12 @@ def test_fedproto_round_two_regularises_towards_global_prototypes(digits):
     got = ClientHost(toy_spec("fedproto", strategy.objective_kwargs(), init), ds, {1: shards[1]}).fit(plan2.broadcast, p1)
     close(got.client_state.personal_params, to_cpu(expect.state_dict()))
     assert plan2.broadcast.global_params is None and plan2.broadcast.nbytes() == P.numel() * 4 + 10 * 8
+
+
+def test_a_last_batch_of_one_sample_is_dropped_not_fatal(digits):
+    """Batch norm cannot train on one sample: 33 examples with batch 16 must still fit."""
+    ds, shards = digits
+    strategy, plan, _, _, init, _ = one_round("fedavg", digits)
+    host = ClientHost(toy_spec("fedavg", strategy.objective_kwargs(), init), ds, {0: shards[0][:33]})
+    update = host.fit(plan.broadcast, plan.payloads[0])
+    assert update.num_examples == 33 and update.metrics["train_loss"] > 0

@@ -17,6 +17,7 @@ from torch import nn
 from .errors import ConfigError
 from .messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState
 from .objective import ClientObjective
+from .optim import OptimConfig
 from .params import weighted_mean
 from .types import ClientId, StateDict
 
@@ -26,16 +27,6 @@ class MethodConfig:
     """Hyperparameters of a method (`conf/method/<name>.yaml` is validated against it)."""
 
     name: str = "fedavg"
-
-
-@dataclass
-class OptimConfig:
-    """Client optimiser; the optimiser is rebuilt every round, as in the papers' code."""
-
-    name: str = "sgd"
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader
 
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
@@ -66,7 +67,9 @@ class LocalClassMeans:
         self.eval()  # type: ignore[attr-defined]
         sums, n = None, torch.zeros(self.num_classes, dtype=torch.long)
         with torch.no_grad():
-            for x, y in self.trainer.train_dataloader:  # type: ignore[attr-defined]
+            train = self.trainer.train_dataloader  # type: ignore[attr-defined]
+            # every training example once, in order (the fit's loader shuffles, may drop one)
+            for x, y in DataLoader(train.dataset, batch_size=train.batch_size or 256):
                 z = self.class_mean_inputs(x.to(self.device)).float().cpu()  # type: ignore[attr-defined]
                 if sums is None:
                     sums = torch.zeros(self.num_classes, z.shape[1], dtype=torch.float64)

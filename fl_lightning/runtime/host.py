@@ -166,6 +166,8 @@ class ClientHost:
                 batch_size=self.spec.batch_size,
                 shuffle=True,
                 generator=torch.Generator().manual_seed(payload.seed),
+                # a last batch of one sample breaks batch norm in training mode; drop it
+                drop_last=len(y) % self.spec.batch_size == 1 and len(y) > 1,
             )
             self._trainer().fit(obj, loader)
             update = obj.end_round(payload, num_examples=len(y))

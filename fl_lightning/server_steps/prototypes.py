@@ -6,7 +6,8 @@ FedDistill, FedTSP) and FedTGP's trainable global prototypes with an adaptive ma
 """
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -78,6 +79,18 @@ def adaptive_margin_loss(protos: torch.Tensor, y: torch.Tensor, centers: torch.T
     return F.cross_entropy(-dist, y)
 
 
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Tiny ops: one intra-op thread is faster (20 s vs 0.4 s for 100 epochs on a busy
+    2-core machine) and makes the result independent of the driver's thread count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def train_global_prototypes(
     params: StateDict,
     protos: torch.Tensor,
@@ -93,6 +106,14 @@ def train_global_prototypes(
     uploaded client prototypes `protos` [K, D] with classes `labels` [K], shuffled with
     `seed`. Returns the generator's new weights, the global prototypes [C, D] and the last
     batch's loss."""
+    with _one_thread():
+        return _train_global_prototypes(params, protos, labels, margin, epochs, batch_size, lr, seed, device)
+
+
+def _train_global_prototypes(
+    params: StateDict, protos: torch.Tensor, labels: torch.Tensor, margin: float, epochs: int,
+    batch_size: int, lr: float, seed: int, device: str | torch.device,
+) -> tuple[StateDict, torch.Tensor, float]:  # fmt: skip
     num_classes, dim = params["embeddings.weight"].shape
     hidden = params["middle.0.weight"].shape[0]
     gen = TrainablePrototypes(num_classes, dim, hidden).to(device)

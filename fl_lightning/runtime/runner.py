@@ -11,6 +11,7 @@ a run resumed from any checkpoint repeats exactly what the uninterrupted run wou
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -171,12 +172,10 @@ class Run:
 
     # --- setup -------------------------------------------------------------------------
     def _initial_state(self) -> tuple[ServerState, dict[str, Any]]:
-        if self.resume:
-            path = checkpoint.latest(self.run_dir)
-            if path is None:
-                return self.p.strategy.init_state(self.p.init_params), {}
+        path = checkpoint.latest(self.run_dir) if self.resume else None
+        if path is not None:
             return checkpoint.load(path)
-        return self.p.strategy.init_state(self.p.init_params), {}
+        return self.p.strategy.init_state(self.p.init_params), {}  # new, or killed before round 1
 
     def _executor(self) -> tuple[Executor, Placement, bool]:
         cfg = self.cfg
@@ -256,8 +255,9 @@ class Run:
         files = RunFiles(self.run_dir, keep_until_round=state.round if self.resume else None)
         prior = files.records()
         wall_offset = float(prior[-1].get("wall_time_s", 0.0)) if prior else 0.0
-        (self.run_dir / "partition.json").write_text(json.dumps(self.p.split.stats(self.p.dataset)) + "\n")
-        save_partition_plot(self.p.split.stats(self.p.dataset), self.run_dir / "partition.png")
+        stats = self.p.split.stats(self.p.dataset)
+        (self.run_dir / "partition.json").write_text(json.dumps(stats) + "\n")
+        save_partition_plot(stats, self.run_dir / "partition.png")
         for w in strategy.warnings():
             log.warning(w)
         executor, placement, started_ray = self._executor()
@@ -269,8 +269,7 @@ class Run:
             meta = {"wandb_id": loggers[0].id} if loggers else {}
             start = time.perf_counter()
             for rnd in range(state.round + 1, cfg.fl.rounds + 1):
-                record = self._round(executor, state, rnd)
-                state = record.pop("_state")
+                state, record = self._round(executor, state, rnd)
                 record["wall_time_s"] = wall_offset + time.perf_counter() - start
                 files.log_round(rnd, record)
                 checkpoint.save(self.run_dir, state, meta)
@@ -294,7 +293,7 @@ class Run:
             print_table(files.records(), summary, self.run_dir)
         return summary
 
-    def _round(self, executor: Executor, state: ServerState, rnd: int) -> dict[str, Any]:
+    def _round(self, executor: Executor, state: ServerState, rnd: int) -> tuple[ServerState, dict[str, Any]]:
         strategy = self.p.strategy
         t0 = time.perf_counter()
         plan = strategy.configure_round(state, rnd, round_rng(self.cfg.seed, rnd))
@@ -303,8 +302,7 @@ class Run:
             raise RuntimeError(f"round {rnd}: every client failed")
         t1 = time.perf_counter()
         state = strategy.aggregate(state, updates)
-        state = strategy.server_update(state, updates)
-        state.round = rnd
+        state = dataclasses.replace(strategy.server_update(state, updates), round=rnd)
         t2 = time.perf_counter()
         record: dict[str, Any] = {}
         if rnd % self.cfg.eval.every == 0 or rnd == self.cfg.fl.rounds:
@@ -322,9 +320,8 @@ class Run:
             time_server_s=t2 - t1,
             time_eval_s=t3 - t2,
             round_time_s=t3 - t0,
-            _state=state,
         )
-        return record
+        return state, record
 
     def _summary(self, records: list[dict[str, Any]], placement: Placement) -> dict[str, Any]:
         evald = [r for r in records if "accuracy" in r or "client_accuracy" in r]

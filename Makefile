@@ -1,5 +1,6 @@
 # Two commands do everything (see README): `make demo` and `make test`. Each creates or
-# refreshes the virtual environment and fetches the embedded data, idempotently.
+# refreshes the virtual environment and fetches the embedded data, idempotently; `make test`
+# also runs `make lint` (ruff and mypy, configured in pyproject.toml) first.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -7,7 +8,7 @@ FLL    := $(VENV)/bin/fl-lightning
 # Where datasets live (Fashion-MNIST lands in $(FL_LIGHTNING_DATA)/fashion-mnist).
 export FL_LIGHTNING_DATA ?= $(HOME)/.cache/fl_lightning/data
 
-.PHONY: venv data demo test bench clean
+.PHONY: venv data demo lint test bench bench-deps clean
 
 # Reinstalled whenever pyproject.toml changes. torch/torchvision come from local disk here.
 $(VENV)/.installed: pyproject.toml
@@ -23,11 +24,26 @@ data: venv
 demo: data
 	$(FLL) sweep +experiment=demo method=fedavg,fedglcl
 
-test: data
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy fl_lightning
+
+test: lint data
 	$(PY) -m pytest -q --durations=15
 
-bench: data
+# Flower for benchmarks/vs_flower.py: the optional `bench` extra, installed once (not in `dev`).
+bench-deps: venv
+	@$(PY) -c 'import flwr' 2>/dev/null || $(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+
+bench: data bench-deps
 	$(PY) benchmarks/engine_overhead.py --out benchmarks/results/engine_overhead.json
+	$(PY) benchmarks/vs_flower.py --out benchmarks/results/vs_flower.json
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+
+# The cluster journey on this machine (root, Linux; installs openssh-server/rsync if missing):
+# a throwaway SSH user on 127.0.0.1, ray up, jobs, resume, fetch, compare, ray down. Not in `test`.
+.PHONY: cluster-selftest
+cluster-selftest: venv
+	bash cluster/selftest.sh

@@ -24,22 +24,26 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from bench_workload import add_workload_args, overrides  # benchmarks/bench_workload.py
 from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.config import compose
-from fl_lightning.core.objective import evaluate_model
+from fl_lightning.core.metrics import EvalSpec, TaskMetrics
 from fl_lightning.core.params import to_cpu, weighted_mean
 from fl_lightning.core.strategy import client_seed, round_rng
-from fl_lightning.runtime.runner import prepare, start_run
+from fl_lightning.runtime.build import prepare
+from fl_lightning.runtime.runner import start_run
 
 
-def overrides(args: argparse.Namespace, out: str) -> list[str]:
-    return [
-        "method=fedavg", "data=fmnist", "data.partition=iid", f"fl.num_clients={args.clients}",
-        f"data.train_subset={args.clients * args.per_client}", f"data.test_subset={args.test}",
-        f"fl.rounds={args.rounds}", "fl.local_epochs=1", "fl.batch_size=32", "optim.lr=0.05",
-        "logger=none", f"output_dir={out}", f"seed={args.seed}", f"runtime.threads_per_client={args.threads}",
-    ]  # fmt: skip
+@torch.no_grad()
+def plain_accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> float:
+    """The plain loop's evaluation: the same metric code as the engine's (core/metrics.py)."""
+    model.eval()
+    metrics = TaskMetrics(EvalSpec(num_classes=10))
+    for i in range(0, len(y), batch_size):
+        metrics.update(model(x[i : i + batch_size]), y[i : i + batch_size])
+    model.train()
+    return metrics.compute()["accuracy"]
 
 
 def plain_loop(args: argparse.Namespace, out: str) -> dict:
@@ -78,7 +82,7 @@ def plain_loop(args: argparse.Namespace, out: str) -> dict:
         glob = weighted_mean(states, weights)
         t2 = time.perf_counter()
         model.load_state_dict(glob)
-        accs.append(evaluate_model(model, *test, batch_size=1000)["accuracy"])
+        accs.append(plain_accuracy(model, *test))
         t3 = time.perf_counter()
         phases["fit"] += t1 - t0
         phases["server"] += t2 - t1
@@ -105,12 +109,7 @@ def engine(args: argparse.Namespace, out: str, runtime: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, default=10)
-    ap.add_argument("--per-client", type=int, default=600)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--test", type=int, default=2000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per client fit")
+    add_workload_args(ap)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_overhead.json"))
     args = ap.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -131,7 +130,11 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("ratio_serial_vs_plain", "ratio_ray_vs_plain", "same_accuracy_all_three")}))
+    print(
+        json.dumps(
+            {k: result[k] for k in ("ratio_serial_vs_plain", "ratio_ray_vs_plain", "same_accuracy_all_three")}
+        )
+    )
     print(f"wrote {args.out}")
 
 

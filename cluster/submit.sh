@@ -7,9 +7,14 @@
 #   cluster/submit.sh sweep method=fedavg seed=0,1,2 runtime=gpu experiment=cmp --parallel 3
 #
 # The command defaults to `run`. The address is the head's dashboard URL: --address, else
-# $RAY_ADDRESS, else http://127.0.0.1:8265 (the dashboard is bound to the head's loopback
-# by ray_cluster.yaml: from your machine, run `ray dashboard ray_cluster.yaml` to forward it
-# over SSH, or submit from the head node).
+# $RAY_API_SERVER_ADDRESS, else $RAY_ADDRESS (the ray job CLI's own order), else
+# http://127.0.0.1:8265. Both yamls bind the dashboard to the head's loopback: from your
+# machine, keep `ray dashboard ray_cluster.yaml` running (an SSH tunnel from 127.0.0.1:8265
+# here to the head's dashboard) and the default works; or submit on the head node.
+#
+# A run writes its run directory on the head, under $FL_LIGHTNING_RUNS for a relative
+# output_dir, and prints it; `resume <that path>` continues it, cluster/fetch_runs.sh brings
+# the runs home.
 #
 # The repository is uploaded as the job's working dir WITHOUT data, runs, .venv, .git and
 # caches: data must already be on the nodes (shared storage, or `fl-lightning fetch fmnist`
@@ -28,7 +33,7 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"
+ADDRESS="${RAY_API_SERVER_ADDRESS:-${RAY_ADDRESS:-http://127.0.0.1:8265}}"
 RAY="${RAY:-ray}"
 PYTHON="${PYTHON:-python}"
 WAIT=()
@@ -38,7 +43,7 @@ while [[ $# -gt 0 ]]; do
     --address) ADDRESS="$2"; shift 2 ;;
     --address=*) ADDRESS="${1#--address=}"; shift ;;
     --no-wait) WAIT=(--no-wait); shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done

@@ -1,3 +1,3 @@
-from .cli import entrypoint
+from .cli.main import entrypoint
 
 entrypoint()

@@ -5,24 +5,40 @@
 `group=name` picks `conf/<group>/<name>.yaml`; `+experiment=name` applies the preset
 `conf/experiment/<name>.yaml` (group choices under `defaults:` plus value overrides);
 `a.b=value` overrides one value. Precedence, low to high: config.yaml, chosen group
-files, experiment, command line. Every key is checked against a typed schema, so a
-typo is an error, never silently ignored. This module imports no torch, Ray or W&B:
-bad input is rejected in well under a second.
+files, the method's defaults, experiment, command line.
+
+A method file may carry `optim:` and `fl:` blocks: the method's own defaults for the
+client optimiser and local training (its paper's or its authors' code's), e.g.
+
+    # conf/method/scaffold.yaml
+    name: scaffold
+    optim:
+      momentum: 0.0      # option-II control variates assume plain SGD
+
+They apply above config.yaml and below an experiment preset and the command line, are
+checked against the same schema (a typo is an error naming the file), and show in
+`fl-lightning config method=<name>`. `optim` and `fl` are therefore never method keys.
+
+Every key is checked against a typed schema, so a typo is an error, never silently
+ignored. This module imports no torch, Ray or W&B: bad input is rejected in well under
+a second.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .core.errors import ConfigError
-from .core.optim import OptimConfig
+from .core.optim import OPTIMIZERS, OptimConfig
 
 GROUPS = ("method", "data", "model", "text", "runtime", "logger")
 
@@ -37,12 +53,16 @@ def conf_dir() -> Path:
 class FLConfig:
     rounds: int = 10
     num_clients: int = 10
-    clients_per_round: Optional[int] = None  # overrides `fraction` when set
+    clients_per_round: int | None = None  # overrides `fraction` when set
     fraction: float = 1.0
     local_epochs: int = 1
-    local_steps: Optional[int] = None  # caps optimizer steps per fit when set
+    local_steps: int | None = None  # caps optimizer steps per fit when set
     batch_size: int = 64
     max_client_failures: int = 0  # clients allowed to fail per round (dropped, logged)
+    #: batch-norm running statistics of the global model: averaged (FedAvg of the clients'),
+    #: recompute (pooled exactly from the sampled clients' data under the new weights), or
+    #: local (each client keeps its own; evaluated on the clients' own test splits)
+    bn_stats: str = "averaged"
 
 
 @dataclass
@@ -51,17 +71,17 @@ class DataConfig:
     root: str = "${oc.env:FL_LIGHTNING_DATA,'~/.cache/fl_lightning/data'}"
     download: bool = False
     partition: str = "dirichlet"  # iid | dirichlet | dirichlet_balanced | shards | longtail | domain | ...
-    alpha: float = 0.5  # Dirichlet concentration (dirichlet, dirichlet_balanced, longtail, multilabel_dirichlet)
+    alpha: float = 0.5  # Dirichlet concentration (dirichlet[_balanced], longtail, multilabel_dirichlet)
     min_size: int = 10  # dirichlet: every client gets at least this many samples
     classes_per_client: int = 2  # shards: exactly this many classes per client
     imbalance_factor: float = 1.0  # long tail: max/min class count (cifar*_lt datasets, longtail partition)
     client_test_fraction: float = 0.0
-    train_subset: Optional[int] = None  # first N training samples (quick runs, tests)
-    test_subset: Optional[int] = None
-    image_size: Optional[int] = None  # folder/HDF5 datasets: resize to this square size (default per dataset)
-    domains: Optional[list[str]] = None  # domain datasets: which domains to load (default: all)
+    train_subset: int | None = None  # first N training samples (quick runs, tests)
+    test_subset: int | None = None
+    image_size: int | None = None  # folder/HDF5 datasets: resize to this square size (default per dataset)
+    domains: list[str] | None = None  # domain datasets: which domains to load (default: all)
     fine_grained: bool = False  # flair: the 1,628 fine-grained labels instead of the 17 coarse ones
-    max_users: Optional[int] = None  # flair: read only the first N training users
+    max_users: int | None = None  # flair: read only the first N training users
     cache_partitions: bool = True  # cache splits in <root>/.partitions/<hash>.npz
 
 
@@ -71,30 +91,41 @@ class EvalConfig:
     batch_size: int = 1000
     clients: bool = True  # also evaluate on each client's own test split, when it has one
     device: str = "auto"  # where the driver evaluates the global model: auto (cuda if any) | cpu | cuda
+    per_class: bool = False  # single-label: also class_accuracy/<c> for every class
+    #: long-tail groups by training-set class counts: [many_above, few_below] gives
+    #: many_/medium_/few_accuracy (ImageNet-LT: [100, 20]); null: none
+    longtail: list[int] | None = None
+    threshold: float = 0.5  # multi-label: decision threshold on sigmoid scores (C-P, C-R, C-F1, O-*)
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 1  # rounds between checkpoints (the last round is always checkpointed)
 
 
 @dataclass
 class RuntimeConfig:
     executor: str = "ray"  # ray | serial
-    address: Optional[str] = None  # "auto" or host:port joins a cluster; null: $RAY_ADDRESS (a Ray job's cluster), else local
+    # "auto" or host:port joins a cluster; null: $RAY_ADDRESS (a Ray job's cluster), else local
+    address: str | None = None
     placement: str = "auto"  # auto | per_client | pool
-    num_actors: Optional[int] = None  # pool size; default: one per CPU (or GPU)
-    num_cpus: Optional[int] = None  # size of a local Ray instance; default: all
-    num_gpus: Optional[int] = None
-    cpus_per_client: Optional[float] = None  # CPUs per actor; default: an even share
-    gpus_per_client: Optional[float] = None  # default: 1 when GPUs exist
-    threads_per_client: Optional[int] = None  # torch threads per fit; default: CPU share
+    num_actors: int | None = None  # pool size; default: one per CPU (or GPU)
+    num_cpus: int | None = None  # size of a local Ray instance; default: all
+    num_gpus: int | None = None
+    cpus_per_client: float | None = None  # CPUs per actor; default: an even share
+    gpus_per_client: float | None = None  # default: 1 when GPUs exist
+    threads_per_client: int | None = None  # torch threads per fit; default: CPU share
     accelerator: str = "auto"  # auto | cpu | gpu
     placement_strategy: str = "PACK"  # GPU placement group: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
-    schedule_timeout_s: Optional[float] = 120.0  # wait this long for the GPU bundles; null: forever
+    schedule_timeout_s: float | None = 120.0  # wait this long for the GPU bundles; null: forever
 
 
 @dataclass
 class LoggerConfig:
     backend: str = "wandb"  # wandb | none
     project: str = "fl_lightning"
-    entity: Optional[str] = None
-    group: Optional[str] = None  # default: the experiment name
+    entity: str | None = None
+    group: str | None = None  # default: the experiment name
     mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
     tags: list[str] = field(default_factory=list)
 
@@ -104,7 +135,7 @@ class RootConfig:
     experiment: str = "default"
     seed: int = 0
     output_dir: str = "runs"
-    run_id: Optional[str] = None
+    run_id: str | None = None
     method: Any = None
     data: DataConfig = field(default_factory=DataConfig)
     model: Any = None
@@ -112,6 +143,7 @@ class RootConfig:
     fl: FLConfig = field(default_factory=FLConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
@@ -130,6 +162,10 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
+#: blocks of a method file that are run-level defaults, not method keys
+METHOD_DEFAULT_BLOCKS = ("optim", "fl")
+
+
 def _group_file(group: str, name: str) -> dict:
     path = conf_dir() / group / f"{name}.yaml"
     if not path.is_file():
@@ -139,6 +175,21 @@ def _group_file(group: str, name: str) -> dict:
     if group in ("method", "data", "model", "text"):
         data.setdefault("name", name)  # the registry name
     return data
+
+
+def method_defaults(name: str) -> dict[str, dict[str, Any]]:
+    """The run-level defaults (`optim:`, `fl:` blocks) of method `name`'s file, as written."""
+    data = _group_file("method", name)
+    out: dict[str, dict[str, Any]] = {}
+    for block in METHOD_DEFAULT_BLOCKS:
+        value = data.get(block)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            path = conf_dir() / "method" / f"{name}.yaml"
+            raise ConfigError(f"{path}: {block!r} must be a mapping of {block}.* defaults")
+        out[block] = value
+    return out
 
 
 def _parse(overrides: list[str]) -> tuple[dict[str, str], str | None, list[str]]:
@@ -160,6 +211,33 @@ def _parse(overrides: list[str]) -> tuple[dict[str, str], str | None, list[str]]
     return groups, experiment, dotted
 
 
+def _dotlist(items: list[str]) -> DictConfig:
+    """`OmegaConf.from_dotlist`, with a YAML error in a value as one ConfigError naming the override."""
+    try:
+        return OmegaConf.from_dotlist(list(items))
+    except yaml.YAMLError:
+        for item in items:
+            try:
+                OmegaConf.from_dotlist([item])
+            except yaml.YAMLError as e:
+                what = " ".join(str(getattr(e, a, "") or "") for a in ("context", "problem")).strip()
+                what = what or type(e).__name__
+                raise ConfigError(f"bad override {item!r}: not valid YAML ({what})") from None
+        raise ConfigError(f"bad overrides {' '.join(items)!r}: not valid YAML") from None
+
+
+def _nonfinite(node: Any, key: str = "") -> str | None:
+    """The dotted key of the first non-finite float (nan, inf) in a config tree, else None."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return key
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        found = _nonfinite(v, f"{key}.{k}" if key else str(k))
+        if found is not None:
+            return found
+    return None
+
+
 def _schema_errors(e: OmegaConfBaseException) -> ConfigError:
     key = getattr(e, "full_key", None) or getattr(e, "key", None)
     msg = str(e).splitlines()[0]
@@ -177,7 +255,8 @@ def compose(overrides: list[str]) -> DictConfig:
     if experiment is not None:
         path = conf_dir() / "experiment" / f"{experiment}.yaml"
         if not path.is_file():
-            raise ConfigError(f"unknown experiment {experiment!r}; valid: {', '.join(choices('experiment')) or '(none)'}")
+            valid = ", ".join(choices("experiment")) or "(none)"
+            raise ConfigError(f"unknown experiment {experiment!r}; valid: {valid}")
         preset = _read_yaml(path)
         defaults.update(preset.pop("defaults", {}) or {})
         preset.setdefault("experiment", experiment)
@@ -185,17 +264,29 @@ def compose(overrides: list[str]) -> DictConfig:
     missing = [g for g in GROUPS if g not in defaults]
     if missing:
         raise ConfigError(f"config.yaml names no default for: {', '.join(missing)}")
+    files = {g: _group_file(g, defaults[g]) for g in GROUPS if g not in ("data",)}
+    run_defaults = method_defaults(defaults["method"])
+    for block in METHOD_DEFAULT_BLOCKS:
+        files["method"].pop(block, None)
     try:
         cfg = OmegaConf.structured(RootConfig)
         OmegaConf.set_struct(cfg, False)
-        cfg.merge_with({g: _group_file(g, defaults[g]) for g in GROUPS if g not in ("data",)})
+        cfg.merge_with(files)
         OmegaConf.set_struct(cfg, True)
         for g in ("method", "model", "text"):
             OmegaConf.set_struct(cfg[g], True)
         cfg.merge_with({"data": _group_file("data", defaults["data"])})
         cfg.merge_with(base)
+    except OmegaConfBaseException as e:
+        raise _schema_errors(e) from None
+    try:  # the method's optim/fl defaults: above config.yaml, below the preset and the command line
+        cfg.merge_with(run_defaults)
+    except OmegaConfBaseException as e:
+        path = conf_dir() / "method" / f"{defaults['method']}.yaml"
+        raise ConfigError(f"{path}: {_schema_errors(e)}") from None
+    try:
         cfg.merge_with(preset)
-        cfg.merge_with(OmegaConf.from_dotlist(dotted))
+        cfg.merge_with(_dotlist(dotted))
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
         raise _schema_errors(e) from None
@@ -210,18 +301,24 @@ def clients_per_round(cfg: DictConfig) -> int:
     return max(1, int(round(fl.fraction * fl.num_clients)))
 
 
-def _check_kwargs(kind: str, name: str, fn: Any, given: dict) -> None:
+def check_kwargs(kind: str, name: str, fn: Any, given: dict) -> None:
+    """ConfigError naming the first key of `given` that `fn` (a registered builder) does not take."""
     params = inspect.signature(fn).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return
     unknown = sorted(set(given) - set(params))
     if unknown:
-        raise ConfigError(f"unknown config key {kind}.{unknown[0]!r} for {kind} {name!r}; valid: {', '.join(k for k in params if k not in ('num_classes', 'in_channels', 'image_size'))}")
+        valid = ", ".join(k for k in params if k not in ("num_classes", "in_channels", "image_size"))
+        raise ConfigError(f"unknown config key {kind}.{unknown[0]!r} for {kind} {name!r}; valid: {valid}")
 
 
 def validate(cfg: DictConfig) -> None:
     """Semantic checks that need no heavy imports."""
     fl, data, rt = cfg.fl, cfg.data, cfg.runtime
+    bad = _nonfinite(OmegaConf.to_container(cfg, resolve=False))
+    if bad is not None:
+        value = OmegaConf.select(cfg, bad, throw_on_missing=False)
+        raise ConfigError(f"{bad} must be a finite number (got {value})")
 
     def positive(key: str, value: Any) -> None:
         if value is not None and value <= 0:
@@ -232,6 +329,16 @@ def validate(cfg: DictConfig) -> None:
     positive("data.alpha", data.alpha)
     positive("eval.every", cfg.eval.every)
     positive("optim.lr", cfg.optim.lr)
+    positive("optim.grad_clip", cfg.optim.grad_clip)
+    positive("checkpoint.every", cfg.checkpoint.every)
+    if not 0 < cfg.eval.threshold < 1:
+        raise ConfigError(f"eval.threshold must be in (0, 1) (got {cfg.eval.threshold})")
+    lt = cfg.eval.longtail
+    if lt is not None and (len(lt) != 2 or lt[0] < lt[1] or lt[1] < 0):
+        raise ConfigError(
+            "eval.longtail must be [many_above, few_below] with many_above >= few_below >= 0 "
+            f"(got {list(lt)})"
+        )
     for key in ("train_subset", "test_subset"):
         positive(f"data.{key}", data[key])
     if not 0 < fl.fraction <= 1:
@@ -242,6 +349,11 @@ def validate(cfg: DictConfig) -> None:
         )
     if fl.max_client_failures < 0:
         raise ConfigError(f"fl.max_client_failures must be >= 0 (got {fl.max_client_failures})")
+    if fl.bn_stats == "local" and data.client_test_fraction == 0:
+        raise ConfigError(
+            "fl.bn_stats=local keeps each client's batch-norm statistics, so models are evaluated on "
+            "each client's own test split: set data.client_test_fraction (e.g. 0.25)"
+        )
     if not 0 <= data.client_test_fraction < 1:
         raise ConfigError(f"data.client_test_fraction must be in [0, 1) (got {data.client_test_fraction})")
     if data.min_size < 0:
@@ -256,16 +368,20 @@ def validate(cfg: DictConfig) -> None:
         "runtime.executor": (rt.executor, ("ray", "serial")),
         "runtime.placement": (rt.placement, ("auto", "per_client", "pool")),
         "runtime.accelerator": (rt.accelerator, ("auto", "cpu", "gpu")),
-        "runtime.placement_strategy": (rt.placement_strategy, ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")),
+        "runtime.placement_strategy": (
+            rt.placement_strategy, ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+        ),
         "logger.backend": (cfg.logger.backend, ("wandb", "none")),
         "logger.mode": (cfg.logger.mode, ("auto", "online", "offline", "disabled")),
-        "optim.name": (cfg.optim.name, ("sgd", "adam")),
+        "optim.name": (cfg.optim.name, OPTIMIZERS),
+        "fl.bn_stats": (cfg.fl.bn_stats, ("averaged", "recompute", "local")),
         "eval.device": (cfg.eval.device, ("auto", "cpu", "cuda")),
     }
     for key, (value, valid) in enums.items():
         if value not in valid:
             raise ConfigError(f"{key}={value!r} is not one of: {', '.join(valid)}")
-    for key in ("num_actors", "num_cpus", "cpus_per_client", "gpus_per_client", "threads_per_client", "schedule_timeout_s"):
+    per_client = ("cpus_per_client", "gpus_per_client", "threads_per_client")
+    for key in ("num_actors", "num_cpus", *per_client, "schedule_timeout_s"):
         positive(f"runtime.{key}", rt[key])
     if rt.num_gpus is not None and rt.num_gpus < 0:
         raise ConfigError(f"runtime.num_gpus must be >= 0 (got {rt.num_gpus})")
@@ -273,32 +389,51 @@ def validate(cfg: DictConfig) -> None:
 
 def validate_registered(cfg: DictConfig) -> None:
     """Checks against the registries (imports the methods, models and datasets)."""
-    from .data.datasets import DATASETS
     from .data.partition import PARTITIONERS
+    from .data.registry import DATASETS
     from .methods import METHODS
     from .models import MODELS
 
     strategy = METHODS.get(cfg.method.name)
     try:
-        OmegaConf.merge(OmegaConf.structured(strategy.config_cls), cfg.method)
+        method_cfg = OmegaConf.to_object(
+            OmegaConf.merge(OmegaConf.structured(strategy.config_cls), cfg.method)
+        )
     except OmegaConfBaseException as e:
         raise _schema_errors(e) from None
+    if dataclasses.is_dataclass(method_cfg) and not isinstance(method_cfg, type):
+        bad = _nonfinite(dataclasses.asdict(method_cfg), "method")
+        if bad is not None:  # e.g. method.mu=nan: a string until the method's schema types it
+            raise ConfigError(f"{bad} must be a finite number (got {cfg.method[bad.split('.', 1)[1]]})")
+    # A method may refuse an optimiser its algorithm does not hold under (SCAFFOLD: momentum):
+    # a classmethod `check_optim(method_config, optim)` raising ConfigError, before any data.
+    check_optim = getattr(strategy, "check_optim", None)
+    if callable(check_optim):
+        optim = OmegaConf.to_container(cfg.optim, resolve=True)
+        assert isinstance(optim, dict)
+        check_optim(method_cfg, OptimConfig(**{str(k): v for k, v in optim.items()}))
+    # ... and a run it cannot do (CLIP2FL's teacher=clip without CLIP weights): `check_run`.
+    run = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(run, dict)
+    strategy.check_run(method_cfg, {str(k): v for k, v in run.items()})
     model_kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
-    _check_kwargs("model", cfg.model.name, MODELS.get(cfg.model.name), model_kwargs)
+    check_kwargs("model", cfg.model.name, MODELS.get(cfg.model.name), model_kwargs)
     DATASETS.get(cfg.data.name)
     PARTITIONERS.get(cfg.data.partition)
     if cfg.text.name != "none":
         from .text import TEXT_ENCODERS
 
         text_kwargs = {k: v for k, v in cfg.text.items() if k != "name"}
-        _check_kwargs("text", cfg.text.name, TEXT_ENCODERS.get(cfg.text.name), text_kwargs)
+        check_kwargs("text", cfg.text.name, TEXT_ENCODERS.get(cfg.text.name), text_kwargs)
 
 
 def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
-RESUMABLE = ("fl.rounds", "runtime.", "logger.", "eval.batch_size", "eval.device")
+#: what a resume may change: nothing that changes the numbers (method.allow_momentum only
+#: permits SCAFFOLD runs started before it refused momentum to go on)
+RESUMABLE = ("fl.rounds", "runtime.", "logger.", "eval.batch_size", "eval.device", "method.allow_momentum")
 
 
 def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
@@ -310,14 +445,29 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
         key = item.split("=", 1)[0]
         if "=" not in item or not any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE):
             raise ConfigError(
-                f"cannot change {key!r} on resume; only fl.rounds, runtime.*, logger.*, eval.batch_size and eval.device"
+                f"cannot change {key!r} on resume; "
+                "only fl.rounds, runtime.*, logger.*, eval.batch_size, eval.device and method.allow_momentum"
             )
+    doc = _read_yaml(path)
+    missing = [g for g in ("method", "data", "model", "fl") if not isinstance(doc.get(g), dict)]
+    missing += [
+        f"{g}.name" for g in ("method", "data", "model") if g not in missing and not doc[g].get("name")
+    ]
+    if missing:
+        what = "empty" if not doc else "no " + ", ".join(missing)
+        raise ConfigError(
+            f"{path} is not an fl_lightning run config ({what}); "
+            "resume takes a run directory written by `fl-lightning run`"
+        )
     try:
         cfg = OmegaConf.structured(RootConfig)
         OmegaConf.set_struct(cfg, False)
-        cfg.merge_with(_read_yaml(path))
+        cfg.merge_with(doc)
         OmegaConf.set_struct(cfg, True)
-        cfg.merge_with(OmegaConf.from_dotlist(overrides))
+        # method.allow_momentum may be new to a run's config (validate_registered checks it)
+        OmegaConf.set_struct(cfg.method, False)
+        cfg.merge_with(_dotlist(overrides))
+        OmegaConf.set_struct(cfg.method, True)
     except OmegaConfBaseException as e:
         raise _schema_errors(e) from None
     validate(cfg)

@@ -24,8 +24,8 @@ def main() -> None:
 
     from fl_lightning.config import compose
     from fl_lightning.core.errors import ConfigError
+    from fl_lightning.runtime.build import placement_for, prepare
     from fl_lightning.runtime.ray_executor import RayExecutor
-    from fl_lightning.runtime.runner import _placement, prepare
 
     for case in cases:
         busy = None
@@ -44,7 +44,7 @@ def main() -> None:
         p = prepare(cfg)
         res = ray.cluster_resources()
         try:
-            placement = _placement(cfg, res.get("CPU", 0.0), res.get("GPU", 0.0))
+            placement = placement_for(cfg, res.get("CPU", 0.0), res.get("GPU", 0.0))
             p.spec.accelerator, p.spec.threads = placement.accelerator, placement.threads
             ex = RayExecutor(
                 p.spec, p.dataset, p.split.train, p.split.test, placement, 0,

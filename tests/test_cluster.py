@@ -47,16 +47,20 @@ def test_submit_script_uploads_code_but_no_data(tmp_path):
     fake.chmod(0o755)
     env = {**os.environ, "RAY": str(fake), "WANDB_API_KEY": "k123", "FL_LIGHTNING_DATA": "/local/only"}
     env.pop("RAY_ADDRESS", None)
-    out = subprocess.run([str(REPO / "cluster" / "submit.sh"), "sweep", "method=fedavg", "seed=0,1", "--parallel", "2"],
-                         env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    cmd = [str(REPO / "cluster" / "submit.sh"), "sweep", "method=fedavg", "seed=0,1", "--parallel", "2"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
     args = json.loads(out)
     assert args[:3] == ["job", "submit", "--address"] and args[3] == "http://127.0.0.1:8265"
     assert args[args.index("--working-dir") + 1] == str(REPO)
     runtime_env = json.loads(args[args.index("--runtime-env-json") + 1])
     assert {"/data", "/runs", "/.venv", "/.git"} <= set(runtime_env["excludes"])
     assert "data" not in runtime_env["excludes"]  # a bare `data` would drop fl_lightning/data too
-    assert runtime_env["env_vars"]["WANDB_API_KEY"] == "k123" and "FL_LIGHTNING_DATA" not in runtime_env["env_vars"]
-    assert args[args.index("--") + 1 :] == ["python", "-m", "fl_lightning", "sweep", "method=fedavg", "seed=0,1", "--parallel", "2"]
+    assert (
+        runtime_env["env_vars"]["WANDB_API_KEY"] == "k123"
+        and "FL_LIGHTNING_DATA" not in runtime_env["env_vars"]
+    )
+    job = ["python", "-m", "fl_lightning", "sweep", "method=fedavg", "seed=0,1", "--parallel", "2"]
+    assert args[args.index("--") + 1 :] == job
 
 
 # --- which Ray a run uses ----------------------------------------------------------------------
@@ -82,7 +86,10 @@ def test_gpu_actors_round_robin_over_every_gpu(clients, share, per_gpu):
         assert set(load.values()) == {per_gpu}
     shapes = p.bundles()
     assert all(b["GPU"] == 1.0 for b in shapes)
-    assert sum(b["CPU"] for b in shapes) == pytest.approx(p.num_actors * p.cpus_per_actor) and sum(b["CPU"] for b in shapes) <= 16
+    assert (
+        sum(b["CPU"] for b in shapes) == pytest.approx(p.num_actors * p.cpus_per_actor)
+        and sum(b["CPU"] for b in shapes) <= 16
+    )
 
 
 def test_fewer_gpu_actors_than_gpus_use_one_bundle_each_and_cpu_runs_use_none():
@@ -120,8 +127,8 @@ def test_ray_places_client_actors_evenly_on_declared_gpus():
     cases = [[4, 1.0, "per_client"], [4, 0.25, "auto"], [8, 0.5, "auto"], ["busy", 4, 3]]
     if os.environ.get("FL_LIGHTNING_GPU_TEST_FULL") == "1":
         cases.append([16, 0.25, "auto"])
-    res = subprocess.run([sys.executable, str(REPO / "tests" / "gpu_placement_probe.py"), "4", json.dumps(cases)],
-                         capture_output=True, text=True, timeout=560)  # fmt: skip
+    probe = [sys.executable, str(REPO / "tests" / "gpu_placement_probe.py"), "4", json.dumps(cases)]
+    res = subprocess.run(probe, capture_output=True, text=True, timeout=560)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     out = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     assert [o["case"] for o in out] == cases
@@ -136,7 +143,7 @@ def test_ray_places_client_actors_evenly_on_declared_gpus():
         assert sorted(c for cs in o["clients"] for c in cs) == list(range(n))
         # actors sharing a bundle share a GPU; different bundles, different GPUs
         gpu_of_bundle = {}
-        for b, ids in zip(o["bundles"], o["gpu_ids"]):
+        for b, ids in zip(o["bundles"], o["gpu_ids"], strict=True):
             assert gpu_of_bundle.setdefault(b, ids[0]) == ids[0]
         assert len(set(gpu_of_bundle.values())) == 4
 
@@ -150,6 +157,8 @@ def test_impossible_gpu_request_ends_with_one_line(tmp_path):
     )  # fmt: skip
     assert res.returncode == 2
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert lines == ["fl-lightning: error: 8 client actors × 1.0 GPU need 8 GPUs but the cluster has 4; "
-                     "use runtime.placement=pool, fewer clients, or a smaller runtime.gpus_per_client"]  # fmt: skip
+    assert lines == [
+        "fl-lightning: error: 8 client actors × 1.0 GPU need 8 GPUs but the cluster has 4; "
+        "use runtime.placement=pool, fewer clients, or a smaller runtime.gpus_per_client"
+    ]
     assert not (tmp_path / "runs").exists()  # nothing written

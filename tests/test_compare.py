@@ -6,11 +6,10 @@ from __future__ import annotations
 import glob
 import json
 import statistics
-import time
 from pathlib import Path
 
-from fl_lightning.cli import main
-from fl_lightning.tracking.sweep import expand, split_top_level
+from fl_lightning.cli.main import main
+from fl_lightning.cli.sweep import expand, split_top_level
 
 from .wandb_files import read_finished_run
 
@@ -39,7 +38,12 @@ def test_sweep_then_compare_two_methods_over_two_seeds(tmp_path, capsys):
     assert sorted((s["method"], s["seed"], s["rounds_completed"]) for s in sums) == [
         ("fedavg", 0, 2), ("fedavg", 1, 2), ("fedprox", 0, 2), ("fedprox", 1, 2)]  # fmt: skip
     assert "[4/4] method=fedprox seed=1" in printed
-    assert (exp / "compare" / "accuracy_vs_round.png").read_bytes()[:8] == PNG  # the sweep compares at the end
+    # live progress: a line per round of every run, with the metric so far and the time left
+    for i, label in enumerate(["method=fedavg seed=0", "method=fedavg seed=1", "method=fedprox seed=0"]):
+        assert f"[{i + 1}/4] {label}: round 1/2  accuracy 0." in printed
+    assert "[4/4] method=fedprox seed=1: round 2/2  accuracy 0." in printed and "s left" in printed
+    png = (exp / "compare" / "accuracy_vs_round.png").read_bytes()
+    assert png[:8] == PNG  # the sweep compares at the end
 
     rc = main(["compare", str(exp), "--out", str(tmp_path / "cmp")])
     table = capsys.readouterr().out
@@ -61,7 +65,11 @@ def test_sweep_then_compare_two_methods_over_two_seeds(tmp_path, capsys):
     assert (tmp_path / "cmp" / "accuracy_vs_round.png").read_bytes()[:8] == PNG
     data = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert [g["group"] for g in data["groups"]] == ["fedavg", "fedprox"] and data["by"] == ["method"]
-    band = [json.loads(line)["accuracy"] for p in exp.glob("fedavg_*/metrics.jsonl") for line in p.read_text().splitlines()]
+    band = [
+        json.loads(line)["accuracy"]
+        for p in exp.glob("fedavg_*/metrics.jsonl")
+        for line in p.read_text().splitlines()
+    ]
     assert len(band) == 4  # 2 seeds x 2 rounds behind the fedavg curve
 
     # any key of summary.json or config.yaml groups runs (here: one group of all four)
@@ -72,9 +80,12 @@ def test_sweep_then_compare_two_methods_over_two_seeds(tmp_path, capsys):
 
 def test_parallel_sweep_runs_each_in_its_own_process(tmp_path, capsys):
     out = tmp_path / "runs"
-    rc = main(["sweep", "seed=0,1", *TINY, "fl.rounds=1", f"output_dir={out}", "--parallel", "2", "--no-plots"])
+    rc = main(
+        ["sweep", "seed=0,1", *TINY, "fl.rounds=1", f"output_dir={out}", "--parallel", "2", "--no-plots"]
+    )
     printed = capsys.readouterr().out
     assert rc == 0, printed
+    assert "[1/2] seed=0: round 1/1" in printed and "[2/2] seed=1: round 1/1" in printed  # progress
     (exp,) = [p for p in out.iterdir() if p.name.startswith("sweep_")]  # one experiment named for the sweep
     assert sorted(s["seed"] for s in _summaries(exp)) == [0, 1]
     logs = sorted((exp / "sweep_logs").glob("*.log"))
@@ -97,7 +108,16 @@ def test_wandb_run_has_partition_statistics_and_seed_tag(tmp_path):
     from fl_lightning.config import compose
     from fl_lightning.runtime.runner import start_run
 
-    cfg = compose([*TINY, "logger=wandb", "logger.mode=offline", "seed=3", "experiment=wbpart", f"output_dir={tmp_path}"])
+    cfg = compose(
+        [
+            *TINY,
+            "logger=wandb",
+            "logger.mode=offline",
+            "seed=3",
+            "experiment=wbpart",
+            f"output_dir={tmp_path}",
+        ]
+    )
     _, run_dir = start_run(cfg, console=False)
     (path,) = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
     logged = read_finished_run(path)
@@ -105,10 +125,13 @@ def test_wandb_run_has_partition_statistics_and_seed_tag(tmp_path):
     step0 = next(h for h in logged["history"] if "partition/class_histogram/_type" in h)
     assert step0["_step"] == 0 and step0["partition/class_histogram/_type"] == "table-file"
     assert step0["partition/plot/_type"] == "image-file"
-    (table_file,) = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "files" / step0["partition/class_histogram/path"]))
+    (table_file,) = glob.glob(
+        str(run_dir / "wandb" / "offline-run-*" / "files" / step0["partition/class_histogram/path"])
+    )
     table = json.loads(Path(table_file).read_text())
     stats = json.loads((run_dir / "partition.json").read_text())
-    assert table["columns"][:2] == ["client", "size"] and len(table["columns"]) == 2 + len(stats["class_names"])
+    columns = table["columns"]
+    assert columns[:2] == ["client", "size"] and len(columns) == 2 + len(stats["class_names"])
     assert [row[1] for row in table["data"]] == stats["train_sizes"]
     assert [row[2:] for row in table["data"]] == stats["train_class_histogram"]
     accs = [h["accuracy"] for h in logged["history"] if "accuracy" in h]  # rounds still at steps 1..

@@ -15,19 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.cli import main
+from fl_lightning.cli.main import main
 from fl_lightning.config import compose
 from fl_lightning.core.errors import ConfigError
-from fl_lightning.data.datasets import (
-    CIFAR100_CLASSES,
-    DATASETS,
-    FMNIST_CLASSES,
-    check_dataset,
-    load_dataset,
-    load_fmnist_arrays,
-    longtail_counts,
-)
+from fl_lightning.data.datasets import CIFAR100_CLASSES, FMNIST_CLASSES, load_fmnist_arrays
 from fl_lightning.data.federated import make_split
+from fl_lightning.data.longtail import longtail_counts
+from fl_lightning.data.registry import DATASETS, check_dataset, load_dataset
 
 EXPECTED = {
     "fmnist", "digits", "mnist", "cifar10", "cifar100", "cifar10_lt", "cifar100_lt", "tiny_imagenet",
@@ -91,7 +85,17 @@ MISSING = {
     "fmnist": "train-images-idx3-ubyte.gz",
     "fmnist_domains": "train-images-idx3-ubyte.gz",
 }
-DOWNLOADABLE = {"mnist", "cifar10", "cifar100", "cifar10_lt", "cifar100_lt", "voc2007", "fmnist", "fmnist_domains", "fmnist_multilabel"}
+DOWNLOADABLE = {
+    "mnist",
+    "cifar10",
+    "cifar100",
+    "cifar10_lt",
+    "cifar100_lt",
+    "voc2007",
+    "fmnist",
+    "fmnist_domains",
+    "fmnist_multilabel",
+}
 
 
 @pytest.mark.parametrize("name", sorted(MISSING))
@@ -109,7 +113,9 @@ def test_missing_dataset_message(name, tmp_path):
 
 
 def test_missing_dataset_from_the_cli_is_one_line(tmp_path, capsys):
-    code = main(["run", "data=cifar100", f"data.root={tmp_path}", f"output_dir={tmp_path / 'runs'}", "logger=none"])
+    code = main(
+        ["run", "data=cifar100", f"data.root={tmp_path}", f"output_dir={tmp_path / 'runs'}", "logger=none"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "CIFAR-100 not found" in err
     assert not (tmp_path / "runs").exists()
@@ -169,7 +175,9 @@ def test_cifar10_pickles_and_long_tail(tmp_path):
     assert x.shape == (4, 3, 32, 32) and x.dtype == torch.float32
     lt = load_dataset("cifar10_lt", str(tmp_path), imbalance_factor=10.0)
     counts = np.bincount(lt.train_y, minlength=10)
-    assert counts.tolist() == longtail_counts([30] * 10, 10.0).tolist() and counts[0] == 30 and counts[-1] == 3
+    assert (
+        counts.tolist() == longtail_counts([30] * 10, 10.0).tolist() and counts[0] == 30 and counts[-1] == 3
+    )
     assert len(lt.test_y) == 10  # the test set stays balanced
     split = make_split(lt, "longtail", 3, 0, imbalance_factor=10.0, alpha=0.5)
     assert sum(len(p) for p in split.train) == len(lt.train_y)  # already long-tailed: all kept
@@ -183,8 +191,12 @@ def test_cifar100_pickles(tmp_path):
     rng = np.random.default_rng(0)
     for split, n in (("train", 200), ("test", 50)):
         with open(d / split, "wb") as f:
-            pickle.dump({"data": rng.integers(0, 255, (n, 3072), dtype=np.uint8),
-                         "fine_labels": (np.arange(n) % 100).tolist(), "coarse_labels": [0] * n}, f)  # fmt: skip
+            batch = {
+                "data": rng.integers(0, 255, (n, 3072), dtype=np.uint8),
+                "fine_labels": (np.arange(n) % 100).tolist(),
+                "coarse_labels": [0] * n,
+            }
+            pickle.dump(batch, f)
     ds = load_dataset("cifar100", str(tmp_path))
     assert ds.num_classes == 100 and ds.train_y.max() == 99 and ds.test_x.shape == (50, 3, 32, 32)
 
@@ -194,13 +206,17 @@ def test_tiny_imagenet_folder(tmp_path):
     wnids = ["n01443537", "n01629819"]
     d.mkdir()
     (d / "wnids.txt").write_text("\n".join(wnids) + "\n")
-    (d / "words.txt").write_text("n01443537\tgoldfish, Carassius auratus\nn01629819\tEuropean fire salamander\n")
+    (d / "words.txt").write_text(
+        "n01443537\tgoldfish, Carassius auratus\nn01629819\tEuropean fire salamander\n"
+    )
     for i, w in enumerate(wnids):
         for j in range(3):
             _image(d / "train" / w / "images" / f"{w}_{j}.JPEG", (200 * i, 10 * j, 50))
     _image(d / "val" / "images" / "val_0.JPEG", (0, 0, 0))
     _image(d / "val" / "images" / "val_1.JPEG", (255, 0, 0))
-    (d / "val" / "val_annotations.txt").write_text(f"val_0.JPEG\t{wnids[1]}\t0\t0\t10\t10\nval_1.JPEG\t{wnids[0]}\t0\t0\t5\t5\n")
+    (d / "val" / "val_annotations.txt").write_text(
+        f"val_0.JPEG\t{wnids[1]}\t0\t0\t10\t10\nval_1.JPEG\t{wnids[0]}\t0\t0\t5\t5\n"
+    )
     ds = load_dataset("tiny_imagenet", str(tmp_path), image_size=16)
     assert ds.class_names == ["goldfish", "European fire salamander"]
     assert ds.train_x.shape == (6, 3, 16, 16) and ds.train_y.tolist() == [0, 0, 0, 1, 1, 1]
@@ -219,7 +235,10 @@ def test_office_caltech_folders_and_fedbn_split_files(tmp_path):
     ds = load_dataset("office_caltech", str(tmp_path), image_size=8)
     assert ds.train_x.shape == (32, 3, 8, 8) and len(ds.test_y) == 8  # fixed 80/20 per domain
     assert ds.domain_names == ["amazon", "caltech", "dslr", "webcam"]
-    assert np.bincount(ds.train_domains).tolist() == [8, 8, 8, 8] and np.bincount(ds.test_domains).tolist() == [2] * 4
+    assert (
+        np.bincount(ds.train_domains).tolist() == [8, 8, 8, 8]
+        and np.bincount(ds.test_domains).tolist() == [2] * 4
+    )
     assert set(ds.train_y.tolist()) == {0, 5} and ds.class_names[5] == "laptop computer"
     split = make_split(ds, "domain", 4, 0)
     assert split.client_domains(ds) == [0, 1, 2, 3]
@@ -228,9 +247,14 @@ def test_office_caltech_folders_and_fedbn_split_files(tmp_path):
     with open(base / "dslr_train.pkl", "wb") as f:
         pickle.dump((np.array(paths), np.array(["back_pack"] * 3)), f)
     with open(base / "dslr_test.pkl", "wb") as f:
-        pickle.dump((np.array(["office_caltech_10/dslr/laptop_computer/frame_0.jpg"]), np.array(["laptop_computer"])), f)
+        pickle.dump(
+            (np.array(["office_caltech_10/dslr/laptop_computer/frame_0.jpg"]), np.array(["laptop_computer"])),
+            f,
+        )
     only = load_dataset("office_caltech", str(tmp_path), image_size=8, domains=["dslr"])
-    assert only.train_y.tolist() == [0, 0, 0] and only.test_y.tolist() == [5] and only.domain_names == ["dslr"]
+    assert (
+        only.train_y.tolist() == [0, 0, 0] and only.test_y.tolist() == [5] and only.domain_names == ["dslr"]
+    )
     with pytest.raises(ConfigError, match="unknown office_caltech domain 'dlsr'"):
         load_dataset("office_caltech", str(tmp_path), domains=["dlsr"])
 
@@ -244,7 +268,9 @@ def test_pacs_kfold_files_and_domainnet_subset(tmp_path):
     labels = tmp_path / "pacs" / "pacs_label"
     labels.mkdir()
     for dom in ("photo", "sketch"):
-        (labels / f"{dom}_train_kfold.txt").write_text(f"{dom}/dog/0.png 1\n{dom}/house/0.png 6\n{dom}/house/1.png 6\n")
+        (labels / f"{dom}_train_kfold.txt").write_text(
+            f"{dom}/dog/0.png 1\n{dom}/house/0.png 6\n{dom}/house/1.png 6\n"
+        )
         (labels / f"{dom}_test_kfold.txt").write_text(f"{dom}/dog/1.png 1\n")
     ds = load_dataset("pacs", str(tmp_path), image_size=8, domains=["photo", "sketch"])
     assert ds.train_y.tolist() == [0, 5, 5, 0, 5, 5] and ds.train_domains.tolist() == [0, 0, 0, 1, 1, 1]
@@ -267,7 +293,9 @@ def test_voc2007_multilabel_xml(tmp_path):
     objs = {"000001": ["dog", "person"], "000002": ["diningtable"], "000003": ["cat", "cat", "sofa"]}
     for i, names in objs.items():
         xml = "".join(f"<object><name>{n}</name><difficult>0</difficult></object>" for n in names)
-        (d / "Annotations" / f"{i}.xml").write_text(f"<annotation><filename>{i}.jpg</filename>{xml}</annotation>")
+        (d / "Annotations" / f"{i}.xml").write_text(
+            f"<annotation><filename>{i}.jpg</filename>{xml}</annotation>"
+        )
         _image(d / "JPEGImages" / f"{i}.jpg", (10, 20, 30))
     (d / "ImageSets" / "Main" / "trainval.txt").write_text("000001\n000002\n")
     (d / "ImageSets" / "Main" / "test.txt").write_text("000003\n")
@@ -304,14 +332,20 @@ def test_flair_hdf5_natural_users(tmp_path):
     (tmp_path / "flair").mkdir()
     rng = np.random.default_rng(0)
     with h5py.File(tmp_path / "flair" / "flair_federated.hdf5", "w") as f:
-        users = {"train": {"u1": ["animal|plant", "food"], "u2": ["animal"], "u3": ["structure|art", "art", "food"]},
-                 "test": {"t1": ["plant|food"]}}  # fmt: skip
+        users = {
+            "train": {
+                "u1": ["animal|plant", "food"], "u2": ["animal"], "u3": ["structure|art", "art", "food"]
+            },
+            "test": {"t1": ["plant|food"]},
+        }
         for part, us in users.items():
             for u, labs in us.items():
                 f[f"/{part}/{u}/images"] = rng.integers(0, 255, (len(labs), 16, 16, 3), dtype=np.uint8)
                 f[f"/{part}/{u}/labels"] = np.asarray(labs, dtype="S")
                 f[f"/{part}/{u}/fine_grained_labels"] = np.asarray(["x_y"] * len(labs), dtype="S")
-        f["/metadata/label_counter"] = json.dumps({"animal": 2, "plant": 2, "food": 3, "structure": 1, "art": 2})
+        f["/metadata/label_counter"] = json.dumps(
+            {"animal": 2, "plant": 2, "food": 3, "structure": 1, "art": 2}
+        )
     ds = load_dataset("flair", str(tmp_path), image_size=8)
     assert ds.multilabel and ds.class_names == ["animal", "art", "food", "plant", "structure"]
     assert ds.train_x.shape == (6, 3, 8, 8) and ds.train_y.shape == (6, 5) and len(ds.test_y) == 1
@@ -347,7 +381,9 @@ def test_fmnist_multilabel_standin(data_root):
     ds = load_dataset("fmnist_multilabel", data_root)
     assert ds.standin and ds.multilabel and ds.class_names == FMNIST_CLASSES
     n = len(ds.train_y)
-    assert ds.train_x.shape == (n, 1, 56, 56) and ds.train_y.shape == (n, 10) and ds.train_y.dtype == np.float32
+    assert (
+        ds.train_x.shape == (n, 1, 56, 56) and ds.train_y.shape == (n, 10) and ds.train_y.dtype == np.float32
+    )
     tiles = ds.train_x.reshape(n, 2, 28, 2, 28).transpose(0, 1, 3, 2, 4).reshape(n, 4, -1)
     filled = (tiles.max(axis=2) > 0).sum(axis=1)
     assert filled.sum() == 60000 and filled.min() >= 1 and filled.max() == 4  # every image used once
@@ -370,7 +406,9 @@ def test_partition_command_prints_table_and_writes_png(data_root, tmp_path, caps
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert "partition=shards (classes_per_client=2)" in lines[0]
-    rows = [ln.split() for ln in lines if ln.split() and all(t.replace(".", "").isdigit() for t in ln.split())]
+    rows = [
+        ln.split() for ln in lines if ln.split() and all(t.replace(".", "").isdigit() for t in ln.split())
+    ]
     assert len(rows) == 10 and all(r[1] == "6000" and r[2] == "2" for r in rows)
     (png,) = tmp_path.glob("partitions/*/partition.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
@@ -380,7 +418,9 @@ def test_partition_command_prints_table_and_writes_png(data_root, tmp_path, caps
 
 
 def test_partition_command_bad_request_is_one_line(data_root, tmp_path, capsys):
-    code = main(["partition", "data.partition=shards", "data.classes_per_client=11", f"output_dir={tmp_path}"])
+    code = main(
+        ["partition", "data.partition=shards", "data.classes_per_client=11", f"output_dir={tmp_path}"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "classes_per_client must be in [1, 10]" in err
     code = main(["partition", "data.partition=longtail", f"output_dir={tmp_path}"])

@@ -1,8 +1,8 @@
 """End to end on the real parts: Fashion-MNIST files, Lightning Trainer, local Ray, W&B offline."""
+
 import glob
 import json
 
-import pytest
 import torch
 
 from fl_lightning.config import compose
@@ -28,7 +28,15 @@ def test_issue_example_learns_well_above_chance(tmp_path, data_root):
     assert summary["final_accuracy"] > 0.55  # chance is 0.10
     assert summary["best_accuracy"] >= summary["final_accuracy"]
     on_disk = json.loads((run_dir / "summary.json").read_text())
-    for key in ("method", "dataset", "seed", "rounds_completed", "final_accuracy", "best_accuracy", "wall_time_s"):
+    for key in (
+        "method",
+        "dataset",
+        "seed",
+        "rounds_completed",
+        "final_accuracy",
+        "best_accuracy",
+        "wall_time_s",
+    ):
         assert on_disk[key] == summary[key]
     recs = _records(run_dir)
     assert [r["round"] for r in recs] == [1, 2, 3, 4, 5]
@@ -46,8 +54,13 @@ def test_serial_and_ray_give_identical_metrics(tmp_path, data_root, ray_session)
     # 3 clients: one actor each, then all three in one pooled actor (actors are the cost here)
     args = small(tmp_path, "fl.rounds=2", "fl.num_clients=3", "runtime.threads_per_client=1")
     serial, sdir = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False)
-    ray_pc, pdir = start_run(compose([*args, "runtime=ray", "runtime.placement=per_client", "run_id=per_client"]), console=False)
-    ray_pool, odir = start_run(compose([*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=1", "run_id=pool"]), console=False)
+    ray_pc, pdir = start_run(
+        compose([*args, "runtime=ray", "runtime.placement=per_client", "run_id=per_client"]), console=False
+    )
+    ray_pool, odir = start_run(
+        compose([*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=1", "run_id=pool"]),
+        console=False,
+    )
     assert ray_pc["num_actors"] == 3 and ray_pool["num_actors"] == 1
     keys = ("accuracy", "loss", "train_loss", "bytes_up")
     expect = [[r[k] for k in keys] for r in _records(sdir)]
@@ -98,15 +111,15 @@ def test_wandb_offline_run_holds_config_rounds_and_summary(tmp_path, data_root):
 
 def test_only_weights_and_metrics_leave_a_client(tmp_path, data_root):
     """What crosses the actor boundary: parameter-shaped tensors, counts and floats."""
-    from fl_lightning.runtime.runner import prepare
-    from fl_lightning.runtime.host import ClientHost
     from fl_lightning.core.messages import Broadcast, ClientPayload
+    from fl_lightning.runtime.host import ClientHost
+    from fl_lightning.runtime.runner import prepare
 
     p = prepare(compose(small(tmp_path)))
     host = ClientHost(p.spec, p.dataset, {0: p.split.train[0]})
     update = host.fit(Broadcast(1, p.init_params), ClientPayload(0, 1, seed=5))
     assert set(update.params) == set(p.init_params)
     assert all(update.params[k].shape == p.init_params[k].shape for k in update.params)
-    assert update.client_state is None and update.num_examples == len(p.split.train[0])
+    assert update.num_examples == len(p.split.train[0]) and host.states == {}  # FedAvg keeps nothing
     assert all(isinstance(v, float) for v in update.metrics.values())
     assert not any(torch.equal(update.params[k], p.init_params[k]) for k in update.params if "weight" in k)

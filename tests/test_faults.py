@@ -4,7 +4,6 @@ import pytest
 
 from fl_lightning.config import compose
 from fl_lightning.core.errors import ClientFailure
-from fl_lightning.core.messages import ClientPayload, RoundPlan
 from fl_lightning.core.strategy import round_rng
 from fl_lightning.runtime.placement import plan_placement
 from fl_lightning.runtime.runner import prepare
@@ -44,11 +43,16 @@ def test_a_failing_client_is_dropped_or_stops_the_run(executor_parts, allowed):
     p, placement = executor_parts
     plan = p.strategy.configure_round(p.strategy.init_state(p.init_params), 1, round_rng(0, 1))
     # A broadcast the clients cannot load: a real error raised inside each actor, every try.
-    plan.broadcast.global_params = {**plan.broadcast.global_params, "no.such.layer": plan.broadcast.global_params["head.bias"]}
+    plan.broadcast.global_params = {
+        **plan.broadcast.global_params,
+        "no.such.layer": plan.broadcast.global_params["head.bias"],
+    }
     ex = RayExecutor(p.spec, p.dataset, p.split.train, p.split.test, placement, max_client_failures=allowed)
     try:
         if allowed == 0:
-            with pytest.raises(ClientFailure, match=r"round 1: client [01] failed: KeyError.*max_client_failures=0"):
+            with pytest.raises(
+                ClientFailure, match=r"round 1: client [01] failed: KeyError.*max_client_failures=0"
+            ):
                 list(ex.fit(plan))
         else:
             assert list(ex.fit(plan)) == []

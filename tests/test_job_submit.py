@@ -121,7 +121,8 @@ class Head:
         self.log = open(self.tmp / "head.log", "w")
         cmd = [
             str(BIN / "ray"), "start", "--head", "--block", "--num-cpus=2", "--num-gpus=0",
-            "--dashboard-host=127.0.0.1", "--disable-usage-stats", f"--port={gcs}", f"--dashboard-port={self.dash}",
+            "--dashboard-host=127.0.0.1", "--disable-usage-stats", f"--port={gcs}",
+            f"--dashboard-port={self.dash}",
             f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent_http}",
             f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={env_agent}",
             f"--metrics-export-port={metrics}", f"--node-manager-port={nm}", f"--object-manager-port={om}",
@@ -134,7 +135,9 @@ class Head:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"ray start exited {self.proc.returncode}: {(self.tmp / 'head.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"ray start exited {self.proc.returncode}: {(self.tmp / 'head.log').read_text()[-2000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/api/jobs/", timeout=2) as r:
                     if r.status == 200:
@@ -202,5 +205,7 @@ def test_submitted_job_joins_the_head_and_writes_its_run(tmp_path, data_root, ra
     pkgs = [p for p in Path(ray_head.tmp).rglob("working_dir_files/*") if p.is_dir()]
     assert pkgs, "no unpacked working dir found under the head's RAY_TMPDIR"
     wd = pkgs[0]
-    assert (wd / "fl_lightning" / "data" / "datasets.py").is_file() and (wd / "conf" / "config.yaml").is_file()
+    assert (wd / "fl_lightning" / "data" / "datasets.py").is_file() and (
+        wd / "conf" / "config.yaml"
+    ).is_file()
     assert not any((wd / d).exists() for d in (".venv", ".git", "data", "runs"))

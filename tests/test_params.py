@@ -1,6 +1,6 @@
 import torch
 
-from fl_lightning.core.messages import Broadcast, ClientState, ClientUpdate
+from fl_lightning.core.messages import Broadcast, ClientUpdate
 from fl_lightning.core.params import add, select, state_nbytes, subtract, weighted_mean
 
 
@@ -31,12 +31,7 @@ def test_arithmetic_helpers():
     assert state_nbytes(a) == 16
 
 
-def test_upload_bytes_exclude_client_state():
-    u = ClientUpdate(
-        client_id=0,
-        num_examples=3,
-        params={"w": torch.zeros(10)},
-        client_state=ClientState(personal_params={"bn": torch.zeros(100)}),
-    )
+def test_upload_bytes_count_every_tensor_of_an_update():
+    u = ClientUpdate(client_id=0, num_examples=3, params={"w": torch.zeros(10)}, metrics={"train_loss": 1.0})
     assert u.upload_nbytes() == 40
     assert Broadcast(round=1, global_params={"w": torch.zeros(4, dtype=torch.float64)}).nbytes() == 32

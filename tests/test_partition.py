@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from fl_lightning.core.errors import ConfigError
-from fl_lightning.data.datasets import ArrayDataset, load_dataset, longtail_counts, read_idx
+from fl_lightning.data.datasets import read_idx
 from fl_lightning.data.federated import make_split, partition_key
 from fl_lightning.data.fetch import fmnist_dir
+from fl_lightning.data.longtail import longtail_counts
 from fl_lightning.data.partition import PARTITIONERS, class_histogram, primary_labels
+from fl_lightning.data.registry import ArrayDataset, load_dataset
 from fl_lightning.data.standins import mosaics
 from fl_lightning.data.stats import label_entropy
 
@@ -67,8 +69,8 @@ def test_deterministic_by_seed_and_exact_cover(name, opts, fm_labels, fm_domains
     a = run(name, fm_labels, 10, seed=3, **opts, **extra)
     b = run(name, fm_labels, 10, seed=3, **opts, **extra)
     c = run(name, fm_labels, 10, seed=4, **opts, **extra)
-    assert len(a) == 10 and all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    assert len(a) == 10 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
     assert_exact_cover(a, len(fm_labels))
 
 
@@ -97,12 +99,13 @@ def test_dirichlet_impossible_requests_fail_fast_and_clearly(fm_labels, digit_la
 
 def test_dirichlet_approaches_iid_as_alpha_grows(fm_labels):
     alphas = [0.05, 0.2, 1.0, 5.0, 100.0]
-    ent = [
-        np.mean([label_entropy(class_histogram(fm_labels, run("dirichlet", fm_labels, 10, seed=s, alpha=a), 10)).mean()
-                 for s in range(3)])
-        for a in alphas
-    ]  # fmt: skip
-    assert all(x < y for x, y in zip(ent, ent[1:])), ent
+    def mean_entropy(alpha: float) -> float:
+        splits = [run("dirichlet", fm_labels, 10, seed=s, alpha=alpha) for s in range(3)]
+        hists = [class_histogram(fm_labels, parts, 10) for parts in splits]
+        return float(np.mean([label_entropy(h).mean() for h in hists]))
+
+    ent = [mean_entropy(a) for a in alphas]
+    assert all(x < y for x, y in zip(ent, ent[1:], strict=False)), ent
     assert ent[0] < 0.4 * np.log(10) and ent[-1] > 0.98 * np.log(10)
     iid_ent = label_entropy(class_histogram(fm_labels, run("iid", fm_labels, 10), 10)).mean()
     assert iid_ent > ent[-1] - 0.01
@@ -201,7 +204,7 @@ def test_split_cache_hit_and_invalidation(fm_labels, tmp_path):
     assert not first.from_cache and len(list(tmp_path.glob("*.npz"))) == 1
     again = make_split(ds, "dirichlet", 10, 0, cache_dir=tmp_path, alpha=0.3, min_size=10)
     assert again.from_cache and again.key == first.key
-    assert all(np.array_equal(a, b) for a, b in zip(first.train, again.train))
+    assert all(np.array_equal(a, b) for a, b in zip(first.train, again.train, strict=True))
     assert not list(tmp_path.glob("*.part"))  # atomic: temp file renamed away
     # Any change to what decides the split is a miss.
     changes = [
@@ -211,19 +214,27 @@ def test_split_cache_hit_and_invalidation(fm_labels, tmp_path):
         dict(partition="iid", k=10, seed=0, alpha=0.3),
     ]
     for ch in changes:
-        s = make_split(ds, ch["partition"], ch["k"], ch["seed"], cache_dir=tmp_path, alpha=ch["alpha"], min_size=10)
+        s = make_split(
+            ds, ch["partition"], ch["k"], ch["seed"], cache_dir=tmp_path, alpha=ch["alpha"], min_size=10
+        )
         assert not s.from_cache and s.key != first.key
     other = _labels_only(fm_labels[::-1].copy())
     assert partition_key(other, "dirichlet", 10, 0, 0.0, {"alpha": 0.3, "min_size": 10}) != first.key
-    tf = make_split(ds, "dirichlet", 10, 0, client_test_fraction=0.25, cache_dir=tmp_path, alpha=0.3, min_size=10)
+    tf = make_split(
+        ds, "dirichlet", 10, 0, client_test_fraction=0.25, cache_dir=tmp_path, alpha=0.3, min_size=10
+    )
     assert not tf.from_cache and tf.test
-    tf2 = make_split(ds, "dirichlet", 10, 0, client_test_fraction=0.25, cache_dir=tmp_path, alpha=0.3, min_size=10)
-    assert tf2.from_cache and all(np.array_equal(a, b) for a, b in zip(tf.test, tf2.test))
+    tf2 = make_split(
+        ds, "dirichlet", 10, 0, client_test_fraction=0.25, cache_dir=tmp_path, alpha=0.3, min_size=10
+    )
+    assert tf2.from_cache and all(np.array_equal(a, b) for a, b in zip(tf.test, tf2.test, strict=True))
     assert_exact_cover(tf2.train + tf2.test, len(fm_labels))
     # A corrupt file is recomputed, not trusted.
     (tmp_path / f"{first.key}.npz").write_bytes(b"not an npz")
     fixed = make_split(ds, "dirichlet", 10, 0, cache_dir=tmp_path, alpha=0.3, min_size=10)
-    assert not fixed.from_cache and all(np.array_equal(a, b) for a, b in zip(first.train, fixed.train))
+    assert not fixed.from_cache and all(
+        np.array_equal(a, b) for a, b in zip(first.train, fixed.train, strict=True)
+    )
 
 
 def test_split_stats(fm_labels, fm_domains):

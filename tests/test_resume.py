@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from fl_lightning.cli import main
+from fl_lightning.cli.main import main
 from fl_lightning.config import compose
 from fl_lightning.runtime.runner import start_run
 
@@ -32,9 +32,18 @@ def test_killed_run_resumes_to_the_same_result(tmp_path, data_root):
     assert marker.exists(), proc.stderr.read().decode() if proc.poll() is not None else "no checkpoint"
     proc.send_signal(signal.SIGKILL)  # no chance to clean up
     proc.wait()
-    done = json.loads((killed_dir / "checkpoints" / sorted(p.name for p in (killed_dir / "checkpoints").glob("*.json"))[-1]).read_text())["round"]
+    done = json.loads(
+        (
+            killed_dir
+            / "checkpoints"
+            / sorted(p.name for p in (killed_dir / "checkpoints").glob("*.json"))[-1]
+        ).read_text()
+    )["round"]
     assert done < 4, "the run finished before it could be killed"
-    assert not (killed_dir / "summary.json").exists() or json.loads((killed_dir / "summary.json").read_text())["rounds_completed"] < 4
+    assert (
+        not (killed_dir / "summary.json").exists()
+        or json.loads((killed_dir / "summary.json").read_text())["rounds_completed"] < 4
+    )
 
     assert main(["resume", str(killed_dir), "--quiet"]) == 0
     resumed = json.loads((killed_dir / "summary.json").read_text())

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl_lightning.cli import main
+from fl_lightning.cli.main import main
 from fl_lightning.config import compose, validate_registered
 from fl_lightning.core.errors import ConfigError
 from fl_lightning.data.datasets import FMNIST_CLASSES
@@ -260,7 +260,7 @@ def test_cli_text_prints_matrix_and_writes_png(tmp_path, capsys):
 
 
 def test_cli_text_many_classes_with_descriptions(tmp_path, capsys):
-    from fl_lightning.data.datasets import DATASETS
+    from fl_lightning.data.registry import DATASETS
 
     if "cifar100" not in DATASETS:
         pytest.skip("cifar100 is not registered")

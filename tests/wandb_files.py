@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import struct
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from wandb.proto import wandb_internal_pb2
 

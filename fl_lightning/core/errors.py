@@ -11,3 +11,20 @@ class CheckpointError(RuntimeError):
 
 class ClientFailure(RuntimeError):
     """More clients failed in a round than `fl.max_client_failures` allows."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, `ray job stop`, a scheduler's pre-emption): the run stops as on Ctrl-C,
+    marked `interrupted` and resumable; the CLI exits 143 (128 + SIGTERM)."""
+
+
+class DivergedError(RuntimeError):
+    """A non-finite training loss or global model: the run stops, marked `diverged`.
+
+    Attributes:
+        record: what is known of the round that diverged (logged to metrics.jsonl).
+    """
+
+    def __init__(self, message: str, record: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.record = {**(record or {}), "diverged": True}

@@ -3,11 +3,12 @@
 Methods add fields by subclassing, never by string keys. Everything here is plain data:
 it is pickled across the actor boundary and checkpointed by `runtime.checkpoint`.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -29,30 +30,17 @@ def tensor_nbytes(obj: Any) -> int:
 
 
 @dataclass
-class ClientState:
-    """Per-client memory kept between rounds, held by the driver (so a checkpoint holds it).
-
-    Attributes:
-        personal_params: parameters that never leave the client in FL terms
-            (FedBN's batch-norm layers, personal heads). Empty for FedAvg.
-    """
-
-    personal_params: StateDict = field(default_factory=dict)
-
-
-@dataclass
 class ServerState:
-    """Everything the driver needs to continue a run; the only thing checkpointed.
+    """Everything the driver needs to continue a run (with the clients' own resident
+    state, which the hosts keep and checkpoints collect from them).
 
     Attributes:
         round: last completed round (0 before the first).
         global_params: the global model, or None for methods that share no weights.
-        client_states: per-client memory, keyed by client id.
     """
 
     round: int
     global_params: StateDict | None
-    client_states: dict[ClientId, ClientState] = field(default_factory=dict)
 
 
 @dataclass
@@ -79,13 +67,11 @@ class ClientPayload:
         client_id: which client to run.
         round: the round being run.
         seed: seeds this client's local training (derived from run seed, round, client id).
-        client_state: the client's memory from earlier rounds, or None on first contact.
     """
 
     client_id: ClientId
     round: int
     seed: int
-    client_state: ClientState | None = None
 
 
 @dataclass
@@ -96,23 +82,18 @@ class ClientUpdate:
         client_id: who sent it.
         num_examples: local training examples (FedAvg weight).
         params: updated shared weights, or None for methods that share none.
-        client_state: new memory for this client (kept on the driver, not uploaded in FL terms).
-        metrics: local training metrics (loss, time).
+        metrics: local training metrics (loss terms, time); aggregated as `client/<name>`.
     """
 
     client_id: ClientId
     num_examples: int
     params: StateDict | None = None
-    client_state: ClientState | None = None
     metrics: Metrics = field(default_factory=dict)
 
     def upload_nbytes(self) -> int:
-        """Bytes this update would send over a real network: everything but client state."""
-        return sum(
-            tensor_nbytes(getattr(self, f.name))
-            for f in dataclasses.fields(self)
-            if f.name != "client_state"
-        )
+        """Bytes this update sends over a real network: every tensor in it (the client's
+        own state stays in its host and is never part of an update)."""
+        return tensor_nbytes(self)
 
 
 @dataclass
@@ -137,7 +118,10 @@ class RoundPlan:
         return [p.client_id for p in self.payloads]
 
 
-def extend(base: Any, cls: type, **changes: Any) -> Any:
+T = TypeVar("T")
+
+
+def extend(base: Any, cls: type[T], **changes: Any) -> T:
     """`base` as an instance of its subclass `cls` (e.g. a method's ClientUpdate subclass),
     with `changes` applied: lets a method call `super()` and then add its fields."""
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}

@@ -1,32 +1,122 @@
 """`ClientObjective`: the local objective of a method, as a LightningModule.
 
 It defines the loss and nothing else: no loops, devices, sampling or Ray. The Trainer
-owns the loop; the host (serial or Ray actor) owns data and the round protocol:
+owns the loop; the host (serial or Ray actor) owns data, the client's resident state and
+the round protocol:
 
-    objective.begin_round(broadcast, payload)   # load global and personal state
-    trainer.fit(objective, loader)              # fresh quiet Trainer per fit
-    update = objective.end_round(payload, n)    # collect what leaves the client
+    objective.client_state = <the client's resident state>  # a dict the objective may update
+    objective.begin_round(broadcast, payload)   # load global and personal weights
+    objective.before_fit(x, y)                  # optional pass over the local data
+    for phase in objective.phases():            # one Lightning fit per phase
+        trainer(phase).fit(objective, loader)
+    update = objective.end_round(payload, n)    # what leaves the client; may update client_state
 
 Objectives are reused across rounds and across clients of the same architecture, so
 `begin_round` must set every piece of state the round depends on.
 """
+
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar, cast
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .messages import Broadcast, ClientPayload, ClientState, ClientUpdate
+from .messages import Broadcast, ClientPayload, ClientUpdate
+from .metrics import EvalSpec, TaskMetrics
+from .optim import OptimConfig
 from .params import to_cpu
-from .types import StateDict
+from .types import ClientState, StateDict
+
+BroadcastT = TypeVar("BroadcastT", bound=Broadcast)
+
+#: the component of `ClientState` holding the parameters that never leave the client
+PERSONAL = "personal"
+#: state-dict key endings of batch-norm running statistics
+BN_STAT_KEYS = ("running_mean", "running_var", "num_batches_tracked")
 
 
-class ClientObjective(L.LightningModule):
+class Backbone(Protocol):
+    """The backbone contract of `models/`: features, then the head on them."""
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def forward_head(self, z: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One Lightning fit of a client's local training.
+
+    Attributes:
+        name: shows in logs and in `ClientObjective.phase`.
+        trainable: which parameters (by `model` parameter name) this phase updates; None:
+            leave `requires_grad` as `begin_round` set it.
+        optim: this phase's optimiser; None: the run's `optim.*`.
+        epochs, steps: this phase's length; both None: the run's `fl.local_epochs` /
+            `fl.local_steps`.
+        grad_clip: max global L2 norm of the gradients; None: the optimiser's `grad_clip`.
+    """
+
+    name: str = "local"
+    trainable: Callable[[str], bool] | None = None
+    optim: OptimConfig | None = None
+    epochs: int | None = None
+    steps: int | None = None
+    grad_clip: float | None = None
+
+
+@contextlib.contextmanager
+def trainable_only(model: nn.Module, keep: Callable[[str], bool] | None) -> Iterator[None]:
+    """Within the block only parameters with `keep(name)` have requires_grad; restored after."""
+    if keep is None:
+        yield
+        return
+    before = {n: p.requires_grad for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        p.requires_grad_(before[n] and keep(n))
+    try:
+        yield
+    finally:
+        for n, p in model.named_parameters():
+            p.requires_grad_(before[n])
+
+
+def with_params(model: nn.Module, params: StateDict) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`model`'s forward with other weights (`params`, moved to the input's device), leaving
+    the module's own untouched: a personalised method's "global" evaluation head."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.func.functional_call(
+            model, {k: t.to(x.device) for k, t in params.items()}, (x,)
+        )
+        return out
+
+    return forward
+
+
+def build_optimizer(params: list[nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
+    if optim.name == "sgd":
+        return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+    if optim.name == "adam":
+        return torch.optim.Adam(params, lr=optim.lr, weight_decay=optim.weight_decay)
+    if optim.name == "adamw":
+        return torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
+    raise ValueError(f"unknown optimizer {optim.name!r}; valid: adam, adamw, sgd")
+
+
+class ClientObjective(L.LightningModule, Generic[BroadcastT]):
     """Cross-entropy on a backbone's logits (FedAvg's objective); methods override hooks.
 
     Override `loss_terms` to change the loss, `is_personal` to keep parameters local,
-    `on_before_optimizer_step` for gradient corrections, `end_round` to send more.
+    `on_before_optimizer_step` for gradient corrections, `phases` for several fits,
+    `before_fit` for a pass over the local data, `end_round` to send more,
+    `eval_heads` for several named evaluations of one model.
     """
 
     def __init__(
@@ -36,30 +126,54 @@ class ClientObjective(L.LightningModule):
         momentum: float = 0.9,
         weight_decay: float = 0.0,
         optimizer: str = "sgd",
+        grad_clip: float | None = None,
     ) -> None:
         super().__init__()
         self.model = model
-        self.lr = lr
-        self.momentum = momentum
-        self.weight_decay = weight_decay
-        self.optimizer_name = optimizer
-        self._loss_sum = 0.0
+        self.optim = OptimConfig(
+            name=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay, grad_clip=grad_clip
+        )
+        self.phase = Phase()
+        self._term_sums: dict[str, torch.Tensor] = {}
+        self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
         #: this client's training examples per class, set by the host before each round
         #: (FedLC's calibration, prototype counts); None where labels are not single-class.
         self.class_counts: torch.Tensor | None = None
+        #: the running client's resident state, set by the host before `begin_round`;
+        #: `end_round` writes what must survive to the next round into it.
+        self.client_state: ClientState = {}
+        #: what evaluations measure, set by the host (and the driver) from the task
+        self.eval_spec: EvalSpec | None = None
+        #: `fl.bn_stats=local`: batch-norm running statistics stay with their client
+        self.local_bn_stats = False
+        self.batch_features: torch.Tensor = torch.empty(0)
+
+    # the run's optimiser settings, by their old names (objectives and tests read them)
+    @property
+    def lr(self) -> float:
+        return self.optim.lr
+
+    @property
+    def momentum(self) -> float:
+        return self.optim.momentum
+
+    @property
+    def optimizer_name(self) -> str:
+        return self.optim.name
 
     def represent(self, x: torch.Tensor, model: nn.Module | None = None) -> torch.Tensor:
         """The representation a method aligns or compares (MOON, prototypes); `model`
         defaults to the client's own (MOON passes its frozen global/previous copies)."""
-        return (model if model is not None else self.model).forward_features(x)
+        m = cast(Backbone, model if model is not None else self.model)
+        return m.forward_features(x)
 
     def classify(self, z: torch.Tensor) -> torch.Tensor:
         """Class logits from a representation."""
-        return self.model.forward_head(z)
+        return cast(Backbone, self.model).forward_head(z)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Class logits; evaluation takes the argmax of this."""
+        """Class scores (logits); evaluation reads these."""
         return self.classify(self.represent(x))
 
     # --- round protocol -------------------------------------------------------------
@@ -67,13 +181,14 @@ class ClientObjective(L.LightningModule):
         """Parameters (by `model.state_dict()` key) that stay with their client."""
         return False
 
-    def begin_round(self, broadcast: Broadcast, payload: ClientPayload | None) -> None:
+    def begin_round(self, broadcast: BroadcastT, payload: ClientPayload | None) -> None:
         if broadcast.global_params is not None:
             self.load_params(broadcast.global_params)
-        state = payload.client_state if payload is not None else None
-        if state is not None and state.personal_params:
-            self.load_params(state.personal_params)
-        self._loss_sum, self._loss_count = 0.0, 0
+        personal = self.client_state.get(PERSONAL)
+        if personal:
+            self.load_params(personal)
+        self._term_sums, self._loss_sum, self._loss_count = {}, None, 0
+        self.phase = Phase()
 
     def load_params(self, params: StateDict) -> None:
         """Copy `params` into the model; keys absent from `params` keep their values."""
@@ -82,21 +197,42 @@ class ClientObjective(L.LightningModule):
             raise KeyError(f"unknown parameter keys: {sorted(missing)[:5]}")
         self.model.load_state_dict(params, strict=False)
 
+    def _kept(self, key: str) -> bool:
+        return self.is_personal(key) or (self.local_bn_stats and key.endswith(BN_STAT_KEYS))
+
     def shared_params(self) -> StateDict:
-        return {k: v for k, v in self.model.state_dict().items() if not self.is_personal(k)}
+        return {k: v for k, v in self.model.state_dict().items() if not self._kept(k)}
 
     def personal_params(self) -> StateDict:
-        return {k: v for k, v in self.model.state_dict().items() if self.is_personal(k)}
+        return {k: v for k, v in self.model.state_dict().items() if self._kept(k)}
+
+    def phases(self) -> list[Phase]:
+        """The local training, in order; one phase = one Lightning fit. Default: one."""
+        return [Phase()]
+
+    def before_fit(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """A pass over the client's local data before the first phase (e.g. per-class
+        gradients); the objective is already on its device, `x`, `y` are on the CPU."""
+
+    def train_metrics(self) -> dict[str, float]:
+        """Local-training metrics: `train_loss` (sample-weighted over every step of every
+        phase) and `loss/<term>` per named loss term."""
+        n = max(self._loss_count, 1)
+        out = {"train_loss": float(self._loss_sum) / n if self._loss_sum is not None else 0.0}
+        out.update({f"loss/{k}": float(v) / n for k, v in self._term_sums.items()})
+        return out
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
+        """The update to upload; personal parameters go to `client_state` instead."""
         personal = self.personal_params()
         shared = self.shared_params()
+        if personal:
+            self.client_state[PERSONAL] = to_cpu(personal)
         return ClientUpdate(
             client_id=payload.client_id,
             num_examples=num_examples,
             params=to_cpu(shared) if shared else None,
-            client_state=ClientState(personal_params=to_cpu(personal)) if personal else None,
-            metrics={"train_loss": self._loss_sum / max(self._loss_count, 1)},
+            metrics=self.train_metrics(),
         )
 
     # --- training -------------------------------------------------------------------
@@ -106,43 +242,73 @@ class ClientObjective(L.LightningModule):
         x, y = batch
         z = self.represent(x)
         self.batch_features = z
-        return {"ce": self.task_loss(self.classify(z), y)}
+        return {"ce" if y.dim() == 1 else "bce": self.task_loss(self.classify(z), y)}
 
     def task_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy for class ids; binary cross-entropy per label for multi-hot targets."""
+        if y.dim() == 2:
+            return F.binary_cross_entropy_with_logits(logits, y.to(logits.dtype))
         return F.cross_entropy(logits, y)
+
+    def eval_loss(self, scores: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Sum over the batch of each sample's task loss (evaluation's `loss` is its mean)."""
+        if y.dim() == 2:
+            return (
+                F.binary_cross_entropy_with_logits(scores, y.to(scores.dtype), reduction="none").mean(1).sum()
+            )
+        return F.cross_entropy(scores, y, reduction="sum")
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         terms = self.loss_terms(batch)
         loss = torch.stack(list(terms.values())).sum()
-        self._loss_sum += float(loss.detach()) * len(batch[1])
-        self._loss_count += len(batch[1])
+        n = len(batch[1])
+        # accumulated on the device, read once in end_round: no host sync per step
+        step = loss.detach().double() * n
+        self._loss_sum = step if self._loss_sum is None else self._loss_sum + step
+        for k, v in terms.items():
+            t = v.detach().double() * n
+            self._term_sums[k] = self._term_sums[k] + t if k in self._term_sums else t
+        self._loss_count += n
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]
-        if self.optimizer_name == "sgd":
-            return torch.optim.SGD(
-                params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
-            )
-        if self.optimizer_name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
-        raise ValueError(f"unknown optimizer {self.optimizer_name!r}; valid: adam, sgd")
+        return build_optimizer(params, self.phase.optim or self.optim)
+
+    # --- evaluation -------------------------------------------------------------------
+    def eval_heads(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+        """Named ways to score inputs; each is evaluated and logged under its name
+        (`""`: the plain keys `accuracy`, `loss`; `"fedavg_head"`: `fedavg_head/accuracy`)."""
+        return {"": self.forward}
 
 
 @torch.no_grad()
-def evaluate_model(
-    module: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000
+def evaluate(
+    objective: ClientObjective[BroadcastT],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    spec: EvalSpec,
+    batch_size: int = 1000,
 ) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of `module(x)` logits. Restores the training mode."""
-    was_training = module.training
-    module.eval()
-    device = next(module.parameters()).device
-    correct, loss_sum = 0, 0.0
+    """Every named evaluation of `objective` on (x, y): the metrics of `spec` and the mean
+    task loss. Restores the training mode."""
+    was_training = objective.training
+    objective.eval()
+    device = next(objective.parameters()).device
+    heads = objective.eval_heads()
+    metrics = {name: TaskMetrics(spec, device) for name in heads}
+    loss_sums = dict.fromkeys(heads, 0.0)
     for i in range(0, len(y), batch_size):
         xb, yb = x[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
-        logits = module(xb)
-        loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(1) == yb).sum())
-    module.train(was_training)
+        for name, head in heads.items():
+            scores = head(xb)
+            loss_sums[name] += float(objective.eval_loss(scores, yb))
+            metrics[name].update(scores, yb)
+    objective.train(was_training)
+    out: dict[str, float] = {}
     n = max(len(y), 1)
-    return {"accuracy": correct / n, "loss": loss_sum / n}
+    for name in heads:
+        prefix = f"{name}/" if name else ""
+        out.update({f"{prefix}{k}": v for k, v in metrics[name].compute().items()})
+        out[f"{prefix}loss"] = loss_sums[name] / n
+    return out

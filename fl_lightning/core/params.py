@@ -1,7 +1,8 @@
 """Pure state-dict arithmetic. Strategies call these; tests check them in isolation."""
+
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -29,7 +30,7 @@ def weighted_mean(states: Sequence[StateDict], weights: Sequence[float]) -> Stat
     out: StateDict = {}
     for key, ref in states[0].items():
         acc = torch.zeros(ref.shape, dtype=torch.float64)
-        for sd, w in zip(states, weights):
+        for sd, w in zip(states, weights, strict=False):
             acc += sd[key].detach().to("cpu", torch.float64) * (w / total)
         out[key] = acc.round().to(ref.dtype) if not ref.is_floating_point() else acc.to(ref.dtype)
     return out

@@ -2,9 +2,11 @@
 
 The registry key is the public name everywhere: file name, yaml name, W&B `method` tag.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from .errors import ConfigError
 

@@ -1,25 +1,32 @@
 """`Strategy`: the driver side of a method (Flower's configure/aggregate split over
 fedjax-style explicit state). Instance attributes are hyperparameters only; everything
-that changes during a run lives in `ServerState`, so resuming means loading it.
+that changes during a run lives in `ServerState` (the driver's) or in each client's
+resident `ClientState` (its host's), so resuming means loading them.
 
 The base class is FedAvg: uniform client sampling, example-weighted averaging of every
-parameter and buffer. Methods override the smallest hook and call `super()`.
+parameter and buffer. Methods override the smallest hook and call `super()`. A method
+is generic over its config, server state and broadcast types, so hooks see the fields
+of its own dataclasses, typed.
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
+import torch
 from torch import nn
 
 from .errors import ConfigError
 from .messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState
+from .metrics import EvalSpec
 from .objective import ClientObjective
 from .optim import OptimConfig
 from .params import weighted_mean
-from .types import ClientId, StateDict
+from .types import ClientId, Metrics, StateDict
 
 
 @dataclass
@@ -34,11 +41,15 @@ class TaskInfo:
     """What a strategy may know about the task, besides its own hyperparameters.
 
     Attributes:
-        num_classes: number of classes.
+        num_classes: number of classes (labels, for multi-label data).
         class_names: text-ready class names (for class-text features).
         dataset: dataset registry name.
         text: the text-encoder config (`{"name": "none"}` when none is chosen).
         has_client_test_split: whether clients hold their own test splits.
+        multilabel: targets are multi-hot label sets.
+        train_class_counts: training examples per class over all clients (long-tail groups).
+        data: the data config (`cfg.data` as a plain mapping; empty when unknown), for methods
+            that read the dataset themselves (CLIP2FL's aligned teacher, on held-out images).
     """
 
     num_classes: int
@@ -46,6 +57,30 @@ class TaskInfo:
     dataset: str = ""
     text: dict[str, Any] = dataclasses.field(default_factory=lambda: {"name": "none"})
     has_client_test_split: bool = False
+    multilabel: bool = False
+    train_class_counts: tuple[int, ...] = ()
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What a server step may use besides the state and the updates.
+
+    Attributes:
+        round: the round being completed.
+        device: where server-side computation should run (the eval device).
+        rng: randomness for this round's server step, derived from (seed, round) only, so a
+            resumed run repeats it.
+        task: the task.
+        build_model: a fresh backbone of client 0's architecture (random weights; seed the
+            global RNG or load weights yourself).
+    """
+
+    round: int
+    device: torch.device
+    rng: np.random.Generator
+    task: TaskInfo
+    build_model: Callable[[], nn.Module]
 
 
 def client_seed(run_seed: int, rnd: int, client_id: ClientId) -> int:
@@ -58,17 +93,30 @@ def round_rng(run_seed: int, rnd: int) -> np.random.Generator:
     return np.random.default_rng([run_seed, rnd, 0x5EED])
 
 
-class Strategy:
+def server_rng(run_seed: int, rnd: int) -> np.random.Generator:
+    """The server step's randomness for one round (apart from client sampling's)."""
+    return np.random.default_rng([run_seed, rnd, 0x5E4F])
+
+
+ConfigT = TypeVar("ConfigT", bound=MethodConfig)
+StateT = TypeVar("StateT", bound=ServerState)
+BroadcastT = TypeVar("BroadcastT", bound=Broadcast)
+
+
+class Strategy(Generic[ConfigT, StateT, BroadcastT]):
     name: ClassVar[str] = "fedavg"
     config_cls: ClassVar[type[MethodConfig]] = MethodConfig
-    objective_cls: ClassVar[type[ClientObjective]] = ClientObjective
+    objective_cls: ClassVar[type[ClientObjective[Any]]] = ClientObjective
+    #: the server state and broadcast classes `init_state` and `broadcast` build
+    state_cls: type[StateT]
+    broadcast_cls: type[BroadcastT]
     #: True for methods without one global model (personal weights): they are evaluated
     #: on each client's own test split, so the data must have one.
-    personalised: ClassVar[bool] = False
+    personalised: bool = False
 
     def __init__(
         self,
-        config: MethodConfig,
+        config: ConfigT,
         num_clients: int,
         clients_per_round: int,
         seed: int,
@@ -85,6 +133,12 @@ class Strategy:
                 "set data.client_test_fraction (e.g. 0.25)"
             )
 
+    @classmethod
+    def check_run(cls, config: ConfigT, run: dict[str, Any]) -> None:
+        """Refuse a run this method cannot do, with a ConfigError, before any data or model
+        is touched (`config.validate_registered` calls it). `run` is the whole resolved run
+        config as plain data (`run["text"]`, `run["data"]`, ...). Default: accept."""
+
     # --- client side, built inside hosts ---------------------------------------------
     def objective_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the client objective (picklable; shipped to hosts once).
@@ -99,7 +153,7 @@ class Strategy:
         return kwargs
 
     @classmethod
-    def build_objective(cls, model: nn.Module, optim: OptimConfig, **kwargs: Any) -> ClientObjective:
+    def build_objective(cls, model: nn.Module, optim: OptimConfig, **kwargs: Any) -> ClientObjective[Any]:
         """The client's LightningModule, built inside hosts (and once on the driver)."""
         return cls.objective_cls(
             model,
@@ -107,58 +161,73 @@ class Strategy:
             momentum=optim.momentum,
             weight_decay=optim.weight_decay,
             optimizer=optim.name,
+            grad_clip=optim.grad_clip,
             **kwargs,
         )
 
+    # --- evaluation -------------------------------------------------------------------
+    def eval_spec(
+        self, per_class: bool = False, longtail: Sequence[int] | None = None, threshold: float = 0.5
+    ) -> EvalSpec:
+        """What evaluations measure for this task (the `eval.*` options applied)."""
+        from .metrics import longtail_groups
+
+        groups = None
+        if longtail is not None and self.task.train_class_counts and not self.task.multilabel:
+            groups = longtail_groups(self.task.train_class_counts, int(longtail[0]), int(longtail[1]))
+        return EvalSpec(
+            num_classes=self.task.num_classes, multilabel=self.task.multilabel, threshold=threshold,
+            per_class=per_class, class_groups=groups,
+        )  # fmt: skip
+
+    def primary_metric(self) -> str:
+        """The metric `summary.json`'s final_/best_, the console, `compare` and `sweep`
+        report: `accuracy` (multi-label: `c_ap`), or its `client_` form for personalised
+        methods, evaluated on the clients' own test splits."""
+        base = "c_ap" if self.task.multilabel else "accuracy"
+        return f"client_{base}" if self.personalised else base
+
     # --- driver side ---------------------------------------------------------------
-    def init_state(self, global_params: StateDict) -> ServerState:
-        return ServerState(round=0, global_params=global_params)
+    def init_state(self, global_params: StateDict | None) -> StateT:
+        return self.state_cls(round=0, global_params=global_params)
 
     def sample_clients(self, rnd: int, rng: np.random.Generator) -> list[ClientId]:
         chosen = rng.choice(self.num_clients, size=self.clients_per_round, replace=False)
         return sorted(int(c) for c in chosen)
 
-    def broadcast(self, state: ServerState, rnd: int) -> Broadcast:
-        return Broadcast(round=rnd, global_params=state.global_params)
+    def broadcast(self, state: StateT, rnd: int) -> BroadcastT:
+        return self.broadcast_cls(round=rnd, global_params=state.global_params)
 
-    def payload(self, state: ServerState, rnd: int, client_id: ClientId) -> ClientPayload:
-        return ClientPayload(
-            client_id=client_id,
-            round=rnd,
-            seed=client_seed(self.seed, rnd, client_id),
-            client_state=state.client_states.get(client_id),
-        )
+    def payload(self, state: StateT, rnd: int, client_id: ClientId) -> ClientPayload:
+        return ClientPayload(client_id=client_id, round=rnd, seed=client_seed(self.seed, rnd, client_id))
 
-    def configure_round(self, state: ServerState, rnd: int, rng: np.random.Generator) -> RoundPlan:
+    def configure_round(self, state: StateT, rnd: int, rng: np.random.Generator) -> RoundPlan:
         ids = self.sample_clients(rnd, rng)
         return RoundPlan(rnd, self.broadcast(state, rnd), [self.payload(state, rnd, c) for c in ids])
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
-        """Example-weighted mean of the shared parameters; keep each client's new state."""
-        client_states = dict(state.client_states)
-        for u in updates:
-            if u.client_state is not None:
-                client_states[u.client_id] = u.client_state
-        with_params = [u for u in updates if u.params]
+    def aggregate(self, state: StateT, updates: Sequence[ClientUpdate]) -> StateT:
+        """Example-weighted mean of the shared parameters."""
+        with_params = [(u.params, u.num_examples) for u in updates if u.params]
         params = state.global_params
         if with_params and params is not None:
-            params = {
-                **params,
-                **weighted_mean([u.params for u in with_params], [u.num_examples for u in with_params]),  # type: ignore[misc]
-            }
-        return dataclasses.replace(state, global_params=params, client_states=client_states)
+            mean = weighted_mean([p for p, _ in with_params], [n for _, n in with_params])
+            params = {**params, **mean}
+        return dataclasses.replace(state, global_params=params)
 
-    def server_update(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
-        """Server-side work after aggregation (prompt tuning, prototypes, ...). FedAvg: none."""
-        return state
+    def server_update(
+        self, state: StateT, updates: Sequence[ClientUpdate], ctx: ServerContext
+    ) -> tuple[StateT, Metrics]:
+        """Server-side work after aggregation (prompt tuning, prototypes, classifier
+        re-training, ...) and its metrics, logged as `server/<name>`. FedAvg: none."""
+        return state, {}
 
-    def eval_broadcast(self, state: ServerState) -> Broadcast | None:
+    def eval_broadcast(self, state: StateT) -> BroadcastT | None:
         """What the global model needs for evaluation on the server; None if there is none."""
         if self.personalised:
             return None
         return self.broadcast(state, state.round)
 
-    def configure_evaluate(self, state: ServerState, client_ids: Sequence[ClientId]) -> RoundPlan:
+    def configure_evaluate(self, state: StateT, client_ids: Sequence[ClientId]) -> RoundPlan:
         """Plan for evaluating each client's model on its own test split."""
         return RoundPlan(
             state.round,
@@ -178,3 +247,10 @@ class Strategy:
     def warnings(self) -> list[str]:
         """Degenerate settings worth telling the user about."""
         return []
+
+
+class FedAvgStrategy(Strategy[MethodConfig, ServerState, Broadcast]):
+    """The base with FedAvg's own types: what a method without new state or messages extends."""
+
+    state_cls = ServerState
+    broadcast_cls = Broadcast

@@ -1,1 +1,8 @@
-"""Datasets, partitioners, per-client splits and partition statistics."""
+"""Datasets, partitioners, per-client splits and partition statistics.
+
+Importing this package imports every dataset loader, so registering into `DATASETS`
+(`registry.py`) happens here, in one place, whichever `fl_lightning.data` module is
+imported first. The loaders need numpy only (torch, torchvision, PIL and h5py are imported
+when a dataset is loaded).
+"""
+from . import datasets, folders, multilabel, standins  # noqa: F401  (register the datasets)

@@ -4,7 +4,9 @@
 the result in `<cache_dir>/<hash>.npz`, keyed by a hash of everything that decides it:
 the dataset's name and labels (content hash), the partitioner and its options, the number
 of clients, the seed and the per-client test fraction. Any change gives a new key (a miss);
-files are written atomically and an unreadable or foreign file is recomputed.
+files are written atomically. A cache hit is checked like a fresh split (every index in
+range, none twice, every client present): an unreadable or inconsistent file is rebuilt,
+with a warning, and overwritten, so a broken cache never stops a run.
 """
 from __future__ import annotations
 
@@ -14,14 +16,14 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 from ..core.errors import ConfigError
-from .datasets import ArrayDataset, load_from_config
-from .folders import atomic_savez, load_npz
+from .cache import atomic_savez, load_npz
 from .partition import PARTITIONERS, class_histogram, split_train_test
+from .registry import ArrayDataset, load_from_config
 
 log = logging.getLogger("fl_lightning")
 PARTITION_CACHE_VERSION = 1
@@ -40,7 +42,7 @@ class FederatedSplit:
     def num_clients(self) -> int:
         return len(self.train)
 
-    def client_domains(self, dataset: ArrayDataset) -> Optional[list[int]]:
+    def client_domains(self, dataset: ArrayDataset) -> list[int] | None:
         """Each client's (majority) domain id, for datasets with domains."""
         if dataset.train_domains is None:
             return None
@@ -69,8 +71,13 @@ class FederatedSplit:
         if dataset.train_domains is not None:
             out["domain_names"] = dataset.domain_names
             out["client_domains"] = self.client_domains(dataset)
-            n_dom = max(len(dataset.domain_names), int(dataset.train_domains.max()) + 1 if len(dataset.train_domains) else 0)
-            out["train_domain_histogram"] = [np.bincount(dataset.train_domains[p], minlength=n_dom).tolist() for p in self.train]
+            n_dom = max(
+                len(dataset.domain_names),
+                int(dataset.train_domains.max()) + 1 if len(dataset.train_domains) else 0,
+            )
+            out["train_domain_histogram"] = [
+                np.bincount(dataset.train_domains[p], minlength=n_dom).tolist() for p in self.train
+            ]
         if dataset.standin:
             out["standin"] = dataset.standin
         return out
@@ -82,10 +89,17 @@ def _digest(a: np.ndarray) -> str:
 
 
 def partition_key(
-    dataset: ArrayDataset, partition: str, num_clients: int, seed: int, client_test_fraction: float, options: dict
+    dataset: ArrayDataset,
+    partition: str,
+    num_clients: int,
+    seed: int,
+    client_test_fraction: float,
+    options: dict,
 ) -> str:
     """A hash of everything that decides a split."""
-    opts = {k: ({"sha256": _digest(v)} if isinstance(v, np.ndarray) else v) for k, v in sorted(options.items())}
+    opts = {
+        k: ({"sha256": _digest(v)} if isinstance(v, np.ndarray) else v) for k, v in sorted(options.items())
+    }
     desc = {
         "version": PARTITION_CACHE_VERSION,
         "dataset": dataset.name,
@@ -105,14 +119,43 @@ def _check(parts: list[np.ndarray], n: int, partition: str) -> None:
         raise RuntimeError(f"partition {partition!r} assigned a sample twice or out of range (a bug)")
 
 
-def _load_cached(path: Path, key: str, num_clients: int) -> Optional[tuple[list[np.ndarray], list[np.ndarray]]]:
-    z = load_npz(path)
-    if z is None or str(z.get("key", "")) != key:
+def _cache_problem(
+    z: dict[str, np.ndarray], key: str, num_clients: int, n: int, with_test: bool
+) -> str | None:
+    """Why a cached split cannot be used as it is (None: it can): another key, clients
+    missing, arrays that are not 1-D integer indices, indices out of range or repeated."""
+    if "key" not in z or z["key"].shape != () or str(z["key"]) != key:
+        return "holds another split (key mismatch)"
+    names = [f"train_{k}" for k in range(num_clients)]
+    names += [f"test_{k}" for k in range(num_clients)] if with_test else []
+    absent = [m for m in names if m not in z]
+    if absent:
+        return f"has no {absent[0]}"
+    arrays = [z[m] for m in names]
+    if any(a.ndim != 1 or not np.issubdtype(a.dtype, np.integer) for a in arrays):
+        return "holds arrays that are not 1-D integer indices"
+    flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+    if len(flat) and (int(flat.min()) < 0 or int(flat.max()) >= n):
+        return f"holds indices outside [0, {n})"
+    if len(np.unique(flat)) != len(flat):
+        return "assigns a sample twice"
+    return None
+
+
+def _load_cached(
+    path: Path, key: str, num_clients: int, n: int, with_test: bool
+) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+    """The cached split at `path`, checked as a fresh one is (`_check`); None (rebuild) when
+    the file is absent, unreadable or inconsistent, with a warning for the latter two."""
+    z = load_npz(path)  # warns itself when unreadable
+    if z is None:
         return None
-    train = [z[f"train_{k}"] for k in range(num_clients) if f"train_{k}" in z]
-    test = [z[f"test_{k}"] for k in range(num_clients) if f"test_{k}" in z]
-    if len(train) != num_clients or (test and len(test) != num_clients):
+    why = _cache_problem(z, key, num_clients, n, with_test)
+    if why is not None:
+        log.warning("partition cache %s %s; rebuilding it", path, why)
         return None
+    train = [z[f"train_{k}"].astype(np.int64) for k in range(num_clients)]
+    test = [z[f"test_{k}"].astype(np.int64) for k in range(num_clients)] if with_test else []
     return train, test
 
 
@@ -140,15 +183,19 @@ def make_split(
     key = partition_key(dataset, partition, num_clients, seed, client_test_fraction, opts)
     path = Path(cache_dir).expanduser() / f"{key}.npz" if cache_dir is not None else None
     if path is not None:
-        hit = _load_cached(path, key, num_clients)
+        hit = _load_cached(path, key, num_clients, len(dataset.train_y), client_test_fraction > 0)
         if hit is not None:
             return FederatedSplit(hit[0], hit[1], partition, scalars, key, from_cache=True)
     rng = np.random.default_rng([seed, 0xDA7A])
     parts = [np.asarray(p, dtype=np.int64) for p in fn(dataset.train_y, num_clients, rng, **opts)]
     if len(parts) != num_clients:
-        raise RuntimeError(f"partition {partition!r} returned {len(parts)} clients, not {num_clients} (a bug)")
+        raise RuntimeError(
+            f"partition {partition!r} returned {len(parts)} clients, not {num_clients} (a bug)"
+        )
     _check(parts, len(dataset.train_y), partition)
-    train, test = split_train_test(parts, client_test_fraction, rng) if client_test_fraction > 0 else (parts, [])
+    train, test = (
+        split_train_test(parts, client_test_fraction, rng) if client_test_fraction > 0 else (parts, [])
+    )
     if path is not None:
         arrays = {f"train_{k}": p for k, p in enumerate(train)}
         arrays.update({f"test_{k}": p for k, p in enumerate(test)})
@@ -167,7 +214,7 @@ def partition_options(data: Any) -> dict[str, Any]:
     }
 
 
-def partition_cache_dir(data: Any) -> Optional[Path]:
+def partition_cache_dir(data: Any) -> Path | None:
     if not data.get("cache_partitions", True):
         return None
     return Path(str(data.root)).expanduser() / ".partitions"

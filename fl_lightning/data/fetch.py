@@ -3,13 +3,25 @@
 Debian ships it in the package `dataset-fashion-mnist`; `apt-get download` + `dpkg -x`
 unpack it into a cache folder. Where apt is missing, torchvision's download is the
 fallback (needs the network). Files are moved into place only when complete.
+
+Every load checks what it reads (`read_idx`: the gzip stream, the IDX header against the
+length, then the shapes and labels Fashion-MNIST must have), so a truncated, random or
+wrong file ends with one line naming it and the command that fetches it again; `fetch`
+checks the files it finds the same way and fetches again when any is broken.
 """
 from __future__ import annotations
 
+import gzip
+import math
 import shutil
 import subprocess
 import tempfile
+import zlib
 from pathlib import Path
+
+import numpy as np
+
+from ..core.errors import ConfigError
 
 FMNIST_FILES = (
     "train-images-idx3-ubyte.gz",
@@ -19,6 +31,87 @@ FMNIST_FILES = (
 )
 FMNIST_DEB = "dataset-fashion-mnist"
 FMNIST_DEB_DIR = "usr/share/datasets/fashion-mnist"
+
+
+#: what each file must hold: uint8 images [N, 28, 28] or labels [N] in 0..9
+FMNIST_SHAPES = {
+    "train-images-idx3-ubyte.gz": (60000, 28, 28),
+    "train-labels-idx1-ubyte.gz": (60000,),
+    "t10k-images-idx3-ubyte.gz": (10000, 28, 28),
+    "t10k-labels-idx1-ubyte.gz": (10000,),
+}
+
+
+class CorruptDataFile(ValueError):
+    """A dataset file that cannot be what it claims (truncated, random bytes, wrong content)."""
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX file (MNIST format) of unsigned bytes, gzipped or not. CorruptDataFile (with
+    the reason) when it is not one: a broken gzip stream, a bad header, or a length that
+    does not match the header's shape."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise CorruptDataFile(f"{type(e).__name__}: {e}") from None
+    if len(data) < 4 or data[:3] != b"\x00\x00\x08" or not 1 <= data[3] <= 4:
+        raise CorruptDataFile("not an IDX file of unsigned bytes (bad magic number)")
+    ndim = data[3]
+    if len(data) < 4 + 4 * ndim:
+        raise CorruptDataFile("truncated IDX header")
+    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    expected = 4 + 4 * ndim + math.prod(shape)
+    if len(data) != expected:
+        raise CorruptDataFile(f"{len(data)} bytes, but its header promises {expected} (shape {shape})")
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def fmnist_refetch_hint(root: str | Path) -> str:
+    return f"fetch it again with `fl-lightning fetch fmnist --root {root}`"
+
+
+def fmnist_check(name: str, array: np.ndarray) -> None:
+    """CorruptDataFile unless `array` is what Fashion-MNIST's file `name` holds."""
+    want = FMNIST_SHAPES[name]
+    if array.shape != want:
+        raise CorruptDataFile(f"holds an array of shape {array.shape}, expected {want}")
+    if len(want) == 1 and len(array) and int(array.max()) > 9:
+        raise CorruptDataFile(f"holds label {int(array.max())}, expected labels 0-9")
+
+
+def read_fmnist_file(root: str | Path, name: str) -> np.ndarray:
+    """One Fashion-MNIST file, checked; a broken one is a ConfigError naming it and the
+    command that fetches it again."""
+    path = fmnist_dir(root) / name
+    try:
+        array = read_idx(path)
+        fmnist_check(name, array)
+    except CorruptDataFile as e:
+        raise ConfigError(
+            f"Fashion-MNIST file {path} is corrupt ({e}); {fmnist_refetch_hint(root)}"
+        ) from None
+    except OSError as e:
+        raise ConfigError(
+            f"cannot read Fashion-MNIST file {path} ({e.strerror or e}); {fmnist_refetch_hint(root)}"
+        ) from None
+    return array
+
+
+def fmnist_problems(root: str | Path) -> dict[str, str]:
+    """The Fashion-MNIST files under `root` that are missing or broken, with why."""
+    out: dict[str, str] = {}
+    for name in FMNIST_FILES:
+        path = fmnist_dir(root) / name
+        if not path.is_file():
+            out[name] = "missing"
+            continue
+        try:
+            fmnist_check(name, read_idx(path))
+        except (CorruptDataFile, OSError) as e:
+            out[name] = str(e)
+    return out
 
 
 def fmnist_dir(root: str | Path) -> Path:
@@ -47,10 +140,16 @@ def _from_torchvision(work: Path) -> Path:
 
 
 def fetch_fmnist(root: str | Path, log=print) -> Path:
-    """Make the four Fashion-MNIST files present under `<root>/fashion-mnist/`. Idempotent."""
+    """Make the four Fashion-MNIST files present and intact under `<root>/fashion-mnist/`.
+    Idempotent; files that are there but broken are fetched again (and replaced only by
+    complete, checked ones)."""
     target = fmnist_dir(root)
     if fmnist_present(root):
-        return target
+        broken = fmnist_problems(root)
+        if not broken:
+            return target
+        for name, why in broken.items():
+            log(f"{target / name} is broken ({why}); fetching Fashion-MNIST again")
     target.mkdir(parents=True, exist_ok=True)
     errors = []
     for name, source in (("apt", _from_apt), ("torchvision", _from_torchvision)):
@@ -61,9 +160,21 @@ def fetch_fmnist(root: str | Path, log=print) -> Path:
                 detail = getattr(e, "stderr", "") or str(e)
                 errors.append(f"{name}: {detail.strip().splitlines()[-1] if detail.strip() else e}")
                 continue
+            bad = {f: why for f in FMNIST_FILES if (why := _problem(src / f, f))}
+            if bad:
+                errors.append(f"{name}: fetched a broken {', '.join(f'{f} ({w})' for f, w in bad.items())}")
+                continue
             for f in FMNIST_FILES:
                 shutil.copyfile(src / f, target / (f + ".part"))
                 (target / (f + ".part")).replace(target / f)
             log(f"fetched Fashion-MNIST via {name} into {target}")
             return target
     raise RuntimeError(f"could not fetch Fashion-MNIST into {target}: " + "; ".join(errors))
+
+
+def _problem(path: Path, name: str) -> str:
+    try:
+        fmnist_check(name, read_idx(path))
+    except (CorruptDataFile, OSError) as e:
+        return str(e) or type(e).__name__
+    return ""

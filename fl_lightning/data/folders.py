@@ -4,7 +4,7 @@ DomainNet (10-class subset) and PACS, one domain id per sample.
 Images are decoded once with PIL, resized to `image_size` x `image_size` (squashed, as the
 Office/DomainNet reference code's `Resize((256, 256))` does) and kept in memory as uint8
 [N, 3, S, S]. The decoded arrays are cached in `<root>/.cache/` keyed by the file list and
-size, so later runs skip decoding. Memory is N * 3 * S^2 bytes: Office at 256 is ~0.75 GB,
+size, so later runs skip decoding (`cache.py`). Memory is N * 3 * S^2 bytes: Office at 256 is ~0.75 GB,
 the DomainNet subset at 128 ~1.5 GB, Tiny-ImageNet at 64 ~1.3 GB; lower `data.image_size`
 for bigger sets (models see the stored size; crops/augmentation belong to the objective).
 
@@ -16,99 +16,19 @@ Domain datasets read either layout, per domain:
 """
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from ..core.errors import ConfigError
-from .datasets import DATASETS, ArrayDataset, DatasetEntry, text_name
-
-log = logging.getLogger("fl_lightning")
+from .cache import cached_images
+from .registry import DATASETS, ArrayDataset, DatasetEntry, text_name
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-CACHE_VERSION = 1
-
-
-# --- decoding and the decoded-array cache ------------------------------------------------
-def decode_image(path: Path, size: int) -> np.ndarray:
-    """One image as uint8 [3, size, size] (RGB, bilinear resize)."""
-    from PIL import Image
-
-    with Image.open(path) as im:
-        im.draft("RGB", (size, size))  # JPEG: decode at reduced scale when much larger
-        rgb = im.convert("RGB")
-        if rgb.size != (size, size):
-            rgb = rgb.resize((size, size), Image.BILINEAR)
-        return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
-
-
-def decode_images(paths: Sequence[Path], size: int) -> np.ndarray:
-    out = np.empty((len(paths), 3, size, size), dtype=np.uint8)
-    if not len(paths):
-        return out
-
-    def one(i: int) -> None:
-        try:
-            out[i] = decode_image(paths[i], size)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"cannot read image {paths[i]}: {e}") from None
-
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        list(pool.map(one, range(len(paths))))
-    return out
-
-
-def atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> bool:
-    """Write `arrays` to `path` (temp file + rename). False when the folder is not writable."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".part")
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-        return True
-    except OSError as e:
-        log.warning("could not write cache file %s: %s", path, e)
-        try:
-            os.unlink(tmp)  # type: ignore[possibly-undefined]
-        except (OSError, UnboundLocalError):
-            pass
-        return False
-
-
-def load_npz(path: Path) -> Optional[dict[str, np.ndarray]]:
-    if not path.is_file():
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, KeyError) as e:  # corrupt or foreign: rebuild
-        log.warning("ignoring unreadable cache file %s: %s", path, e)
-        return None
-
-
-def cached_images(root: str, tag: str, paths: Sequence[Path], size: int) -> np.ndarray:
-    """Decoded images for `paths`, from `<root>/.cache/` when the same files were decoded at
-    the same size before (keyed by path, file size and mtime)."""
-    h = hashlib.sha1(f"{CACHE_VERSION}|{size}".encode())
-    for p in paths:
-        st = p.stat()
-        h.update(f"|{p}|{st.st_size}|{int(st.st_mtime)}".encode())
-    cache = Path(root) / ".cache" / f"{tag}-{size}px-{h.hexdigest()[:16]}.npz"
-    hit = load_npz(cache)
-    if hit is not None and "x" in hit and len(hit["x"]) == len(paths):
-        return hit["x"]
-    x = decode_images(paths, size)
-    atomic_savez(cache, {"x": x})
-    return x
 
 
 def _files(folder: Path) -> list[Path]:
@@ -133,7 +53,7 @@ def _tiny_present(root: str) -> bool:
     return all(p.exists() for p in (d / "wnids.txt", d / "train", d / "val" / "val_annotations.txt"))
 
 
-def _load_tiny(root: str, image_size: Optional[int] = None) -> ArrayDataset:
+def _load_tiny(root: str, image_size: int | None = None) -> ArrayDataset:
     d = Path(root) / TINY_DIR
     size = image_size or 64
     wnids = [w.strip() for w in (d / "wnids.txt").read_text().split() if w.strip()]
@@ -187,7 +107,7 @@ class DomainSpec:
     split_subdirs: tuple[str, ...] = ("",)  # where split files may sit inside `folder`
 
 
-def _split_files(spec: DomainSpec, base: Path, domain: str) -> Optional[tuple[Path, Path]]:
+def _split_files(spec: DomainSpec, base: Path, domain: str) -> tuple[Path, Path] | None:
     for sub in spec.split_subdirs:
         d = base / sub if sub else base
         for train, test in (
@@ -200,7 +120,7 @@ def _split_files(spec: DomainSpec, base: Path, domain: str) -> Optional[tuple[Pa
     return None
 
 
-def _domain_folder(spec: DomainSpec, base: Path, domain: str) -> Optional[Path]:
+def _domain_folder(spec: DomainSpec, base: Path, domain: str) -> Path | None:
     for sub in spec.image_subdirs:
         d = (base / sub if sub else base) / domain
         if d.is_dir():
@@ -226,10 +146,12 @@ def _resolve(spec: DomainSpec, root: Path, base: Path, rel: str) -> Path:
     for c in candidates:
         if c.is_file():
             return c
-    raise ConfigError(f"{spec.title}: image {rel!r} listed in a split file was not found under {root} or {base}")
+    raise ConfigError(
+        f"{spec.title}: image {rel!r} listed in a split file was not found under {root} or {base}"
+    )
 
 
-def _label_of(spec: DomainSpec, rel: str, label: object) -> Optional[int]:
+def _label_of(spec: DomainSpec, rel: str, label: object) -> int | None:
     if isinstance(label, (str, np.str_)) and str(label) in spec.raw_classes:
         return spec.raw_classes.index(str(label))
     for part in reversed(Path(rel).parts[:-1]):  # .../<class>/<image>
@@ -238,7 +160,9 @@ def _label_of(spec: DomainSpec, rel: str, label: object) -> Optional[int]:
     return None  # a class outside the subset (e.g. DomainNet's other 335)
 
 
-def _domain_items(spec: DomainSpec, root: str, domain: str) -> tuple[list[Path], list[int], list[Path], list[int]]:
+def _domain_items(
+    spec: DomainSpec, root: str, domain: str
+) -> tuple[list[Path], list[int], list[Path], list[int]]:
     base = Path(root) / spec.folder
     files = _split_files(spec, base, domain)
     if files is not None:
@@ -246,7 +170,7 @@ def _domain_items(spec: DomainSpec, root: str, domain: str) -> tuple[list[Path],
         for f in files:
             rels, labels = _read_split(f)
             paths, ys = [], []
-            for rel, lab in zip(rels, labels):
+            for rel, lab in zip(rels, labels, strict=True):
                 y = _label_of(spec, rel, lab)
                 if y is not None:
                     paths.append(_resolve(spec, Path(root), base, rel))
@@ -281,28 +205,33 @@ def _domain_where(spec: DomainSpec, root: str) -> str:
 def _domain_present(spec: DomainSpec, root: str) -> bool:
     base = Path(root) / spec.folder
     return base.is_dir() and any(
-        _split_files(spec, base, d) is not None or _domain_folder(spec, base, d) is not None for d in spec.domains
+        _split_files(spec, base, d) is not None or _domain_folder(spec, base, d) is not None
+        for d in spec.domains
     )
 
 
-def _select_domains(spec: DomainSpec, domains: Optional[Sequence[str]]) -> list[str]:
+def _select_domains(spec: DomainSpec, domains: Sequence[str] | None) -> list[str]:
     if not domains:
         return list(spec.domains)
     bad = [d for d in domains if d not in spec.domains]
     if bad:
-        raise ConfigError(f"unknown {spec.name} domain {bad[0]!r} in data.domains; valid: {', '.join(spec.domains)}")
+        raise ConfigError(
+            f"unknown {spec.name} domain {bad[0]!r} in data.domains; valid: {', '.join(spec.domains)}"
+        )
     return list(domains)
 
 
 def _domain_loader(spec: DomainSpec) -> Callable[..., ArrayDataset]:
-    def load(root: str, image_size: Optional[int] = None, domains: Optional[Sequence[str]] = None) -> ArrayDataset:
+    def load(root: str, image_size: int | None = None, domains: Sequence[str] | None = None) -> ArrayDataset:
         size = image_size or spec.default_size
         chosen = _select_domains(spec, domains)
         parts: dict[str, list] = {"tp": [], "ty": [], "td": [], "vp": [], "vy": [], "vd": []}
         for k, dom in enumerate(chosen):
             tp, ty, vp, vy = _domain_items(spec, root, dom)
             if not tp:
-                raise ConfigError(f"{spec.title}: no training images for domain {dom!r}. " + _domain_where(spec, root))
+                raise ConfigError(
+                    f"{spec.title}: no training images for domain {dom!r}. " + _domain_where(spec, root)
+                )
             parts["tp"] += tp
             parts["ty"] += ty
             parts["td"] += [k] * len(tp)
@@ -362,8 +291,8 @@ for _spec in (OFFICE, DOMAINNET, PACS):
     DATASETS.register(_spec.name)(
         DatasetEntry(
             load=_domain_loader(_spec),
-            present=lambda root, s=_spec: _domain_present(s, root),
-            where=lambda root, s=_spec: _domain_where(s, root),
+            present=partial(_domain_present, _spec),
+            where=partial(_domain_where, _spec),
             class_names=_spec.class_names,
             domains=_spec.domains,
         )

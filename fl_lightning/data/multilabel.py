@@ -12,13 +12,13 @@ import hashlib
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
 from ..core.errors import ConfigError
-from .datasets import DATASETS, ArrayDataset, DatasetEntry, text_name
-from .folders import IMAGENET_MEAN, IMAGENET_STD, atomic_savez, cached_images, load_npz
+from .cache import atomic_savez, cached_images, load_npz
+from .folders import IMAGENET_MEAN, IMAGENET_STD
+from .registry import DATASETS, ArrayDataset, DatasetEntry, text_name
 
 
 def multi_hot(label_lists: list[list[int]], num_classes: int) -> np.ndarray:
@@ -31,11 +31,13 @@ def multi_hot(label_lists: list[list[int]], num_classes: int) -> np.ndarray:
 # --- PASCAL VOC 2007 -----------------------------------------------------------------------
 VOC_CLASSES = (
     "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
-    "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor",
+    "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train",
+    "tvmonitor",
 )  # fmt: skip
 VOC_TEXT = (
     "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
-    "dining table", "dog", "horse", "motorbike", "person", "potted plant", "sheep", "sofa", "train", "tv monitor",
+    "dining table", "dog", "horse", "motorbike", "person", "potted plant", "sheep", "sofa", "train",
+    "tv monitor",
 )  # fmt: skip
 
 
@@ -54,7 +56,10 @@ def _voc_where(root: str) -> str:
 
 def _voc_present(root: str) -> bool:
     d = _voc_dir(root)
-    return all((d / "ImageSets" / "Main" / f).is_file() for f in ("trainval.txt", "test.txt")) and (d / "Annotations").is_dir()
+    return (
+        all((d / "ImageSets" / "Main" / f).is_file() for f in ("trainval.txt", "test.txt"))
+        and (d / "Annotations").is_dir()
+    )
 
 
 def _voc_download(root: str) -> None:
@@ -77,11 +82,13 @@ def _voc_split(root: str, split: str, size: int) -> tuple[np.ndarray, np.ndarray
     return x, multi_hot(labels, len(VOC_CLASSES))
 
 
-def _load_voc(root: str, image_size: Optional[int] = None) -> ArrayDataset:
+def _load_voc(root: str, image_size: int | None = None) -> ArrayDataset:
     size = image_size or 128
     tx, ty = _voc_split(root, "trainval", size)
     vx, vy = _voc_split(root, "test", size)
-    return ArrayDataset("voc2007", tx, ty, vx, vy, list(VOC_TEXT), IMAGENET_MEAN, IMAGENET_STD, multilabel=True)
+    return ArrayDataset(
+        "voc2007", tx, ty, vx, vy, list(VOC_TEXT), IMAGENET_MEAN, IMAGENET_STD, multilabel=True
+    )
 
 
 DATASETS.register("voc2007")(
@@ -108,7 +115,7 @@ assert len(COCO_CLASSES) == 80
 COCO_SPLITS = (("train2014", "val2014"), ("train2017", "val2017"))
 
 
-def _coco_splits(root: str) -> Optional[tuple[str, str]]:
+def _coco_splits(root: str) -> tuple[str, str] | None:
     d = Path(root) / "coco"
     for tr, te in COCO_SPLITS:
         if all((d / "annotations" / f"instances_{s}.json").is_file() and (d / s).is_dir() for s in (tr, te)):
@@ -140,7 +147,7 @@ def _coco_split(root: str, split: str, size: int) -> tuple[np.ndarray, np.ndarra
     return x, multi_hot([sorted(s) for s in labels], len(cats)), [text_name(c["name"]) for c in cats]
 
 
-def _load_coco(root: str, image_size: Optional[int] = None) -> ArrayDataset:
+def _load_coco(root: str, image_size: int | None = None) -> ArrayDataset:
     splits = _coco_splits(root)
     if splits is None:
         raise ConfigError(_coco_where(root))
@@ -169,7 +176,7 @@ FLAIR_COARSE = (
 )  # fmt: skip  (sorted, as ml-flair/pfl-research map them to indices)
 
 
-def _flair_file(root: str) -> Optional[Path]:
+def _flair_file(root: str) -> Path | None:
     for f in FLAIR_FILES:
         p = Path(root) / "flair" / f
         if p.is_file():
@@ -194,11 +201,14 @@ def _resize_nhwc(images: np.ndarray, size: int) -> np.ndarray:
         return np.ascontiguousarray(images.transpose(0, 3, 1, 2))
     out = np.empty((len(images), 3, size, size), dtype=np.uint8)
     for i, im in enumerate(images):
-        out[i] = np.asarray(Image.fromarray(im).resize((size, size), Image.BILINEAR)).transpose(2, 0, 1)
+        resized = Image.fromarray(im).resize((size, size), Image.Resampling.BILINEAR)
+        out[i] = np.asarray(resized).transpose(2, 0, 1)
     return out
 
 
-def _flair_users(f, partition: str, key: str, size: int, users: list[str]) -> tuple[np.ndarray, list[list[str]], np.ndarray]:
+def _flair_users(
+    f, partition: str, key: str, size: int, users: list[str]
+) -> tuple[np.ndarray, list[list[str]], np.ndarray]:
     xs, labels, groups = [], [], []
     for g, u in enumerate(users):
         grp = f[partition][u]
@@ -212,7 +222,7 @@ def _flair_users(f, partition: str, key: str, size: int, users: list[str]) -> tu
 
 
 def _load_flair(
-    root: str, image_size: Optional[int] = None, fine_grained: bool = False, max_users: Optional[int] = None
+    root: str, image_size: int | None = None, fine_grained: bool = False, max_users: int | None = None
 ) -> ArrayDataset:
     try:
         import h5py
@@ -224,13 +234,18 @@ def _load_flair(
     size = image_size or 64
     key = "fine_grained_labels" if fine_grained else "labels"
     st = path.stat()
-    tag = hashlib.sha1(f"{path}|{st.st_size}|{int(st.st_mtime)}|{size}|{key}|{max_users}".encode()).hexdigest()[:16]
+    tag = hashlib.sha1(
+        f"{path}|{st.st_size}|{int(st.st_mtime)}|{size}|{key}|{max_users}".encode()
+    ).hexdigest()[:16]
     cache = Path(root) / ".cache" / f"flair-{tag}.npz"
     hit = load_npz(cache)
     if hit is None:
         with h5py.File(path, "r") as f:
             if "train" not in f or "test" not in f:
-                raise ConfigError(f"{path} has no /train and /test groups: not a federated FLAIR HDF5. " + _flair_where(root))
+                raise ConfigError(
+                    f"{path} has no /train and /test groups: not a federated FLAIR HDF5. "
+                    + _flair_where(root)
+                )
             train_users = sorted(f["train"].keys())[: max_users or None]
             test_users = sorted(f["test"].keys())
             counter_key = f"metadata/{'fine_grained_label_counter' if fine_grained else 'label_counter'}"

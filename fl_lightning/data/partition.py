@@ -14,19 +14,19 @@ Options a partitioner does not use are ignored, so callers may pass all of them
 | shards | pathological: exactly C classes per client, equal sizes | FedGLCL sharding, PFLlib `pat` |
 | longtail | global long tail (IF) then `dirichlet_balanced` | CReFF / CLIP2FL |
 | domain | feature skew: one domain per client (or several clients per domain) | FedBN / FedGLCL / FedDTR |
-| multilabel_dirichlet | label skew for multi-hot labels (Dirichlet over each image's rarest label) | FedLGT note 8 |
+| multilabel_dirichlet | multi-hot label skew (Dirichlet over each image's rarest label) | FedLGT note 8 |
 | natural | the dataset's own users (FLAIR); merged whole when fewer clients | FLAIR / FedLGT |
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
 from ..core.errors import ConfigError
 from ..core.registry import Registry
-from .datasets import longtail_indices
+from .longtail import longtail_indices
 
 Partitioner = Callable[..., list[np.ndarray]]
 PARTITIONERS: Registry[Partitioner] = Registry("partition")
@@ -35,7 +35,8 @@ PARTITIONERS: Registry[Partitioner] = Registry("partition")
 def _single_label(labels: np.ndarray, name: str) -> np.ndarray:
     if labels.ndim != 1:
         raise ConfigError(
-            f"data.partition={name} needs single-label data; for multi-label data use iid or multilabel_dirichlet"
+            f"data.partition={name} needs single-label data; "
+            "for multi-label data use iid or multilabel_dirichlet"
         )
     return labels
 
@@ -163,8 +164,11 @@ def longtail(
     labels = _single_label(labels, "longtail")
     keep = longtail_indices(labels, imbalance_factor, rng)
     if num_clients > len(keep):
-        raise ConfigError(f"the long-tailed training set has {len(keep)} samples, fewer than {num_clients} clients")
-    parts = dirichlet_balanced(labels[keep], num_clients, rng, alpha=alpha, **{k: v for k, v in options.items() if k == "max_tries"})  # type: ignore[arg-type]
+        raise ConfigError(
+            f"the long-tailed training set has {len(keep)} samples, fewer than {num_clients} clients"
+        )
+    extra = {k: v for k, v in options.items() if k == "max_tries"}
+    parts = dirichlet_balanced(labels[keep], num_clients, rng, alpha=alpha, **extra)
     return [np.sort(keep[p]) for p in parts]
 
 
@@ -181,7 +185,9 @@ def shards(
     classes, counts = np.unique(labels, return_counts=True)
     nc, c = len(classes), int(classes_per_client)
     if not 1 <= c <= nc:
-        raise ConfigError(f"data.classes_per_client must be in [1, {nc}] for {nc} classes (got {classes_per_client})")
+        raise ConfigError(
+            f"data.classes_per_client must be in [1, {nc}] for {nc} classes (got {classes_per_client})"
+        )
     if num_clients * c < nc:
         raise ConfigError(
             f"shards: fl.num_clients * data.classes_per_client = {num_clients * c} is less than the {nc} "
@@ -209,7 +215,7 @@ def shards(
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for j, cls in enumerate(classes):
         idx = rng.permutation(np.flatnonzero(labels == cls))
-        for k, shard in zip(holders[j], np.array_split(idx, len(holders[j]))):
+        for k, shard in zip(holders[j], np.array_split(idx, len(holders[j])), strict=True):
             parts[k].append(shard)
     return [np.sort(np.concatenate(p)) for p in parts]
 
@@ -219,7 +225,7 @@ def domain(
     labels: np.ndarray,
     num_clients: int,
     rng: np.random.Generator,
-    domains: Optional[np.ndarray] = None,
+    domains: np.ndarray | None = None,
     **_: object,
 ) -> list[np.ndarray]:
     """Feature skew (FedBN protocol): client k holds only domain k mod D. With as many
@@ -241,7 +247,7 @@ def domain(
     for j, d in enumerate(ids):
         clients = list(range(j, num_clients, len(ids)))
         idx = rng.permutation(np.flatnonzero(domains == d))
-        for k, p in zip(clients, np.array_split(idx, len(clients))):
+        for k, p in zip(clients, np.array_split(idx, len(clients)), strict=True):
             parts[k] = np.sort(p)
     return parts
 
@@ -276,7 +282,7 @@ def natural(
     labels: np.ndarray,
     num_clients: int,
     rng: np.random.Generator,
-    groups: Optional[np.ndarray] = None,
+    groups: np.ndarray | None = None,
     **_: object,
 ) -> list[np.ndarray]:
     """The dataset's own per-user split (FLAIR). With as many clients as users, client k is
@@ -287,7 +293,9 @@ def natural(
     groups = np.asarray(groups)
     ids, inverse, sizes = np.unique(groups, return_inverse=True, return_counts=True)
     if num_clients > len(ids):
-        raise ConfigError(f"data.partition=natural: the data has {len(ids)} users, fewer than fl.num_clients={num_clients}")
+        raise ConfigError(
+            f"data.partition=natural: the data has {len(ids)} users, fewer than fl.num_clients={num_clients}"
+        )
     order = np.argsort(inverse, kind="stable")
     members = np.split(order, np.cumsum(sizes)[:-1])  # sorted indices of each user
     if num_clients == len(ids):
@@ -298,7 +306,9 @@ def natural(
         k = int(np.lexsort((rng.random(num_clients), load))[0])
         owner[g] = k
         load[k] += sizes[g]
-    return [np.sort(np.concatenate([members[g] for g in np.flatnonzero(owner == k)])) for k in range(num_clients)]
+    return [
+        np.sort(np.concatenate([members[g] for g in np.flatnonzero(owner == k)])) for k in range(num_clients)
+    ]
 
 
 def split_train_test(

@@ -14,13 +14,14 @@ Both are deterministic (fixed seed 0), independent of the run seed.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ..core.errors import ConfigError
-from .datasets import DATASETS, FMNIST_CLASSES, ArrayDataset, DatasetEntry, fmnist_where, load_fmnist_arrays
+from .datasets import FMNIST_CLASSES, fmnist_where, load_fmnist_arrays
 from .fetch import fetch_fmnist, fmnist_present
+from .registry import DATASETS, ArrayDataset, DatasetEntry
 
 
 def _rotated(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -38,7 +39,11 @@ def _noisy(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def _blurred(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     from scipy.ndimage import gaussian_filter
 
-    return np.clip(gaussian_filter(x.astype(np.float32), sigma=(0, 0, 1.2, 1.2)), 0, 255).round().astype(np.uint8)
+    return (
+        np.clip(gaussian_filter(x.astype(np.float32), sigma=(0, 0, 1.2, 1.2)), 0, 255)
+        .round()
+        .astype(np.uint8)
+    )
 
 
 DOMAIN_TRANSFORMS: dict[str, Callable[[np.ndarray, np.random.Generator], np.ndarray]] = {
@@ -53,7 +58,9 @@ STANDIN_DOMAINS = "Office-Caltech-10 / DomainNet / PACS (feature skew)"
 STANDIN_MULTILABEL = "VOC 2007 / MS-COCO (multi-label)"
 
 
-def _to_domains(x: np.ndarray, domains: Sequence[str], rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _to_domains(
+    x: np.ndarray, domains: Sequence[str], rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Each image in one domain: a random, equal-sized (±1) assignment."""
     dom = (rng.permutation(len(x)) % len(domains)).astype(np.int64)
     out = np.empty_like(x)
@@ -63,11 +70,13 @@ def _to_domains(x: np.ndarray, domains: Sequence[str], rng: np.random.Generator)
     return out, dom
 
 
-def _load_fmnist_domains(root: str, domains: Optional[Sequence[str]] = None) -> ArrayDataset:
+def _load_fmnist_domains(root: str, domains: Sequence[str] | None = None) -> ArrayDataset:
     chosen = list(domains) if domains else list(FMNIST_DOMAINS)
     bad = [d for d in chosen if d not in DOMAIN_TRANSFORMS]
     if bad:
-        raise ConfigError(f"unknown fmnist_domains domain {bad[0]!r} in data.domains; valid: {', '.join(FMNIST_DOMAINS)}")
+        raise ConfigError(
+            f"unknown fmnist_domains domain {bad[0]!r} in data.domains; valid: {', '.join(FMNIST_DOMAINS)}"
+        )
     tx, ty, vx, vy = load_fmnist_arrays(root)
     rng = np.random.default_rng(0)
     tx, td = _to_domains(tx, chosen, rng)
@@ -80,12 +89,14 @@ def _load_fmnist_domains(root: str, domains: Optional[Sequence[str]] = None) -> 
     )  # fmt: skip
 
 
-def mosaics(x: np.ndarray, y: np.ndarray, num_classes: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def mosaics(
+    x: np.ndarray, y: np.ndarray, num_classes: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """2x2 mosaics using every image once: each holds 1-4 images (uniform) in random tiles.
     Returns uint8 [M, C, 2H, 2W] and float32 multi-hot [M, num_classes]."""
     n, c, h, w = x.shape
     order = rng.permutation(n)
-    ks = rng.integers(1, 5, size=n)  # more than enough draws
+    ks = rng.integers(1, 5, size=(n,))  # more than enough draws
     ends = np.cumsum(ks)
     m = int(np.searchsorted(ends, n, side="left")) + 1
     ks = ks[:m]

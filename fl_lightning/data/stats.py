@@ -34,6 +34,7 @@ def save_partition_plot(stats: dict[str, Any], path: str | Path) -> Path:
     bar = fig.add_subplot(grid[0, 2], sharey=ax)
     positive = hist[hist > 0]
     lo, hi = (float(positive.min()), float(positive.max())) if positive.size else (1.0, 1.0)
+    norm: Normalize
     if hi / lo >= 50:  # long tails and Dirichlet skew: log colours
         norm = LogNorm(vmin=lo, vmax=hi)
     else:
@@ -116,11 +117,13 @@ def format_table(stats: dict[str, Any], max_columns: int = 12) -> str:
             r += [str(int(v)) for v in row]
         else:
             top = np.argsort(-row, kind="stable")[:3]
-            r.append(", ".join(f"{names[j] if j < len(names) else j}:{int(row[j])}" for j in top if row[j] > 0))
+            r.append(
+                ", ".join(f"{names[j] if j < len(names) else j}:{int(row[j])}" for j in top if row[j] > 0)
+            )
         rows.append(r)
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.rjust(w) if i < len(cells) - (0 if full else 1) else c  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(cells, widths)))  # fmt: skip
+                                   for i, (c, w) in enumerate(zip(cells, widths, strict=True)))  # fmt: skip
     out = [line(head)]
     out += [line(r) for r in rows]
     if full and names:
@@ -129,8 +132,14 @@ def format_table(stats: dict[str, Any], max_columns: int = 12) -> str:
     out.append(
         f"{stats['num_clients']} clients, {int(sizes.sum())} training samples "
         f"(min {int(sizes.min())}, max {int(sizes.max())}); mean label entropy {ent.mean():.3f} nats"
-        + (f"; {stats['unassigned']} samples dropped by the long-tail subsampling" if stats.get("unassigned") else "")
+        + (
+            f"; {stats['unassigned']} samples dropped by the long-tail subsampling"
+            if stats.get("unassigned")
+            else ""
+        )
     )
     if stats.get("standin"):
-        out.append(f"note: {stats['dataset']} is an offline stand-in for {stats['standin']}, not the real data")
+        out.append(
+            f"note: {stats['dataset']} is an offline stand-in for {stats['standin']}, not the real data"
+        )
     return "\n".join(out)

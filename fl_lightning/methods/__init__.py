@@ -1,4 +1,5 @@
 """One file per method; importing this package registers them all in `METHODS`."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -8,7 +9,36 @@ from ..core.registry import Registry
 if TYPE_CHECKING:
     from ..core.strategy import Strategy
 
-METHODS: Registry[type["Strategy"]] = Registry("method")
+METHODS: Registry[type[Strategy]] = Registry("method")
 
-from . import fedavg, fedbn, fedglcl, fedlc, fednova, fedprox, fedproto, moon, scaffold  # noqa: E402,F401
-from . import feddistill, fedtgp, fedtsp, lg_fedavg, local  # noqa: E402,F401  (heterogeneous-model FL)
+from . import (  # noqa: E402,F401  (imported to register; after METHODS exists)
+    ccvr,
+    clip2fl,
+    creff,
+    ditto,
+    fedala,
+    fedamp,
+    fedavg,
+    fedavgm,
+    fedbn,
+    feddistill,
+    feddtr,
+    fedfocal,
+    fedglcl,
+    fedlc,
+    fednova,
+    fedper,
+    fedproto,
+    fedprox,
+    fedrep,
+    fedrod,
+    fedtgp,
+    fedtsp,
+    lg_fedavg,
+    local,
+    moon,
+    perfedavg,
+    pfedme,
+    scaffold,
+    taunorm,
+)

@@ -5,33 +5,39 @@ Differs from FedAvg by keeping every batch-norm layer (affine weights and runnin
 statistics) with its client: those keys are never uploaded or averaged. There is no
 single global model, so FedBN is evaluated on each client's own test split.
 """
+
 from __future__ import annotations
 
-import torch
+from typing import Any
+
 from torch import nn
 
+from ..core.errors import ConfigError
+from ..core.messages import Broadcast
 from ..core.objective import ClientObjective
-from ..core.strategy import Strategy
+from ..core.strategy import FedAvgStrategy
 from . import METHODS
 
 
 def batchnorm_prefixes(model: nn.Module) -> tuple[str, ...]:
-    return tuple(f"{name}." for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
+    return tuple(
+        f"{name}." for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    )
 
 
-class FedBNObjective(ClientObjective):
-    def __init__(self, model: nn.Module, **kwargs) -> None:  # type: ignore[no-untyped-def]
+class FedBNObjective(ClientObjective[Broadcast]):
+    def __init__(self, model: nn.Module, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
         self._bn = batchnorm_prefixes(model)
         if not self._bn:
-            raise ValueError("fedbn needs a model with batch norm (e.g. model=cnn_bn)")
+            raise ConfigError("fedbn needs a model with batch norm (e.g. model=cnn_bn)")
 
     def is_personal(self, key: str) -> bool:
         return key.startswith(self._bn)
 
 
 @METHODS.register("fedbn")
-class FedBN(Strategy):
+class FedBN(FedAvgStrategy):
     name = "fedbn"
     objective_cls = FedBNObjective
     personalised = True

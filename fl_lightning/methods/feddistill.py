@@ -7,17 +7,18 @@ cross-entropy + γ·MSE(logits, L[y]) towards the global per-class logits L [C, 
 someone holds), then uploads its per-class mean logits (eval mode, over its training set)
 and counts; the server averages them per class. Models stay personal.
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
-from ..core.objective import ClientObjective
 from ..core.strategy import MethodConfig, Strategy
 from ..core.types import StateDict
 from ..server_steps.prototypes import aggregate_class_means
@@ -27,24 +28,24 @@ from .fedproto import LocalClassMeans
 
 @dataclass
 class DistillState(ServerState):
-    logits: Optional[torch.Tensor] = None  # [C, C] global per-class mean logits
-    counts: Optional[torch.Tensor] = None  # [C]
+    logits: torch.Tensor | None = None  # [C, C] global per-class mean logits
+    counts: torch.Tensor | None = None  # [C]
 
 
 @dataclass
 class LogitBroadcast(Broadcast):
-    logits: Optional[torch.Tensor] = None
-    counts: Optional[torch.Tensor] = None
+    logits: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
 
 
 @dataclass
 class LogitUpdate(ClientUpdate):
-    logits: Optional[torch.Tensor] = None  # [C, C] per-class mean logits
-    counts: Optional[torch.Tensor] = None  # [C]
+    logits: torch.Tensor | None = None  # [C, C] per-class mean logits
+    counts: torch.Tensor | None = None  # [C]
 
 
-class FedDistillObjective(LocalClassMeans, ClientObjective):
-    def __init__(self, model: torch.nn.Module, num_classes: int, gamma: float = 1.0, **kwargs) -> None:  # type: ignore[no-untyped-def]
+class FedDistillObjective(LocalClassMeans[LogitBroadcast]):
+    def __init__(self, model: torch.nn.Module, num_classes: int, gamma: float = 1.0, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
         self.num_classes, self.gamma = num_classes, gamma
 
@@ -54,17 +55,17 @@ class FedDistillObjective(LocalClassMeans, ClientObjective):
     def class_mean_inputs(self, x: torch.Tensor) -> torch.Tensor:
         return self(x)  # logits
 
-    def begin_round(self, broadcast: Broadcast, payload: ClientPayload | None) -> None:
+    def begin_round(self, broadcast: LogitBroadcast, payload: ClientPayload | None) -> None:
         super().begin_round(broadcast, payload)
-        self._glob = getattr(broadcast, "logits", None)
-        self._glob_n = getattr(broadcast, "counts", None)
+        self._glob = broadcast.logits
+        self._glob_n = broadcast.counts
 
     def on_train_start(self) -> None:
         super().on_train_start()
-        if self._glob is not None:
-            self._g, self._has = self._glob.to(self.device), (self._glob_n > 0).to(self.device)  # type: ignore[operator]
+        if self._glob is not None and self._glob_n is not None:
+            self._g, self._has = self._glob.to(self.device), (self._glob_n > 0).to(self.device)
 
-    def loss_terms(self, batch):  # type: ignore[no-untyped-def]
+    def loss_terms(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         x, y = batch
         z = self.represent(x)
         self.batch_features = z
@@ -90,26 +91,30 @@ class FedDistillConfig(MethodConfig):
 
 
 @METHODS.register("feddistill")
-class FedDistill(Strategy):
+class FedDistill(Strategy[FedDistillConfig, DistillState, LogitBroadcast]):
     name = "feddistill"
     config_cls = FedDistillConfig
     objective_cls = FedDistillObjective
+    state_cls = DistillState
+    broadcast_cls = LogitBroadcast
     personalised = True
 
-    def objective_kwargs(self) -> dict:
-        return {"gamma": self.config.gamma, "num_classes": self.task.num_classes}  # type: ignore[attr-defined]
+    def objective_kwargs(self) -> dict[str, Any]:
+        return {"gamma": self.config.gamma, "num_classes": self.task.num_classes}
 
-    def init_state(self, global_params: StateDict | None) -> ServerState:
+    def init_state(self, global_params: StateDict | None) -> DistillState:
         return DistillState(round=0, global_params=None)
 
-    def broadcast(self, state: ServerState, rnd: int) -> Broadcast:
-        assert isinstance(state, DistillState)
+    def broadcast(self, state: DistillState, rnd: int) -> LogitBroadcast:
         return LogitBroadcast(round=rnd, logits=state.logits, counts=state.counts)
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
+    def aggregate(self, state: DistillState, updates: Sequence[ClientUpdate]) -> DistillState:
         new = super().aggregate(state, updates)
-        ups = [u for u in updates if isinstance(u, LogitUpdate) and u.logits is not None]
-        if not ups:
+        ups = [(u.logits, u.counts) for u in updates if isinstance(u, LogitUpdate)]
+        pairs = [(lg, n) for lg, n in ups if lg is not None and n is not None]
+        if not pairs:
             return new
-        logits, counts = aggregate_class_means([u.logits for u in ups], [u.counts for u in ups], self.config.weighting)  # type: ignore[attr-defined,misc]
+        logits, counts = aggregate_class_means(
+            [lg for lg, _ in pairs], [n for _, n in pairs], self.config.weighting
+        )
         return dataclasses.replace(new, logits=logits, counts=counts)

@@ -10,19 +10,31 @@ does). Prediction is the nearest class text. Aggregation is FedAvg.
 Options from the paper: prompt ensembles (`templates=imagenet80`), random or random-
 orthogonal class vectors instead of text (Table 10), and FedGLCL+FedProx / +MOON
 (`prox_mu`, `moon_mu`: the language loss replaces cross-entropy inside those methods).
+
+The projector (`projector`): `linear` (Linear to the text dimension), `bn` (Linear → BN1d)
+or `bn_relu` (Linear → BN1d → ReLU, the authors' AlexNet head). The default `auto` is
+`bn_relu` when the backbone has batch norm and `linear` when it has none. In the paper
+every method shares one AlexNet-BN, so FedGLCL's BN projector is like for like; on a
+BN-free backbone (`model=cnn`) a BN projector would be the only batch norm in the
+comparison, and under extreme label skew its averaged running statistics (each client's
+from its own few classes and drifted weights) do not describe the averaged model: they
+cost FedGLCL accuracy that has nothing to do with the language loss. `auto` keeps the
+comparison to FedAvg & co. on the same backbone fair either way. `final_relu` (before
+`projector` existed) still works: true = `bn_relu`, false = `bn`.
 """
+
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..core.errors import ConfigError
-from ..core.messages import Broadcast, ServerState
-from ..core.objective import ClientObjective
+from ..core.messages import Broadcast, ClientPayload, ServerState
 from ..core.strategy import MethodConfig, Strategy
 from . import METHODS
 from .fedprox import ProximalTerm
@@ -36,38 +48,81 @@ class GLCLBroadcast(Broadcast):
     class_features: torch.Tensor | None = None  # [C, d] L2-normalised, sent once per round
 
 
-def projector(in_dim: int, out_dim: int, final_relu: bool = True) -> nn.Sequential:
-    """The papers' last projector layer: Linear → BN1d (→ ReLU)."""
-    layers: list[nn.Module] = [nn.Linear(in_dim, out_dim), nn.BatchNorm1d(out_dim)]
-    return nn.Sequential(*layers, nn.ReLU(inplace=True)) if final_relu else nn.Sequential(*layers)
+PROJECTORS = ("auto", "linear", "bn", "bn_relu")
 
 
-class GLCLObjective(ModelContrastive, ProximalTerm, ClientObjective):
-    def __init__(  # type: ignore[no-untyped-def]
+def has_batch_norm(model: nn.Module, skip: str = "head") -> bool:
+    """Whether `model` has batch norm outside its submodule `skip` (the classifier FedGLCL replaces)."""
+    return any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm)
+        for name, m in model.named_modules()
+        if name != skip and not name.startswith(f"{skip}.")
+    )
+
+
+def projector_kind(projector: str = "auto", final_relu: bool | None = None, backbone_bn: bool = False) -> str:
+    """The projector actually built: `projector`, with `auto` resolved by the backbone
+    (`bn_relu` with batch norm, `linear` without) and the legacy `final_relu` honoured."""
+    if projector not in PROJECTORS:
+        raise ConfigError(f"method.projector={projector!r} is not one of: {', '.join(PROJECTORS)}")
+    if final_relu is not None:
+        legacy = "bn_relu" if final_relu else "bn"
+        if projector not in ("auto", legacy):
+            raise ConfigError(
+                f"method.final_relu={str(final_relu).lower()} means method.projector={legacy}, "
+                f"not {projector}; set only method.projector"
+            )
+        return legacy
+    if projector == "auto":
+        return "bn_relu" if backbone_bn else "linear"
+    return projector
+
+
+def build_projector(in_dim: int, out_dim: int, kind: str = "bn_relu") -> nn.Sequential:
+    """FedGLCL's projector to the text dimension: `linear` = Linear, `bn` = Linear → BN1d,
+    `bn_relu` = Linear → BN1d → ReLU (the authors' AlexNet head). Always a Sequential, so
+    the parameter names (`head.0.weight`, ...) are the same for every kind."""
+    layers: list[nn.Module] = [nn.Linear(in_dim, out_dim)]
+    if kind in ("bn", "bn_relu"):
+        layers.append(nn.BatchNorm1d(out_dim))
+    if kind == "bn_relu":
+        layers.append(nn.ReLU(inplace=True))
+    if kind not in ("linear", "bn", "bn_relu"):
+        raise ConfigError(f"projector kind {kind!r} is not one of: linear, bn, bn_relu")
+    return nn.Sequential(*layers)
+
+
+class GLCLObjective(ModelContrastive[GLCLBroadcast], ProximalTerm[GLCLBroadcast]):
+    class_features: torch.Tensor  # [C, d] a non-persistent buffer, set every round
+
+    def __init__(
         self,
         model: nn.Module,
         text_dim: int,
         tau: float = 0.07,
-        final_relu: bool = True,
+        projector: str = "auto",
+        final_relu: bool | None = None,
         prox_mu: float = 0.0,
         moon_mu: float = 0.0,
         moon_temperature: float = 0.5,
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
-        model.head = projector(model.feature_dim, text_dim, final_relu)  # no classifier
+        kind = projector_kind(projector, final_relu, has_batch_norm(model))
+        model.head = build_projector(int(cast(int, model.feature_dim)), text_dim, kind)  # no classifier
         super().__init__(model, **kwargs)
+        self.projector_kind = kind  # the projector built (`auto` resolved against this backbone)
         self.tau, self.prox_mu, self.moon_mu, self.moon_temperature = tau, prox_mu, moon_mu, moon_temperature
         self.register_buffer("class_features", torch.zeros(0, text_dim), persistent=False)
 
-    def begin_round(self, broadcast: Broadcast, payload) -> None:  # type: ignore[no-untyped-def]
+    def begin_round(self, broadcast: GLCLBroadcast, payload: ClientPayload | None) -> None:
         super().begin_round(broadcast, payload)
-        feats = getattr(broadcast, "class_features", None)
-        if feats is None:
+        if broadcast.class_features is None:
             raise ValueError("fedglcl needs class features in the broadcast")
-        self.class_features = feats.to(self.class_features.device)
+        self.class_features = broadcast.class_features.to(self.class_features.device)
 
     def represent(self, x: torch.Tensor, model: nn.Module | None = None) -> torch.Tensor:
-        return F.normalize((model if model is not None else self.model)(x), dim=-1)
+        out: torch.Tensor = (model if model is not None else self.model)(x)
+        return F.normalize(out, dim=-1)
 
     def classify(self, z: torch.Tensor) -> torch.Tensor:
         return z @ F.normalize(self.class_features, dim=-1).T / self.tau
@@ -79,7 +134,9 @@ class FedGLCLConfig(MethodConfig):
     tau: float = 0.07
     templates: list[str] = field(default_factory=lambda: ["a photo of a {}"])  # or ["imagenet80"]
     class_embedding: str = "text"  # text | random | orthogonal (Table 10)
-    final_relu: bool = True
+    #: auto (bn_relu if the backbone has batch norm, else linear) | linear | bn | bn_relu
+    projector: str = "auto"
+    final_relu: bool | None = None  # legacy: true = projector bn_relu, false = bn
     prox_mu: float = 0.0  # > 0: FedGLCL + FedProx
     moon_mu: float = 0.0  # > 0: FedGLCL + MOON
     moon_temperature: float = 0.5
@@ -102,32 +159,43 @@ def class_vectors(kind: str, text: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 @METHODS.register("fedglcl")
-class FedGLCL(Strategy):
+class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
     name = "fedglcl"
     config_cls = FedGLCLConfig
     objective_cls = GLCLObjective
+    state_cls = ServerState
+    broadcast_cls = GLCLBroadcast
 
-    def __init__(self, config: FedGLCLConfig, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, config: FedGLCLConfig, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
+        projector_kind(config.projector, config.final_relu)  # a bad value: ConfigError, before the text model
         from ..text import class_text_features
 
         text_cfg = dict(self.task.text)
         if text_cfg.get("name", "none") == "none":
             text_cfg = {"name": "minilm"}  # the default encoder (offline)
-        templates = config.templates[0] if len(config.templates) == 1 and "{}" not in config.templates[0] else list(config.templates)
+        templates = (
+            config.templates[0]
+            if len(config.templates) == 1 and "{}" not in config.templates[0]
+            else list(config.templates)
+        )
         text = class_text_features(text_cfg, list(self.task.class_names), templates=templates)
+        assert isinstance(text, torch.Tensor)  # without return_info: the features alone
         # Derived from the config alone (cached on disk), so a resumed run gets the same.
         self.class_features = class_vectors(config.class_embedding, text, self.seed)
         self.text_encoder = text_cfg["name"]
 
-    def objective_kwargs(self) -> dict:
+    def objective_kwargs(self) -> dict[str, Any]:
         kw = super().objective_kwargs()
         for k in ("templates", "class_embedding"):
             kw.pop(k)
         return kw | {"text_dim": int(self.class_features.shape[1])}
 
-    def broadcast(self, state: ServerState, rnd: int) -> Broadcast:
+    def broadcast(self, state: ServerState, rnd: int) -> GLCLBroadcast:
         return GLCLBroadcast(round=rnd, global_params=state.global_params, class_features=self.class_features)
 
-    def summary(self) -> dict:
-        return super().summary() | {"text_encoder": self.text_encoder, "text_dim": int(self.class_features.shape[1])}
+    def summary(self) -> dict[str, Any]:
+        return super().summary() | {
+            "text_encoder": self.text_encoder,
+            "text_dim": int(self.class_features.shape[1]),
+        }

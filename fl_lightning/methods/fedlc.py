@@ -5,13 +5,16 @@ Differs from FedAvg by the client loss: cross-entropy on calibrated logits
 z_c − τ·n_c^{−1/4}, with n_c the client's count of class c (absent classes drop out of
 the softmax, as n^{−1/4} = ∞ does in the authors' code).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from ..core.messages import Broadcast, ServerState
 from ..core.objective import ClientObjective
 from ..core.strategy import MethodConfig, Strategy
 from . import METHODS
@@ -22,8 +25,8 @@ def calibrated_logits(logits: torch.Tensor, counts: torch.Tensor, tau: float) ->
     return (logits - shift).masked_fill(counts.to(logits.device) == 0, float("-inf"))
 
 
-class FedLCObjective(ClientObjective):
-    def __init__(self, model: torch.nn.Module, tau: float = 1.0, **kwargs) -> None:  # type: ignore[no-untyped-def]
+class FedLCObjective(ClientObjective[Broadcast]):
+    def __init__(self, model: torch.nn.Module, tau: float = 1.0, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
         self.tau = tau
 
@@ -40,7 +43,9 @@ class FedLCConfig(MethodConfig):
 
 
 @METHODS.register("fedlc")
-class FedLC(Strategy):
+class FedLC(Strategy[FedLCConfig, ServerState, Broadcast]):
     name = "fedlc"
     config_cls = FedLCConfig
     objective_cls = FedLCObjective
+    state_cls = ServerState
+    broadcast_cls = Broadcast

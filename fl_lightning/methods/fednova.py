@@ -8,17 +8,18 @@ then the average direction is scaled by τ_eff = Σ p_i a_i:
     x ← x − τ_eff · Σ_i p_i (x − y_i)/a_i,   p_i = n_i / Σ n.
 Batch-norm statistics (not optimised by SGD) are averaged as in FedAvg.
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
-from ..core.messages import ClientPayload, ClientUpdate, ServerState, extend
+from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
-from ..core.strategy import Strategy
+from ..core.strategy import FedAvgStrategy
 from . import METHODS
 
 _STAT_KEYS = ("running_mean", "running_var", "num_batches_tracked")
@@ -37,8 +38,8 @@ class FedNovaUpdate(ClientUpdate):
     a: float = 1.0  # effective local steps (uploaded: one float)
 
 
-class FedNovaObjective(ClientObjective):
-    def begin_round(self, broadcast, payload) -> None:  # type: ignore[no-untyped-def]
+class FedNovaObjective(ClientObjective[Broadcast]):
+    def begin_round(self, broadcast: Broadcast, payload: ClientPayload | None) -> None:
         super().begin_round(broadcast, payload)
         self._steps = 0
 
@@ -47,27 +48,32 @@ class FedNovaObjective(ClientObjective):
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
         rho = self.momentum if self.optimizer_name == "sgd" else 0.0
-        return extend(super().end_round(payload, num_examples), FedNovaUpdate, a=effective_steps(self._steps, rho))
+        return extend(
+            super().end_round(payload, num_examples), FedNovaUpdate, a=effective_steps(self._steps, rho)
+        )
 
 
 @METHODS.register("fednova")
-class FedNova(Strategy):
+class FedNova(FedAvgStrategy):
     name = "fednova"
     objective_cls = FedNovaObjective
 
     def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
-        new = super().aggregate(state, updates)  # buffers and client states as in FedAvg
+        new = super().aggregate(state, updates)  # buffers as in FedAvg
         x = state.global_params
         ups = [u for u in updates if isinstance(u, FedNovaUpdate) and u.params]
         if x is None or not ups:
             return new
         total = float(sum(u.num_examples for u in ups))
         p = [u.num_examples / total for u in ups]
-        tau_eff = sum(pi * u.a for pi, u in zip(p, ups))
+        tau_eff = sum(pi * u.a for pi, u in zip(p, ups, strict=False))
         params = dict(new.global_params or {})
         for k, xk in x.items():
             if not xk.is_floating_point() or k.endswith(_STAT_KEYS):
                 continue
-            direction = sum(pi * (xk.double() - u.params[k].double()) / u.a for pi, u in zip(p, ups))  # type: ignore[index]
+            direction = torch.zeros((), dtype=torch.float64)
+            for pi, u in zip(p, ups, strict=False):
+                assert u.params is not None
+                direction = direction + pi * (xk.double() - u.params[k].double()) / u.a
             params[k] = (xk.double() - tau_eff * direction).to(xk.dtype)
         return dataclasses.replace(new, global_params=params)

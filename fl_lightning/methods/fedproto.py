@@ -8,20 +8,21 @@ counts. Models stay personal (evaluated on each client's test split) unless
 `share_weights=true`, which adds FedAvg of the weights (the global-model protocol that
 FedGLCL's tables compare against).
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
-from ..core.objective import ClientObjective
+from ..core.objective import BroadcastT, ClientObjective
 from ..core.strategy import MethodConfig, Strategy
-from ..core.types import StateDict
 from . import METHODS
 
 
@@ -43,15 +44,19 @@ class PrototypeUpdate(ClientUpdate):
     proto_counts: torch.Tensor | None = None  # [C]
 
 
-def average_prototypes(protos: Sequence[torch.Tensor], counts: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def average_prototypes(
+    protos: Sequence[torch.Tensor], counts: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Count-weighted mean per class over clients; classes nobody saw stay zero."""
     total = torch.stack(list(counts)).sum(0)
-    summed = sum(p.double() * c.double()[:, None] for p, c in zip(protos, counts))
+    summed = torch.zeros(protos[0].shape, dtype=torch.float64)
+    for p, c in zip(protos, counts, strict=False):
+        summed = summed + p.double() * c.double()[:, None]
     mean = summed / total.clamp(min=1).double()[:, None]
     return mean.float(), total
 
 
-class LocalClassMeans:
+class LocalClassMeans(ClientObjective[BroadcastT]):
     """Mixin: after local training, the per-class means of `class_mean_inputs(x)` (default:
     the representation) over the client's training set, in eval mode without gradients, as
     the FedTGP/FedTSP code's `collect_protos` does. `class_means()` -> ([C, D], counts [C])."""
@@ -59,33 +64,41 @@ class LocalClassMeans:
     num_classes: int
 
     def class_mean_inputs(self, x: torch.Tensor) -> torch.Tensor:
-        return self.represent(x)  # type: ignore[attr-defined]
+        return self.represent(x)
 
     def on_train_end(self) -> None:
-        super().on_train_end()  # type: ignore[misc]
-        was_training = self.training  # type: ignore[attr-defined]
-        self.eval()  # type: ignore[attr-defined]
-        sums, n = None, torch.zeros(self.num_classes, dtype=torch.long)
+        super().on_train_end()
+        was_training = self.training
+        self.eval()
+        sums: torch.Tensor | None = None
+        n = torch.zeros(self.num_classes, dtype=torch.long)
         with torch.no_grad():
-            train = self.trainer.train_dataloader  # type: ignore[attr-defined]
+            train = self.trainer.train_dataloader
+            assert isinstance(train, DataLoader)
             # every training example once, in order (the fit's loader shuffles, may drop one)
             for x, y in DataLoader(train.dataset, batch_size=train.batch_size or 256):
-                z = self.class_mean_inputs(x.to(self.device)).float().cpu()  # type: ignore[attr-defined]
+                z = self.class_mean_inputs(x.to(self.device)).float().cpu()
                 if sums is None:
                     sums = torch.zeros(self.num_classes, z.shape[1], dtype=torch.float64)
                 sums.index_add_(0, y, z.double())
                 n += torch.bincount(y, minlength=self.num_classes)
-        self.train(was_training)  # type: ignore[attr-defined]
-        self._class_means = (sums / n.clamp(min=1)[:, None]).float()  # type: ignore[operator]
+        self.train(was_training)
+        assert sums is not None
+        self._class_means = (sums / n.clamp(min=1)[:, None]).float()
         self._class_counts = n
 
     def class_means(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self._class_means, self._class_counts
 
 
-class FedProtoObjective(ClientObjective):
-    def __init__(  # type: ignore[no-untyped-def]
-        self, model: torch.nn.Module, num_classes: int, lam: float = 1.0, share_weights: bool = False, **kwargs
+class FedProtoObjective(ClientObjective[BroadcastT]):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        num_classes: int,
+        lam: float = 1.0,
+        share_weights: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(model, **kwargs)
         self.num_classes, self.lam, self.share_weights = num_classes, lam, share_weights
@@ -93,22 +106,23 @@ class FedProtoObjective(ClientObjective):
     def is_personal(self, key: str) -> bool:
         return not self.share_weights
 
-    def begin_round(self, broadcast: Broadcast, payload: ClientPayload | None) -> None:
+    def begin_round(self, broadcast: BroadcastT, payload: ClientPayload | None) -> None:
         super().begin_round(broadcast, payload)
-        self._protos = getattr(broadcast, "prototypes", None)
-        self._proto_counts = getattr(broadcast, "proto_counts", None)
+        # FedProto's own broadcast carries prototypes; FedTGP's subclass sends the same type
+        self._protos = broadcast.prototypes if isinstance(broadcast, PrototypeBroadcast) else None
+        self._proto_counts = broadcast.proto_counts if isinstance(broadcast, PrototypeBroadcast) else None
         self._sums: torch.Tensor | None = None
         self._n: torch.Tensor | None = None
 
     def on_train_start(self) -> None:
-        if self._protos is not None:
+        if self._protos is not None and self._proto_counts is not None:
             self._p = self._protos.to(self.device)
-            self._has = (self._proto_counts > 0).to(self.device)  # type: ignore[operator]
+            self._has = (self._proto_counts > 0).to(self.device)
 
     def on_train_epoch_start(self) -> None:  # prototypes come from the last local epoch
         self._sums, self._n = None, None
 
-    def loss_terms(self, batch):  # type: ignore[no-untyped-def]
+    def loss_terms(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         terms = super().loss_terms(batch)
         x, y = batch
         z = self.batch_features
@@ -117,17 +131,18 @@ class FedProtoObjective(ClientObjective):
             if keep.any():
                 terms["proto"] = self.lam * F.mse_loss(z[keep], self._p[y[keep]])
         zd = z.detach()
-        if self._sums is None:
+        if self._sums is None or self._n is None:
             self._sums = torch.zeros(self.num_classes, zd.shape[1], device=zd.device)
             self._n = torch.zeros(self.num_classes, device=zd.device)
         self._sums.index_add_(0, y, zd)
-        self._n.index_add_(0, y, torch.ones_like(y, dtype=zd.dtype))  # type: ignore[union-attr]
+        self._n.index_add_(0, y, torch.ones_like(y, dtype=zd.dtype))
         return terms
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
         update = super().end_round(payload, num_examples)
-        n = self._n.cpu()  # type: ignore[union-attr]
-        protos = self._sums.cpu() / n.clamp(min=1)[:, None]  # type: ignore[union-attr]
+        assert self._n is not None and self._sums is not None
+        n = self._n.cpu()
+        protos = self._sums.cpu() / n.clamp(min=1)[:, None]
         return extend(update, PrototypeUpdate, prototypes=protos, proto_counts=n.long())
 
 
@@ -139,34 +154,33 @@ class FedProtoConfig(MethodConfig):
 
 
 @METHODS.register("fedproto")
-class FedProto(Strategy):
+class FedProto(Strategy[FedProtoConfig, PrototypeState, PrototypeBroadcast]):
     name = "fedproto"
     config_cls = FedProtoConfig
     objective_cls = FedProtoObjective
+    state_cls = PrototypeState
+    broadcast_cls = PrototypeBroadcast
 
-    @property
-    def personalised(self) -> bool:  # type: ignore[override]
-        return not self.config.share_weights  # type: ignore[attr-defined]
+    def __init__(self, config: FedProtoConfig, *args: Any, **kwargs: Any) -> None:
+        self.personalised = not config.share_weights  # one global model only when weights are shared
+        super().__init__(config, *args, **kwargs)
 
-    def objective_kwargs(self) -> dict:
+    def objective_kwargs(self) -> dict[str, Any]:
         return super().objective_kwargs() | {"num_classes": self.task.num_classes}
 
-    def init_state(self, global_params: StateDict) -> ServerState:
-        return PrototypeState(round=0, global_params=global_params)
-
-    def broadcast(self, state: ServerState, rnd: int) -> Broadcast:
-        assert isinstance(state, PrototypeState)
+    def broadcast(self, state: PrototypeState, rnd: int) -> PrototypeBroadcast:
         return PrototypeBroadcast(
             round=rnd,
-            global_params=state.global_params if self.config.share_weights else None,  # type: ignore[attr-defined]
+            global_params=state.global_params if self.config.share_weights else None,
             prototypes=state.prototypes,
             proto_counts=state.proto_counts,
         )
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
+    def aggregate(self, state: PrototypeState, updates: Sequence[ClientUpdate]) -> PrototypeState:
         new = super().aggregate(state, updates)
-        ups = [u for u in updates if isinstance(u, PrototypeUpdate) and u.prototypes is not None]
-        if not ups:
+        ups = [(u.prototypes, u.proto_counts) for u in updates if isinstance(u, PrototypeUpdate)]
+        pairs = [(p, c) for p, c in ups if p is not None and c is not None]
+        if not pairs:
             return new
-        protos, counts = average_prototypes([u.prototypes for u in ups], [u.proto_counts for u in ups])  # type: ignore[misc]
+        protos, counts = average_prototypes([p for p, _ in pairs], [c for _, c in pairs])
         return dataclasses.replace(new, prototypes=protos, proto_counts=counts)

@@ -4,18 +4,21 @@ https://arxiv.org/abs/1812.06127.
 Differs from FedAvg by one client loss term, (mu/2)·||w − w_global||², which keeps local
 models near the round's global model. mu = 0 is FedAvg exactly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from ..core.objective import ClientObjective
+from ..core.messages import Broadcast, ServerState
+from ..core.objective import BroadcastT, ClientObjective
 from ..core.strategy import MethodConfig, Strategy
 from . import METHODS
 
 
-class ProximalTerm:
+class ProximalTerm(ClientObjective[BroadcastT]):
     """Mixin for any objective: adds `prox` = (mu/2)·||w − w_global||² to `loss_terms`."""
 
     prox_mu: float = 0.0
@@ -23,19 +26,21 @@ class ProximalTerm:
 
     def on_train_start(self) -> None:
         # After the Trainer moved the model to its device; the round's global weights.
-        self._anchor = [p.detach().clone() for p in self.model.parameters()]  # type: ignore[attr-defined]
-        super().on_train_start()  # type: ignore[misc]
+        self._anchor = [p.detach().clone() for p in self.model.parameters()]
+        super().on_train_start()
 
-    def loss_terms(self, batch):  # type: ignore[no-untyped-def]
-        terms = super().loss_terms(batch)  # type: ignore[misc]
+    def loss_terms(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        terms = super().loss_terms(batch)
         if self.prox_mu > 0:
-            sq = sum(((p - a) ** 2).sum() for p, a in zip(self.model.parameters(), self._anchor))  # type: ignore[attr-defined]
+            sq = torch.zeros((), device=self._anchor[0].device)
+            for p, a in zip(self.model.parameters(), self._anchor, strict=False):
+                sq = sq + ((p - a) ** 2).sum()  # in order, as a plain loop would
             terms["prox"] = 0.5 * self.prox_mu * sq
         return terms
 
 
-class FedProxObjective(ProximalTerm, ClientObjective):
-    def __init__(self, model: torch.nn.Module, mu: float = 0.001, **kwargs) -> None:  # type: ignore[no-untyped-def]
+class FedProxObjective(ProximalTerm[Broadcast]):
+    def __init__(self, model: torch.nn.Module, mu: float = 0.001, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
         self.prox_mu = mu
 
@@ -47,10 +52,12 @@ class FedProxConfig(MethodConfig):
 
 
 @METHODS.register("fedprox")
-class FedProx(Strategy):
+class FedProx(Strategy[FedProxConfig, ServerState, Broadcast]):
     name = "fedprox"
     config_cls = FedProxConfig
     objective_cls = FedProxObjective
+    state_cls = ServerState
+    broadcast_cls = Broadcast
 
     def warnings(self) -> list[str]:
-        return ["fedprox with method.mu=0 is FedAvg"] if self.config.mu == 0 else []  # type: ignore[attr-defined]
+        return ["fedprox with method.mu=0 is FedAvg"] if self.config.mu == 0 else []

@@ -11,19 +11,26 @@ prototypes, the true class's distance enlarged by the margin min(max_c gap_c, th
 where gap_c is class c's smallest distance to another class's average prototype. The
 generated prototypes are broadcast. Models stay personal.
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
-from ..core.strategy import MethodConfig, Strategy
-from ..core.types import StateDict
-from ..server_steps.prototypes import aggregate_class_means, class_gaps, init_prototype_generator, train_global_prototypes
+from ..core.messages import ClientPayload, ClientUpdate, ServerState, extend
+from ..core.strategy import MethodConfig, ServerContext, Strategy
+from ..core.types import Metrics, StateDict
+from ..server_steps.prototypes import (
+    aggregate_class_means,
+    class_gaps,
+    init_prototype_generator,
+    train_global_prototypes,
+)
 from . import METHODS
 from .fedproto import FedProtoObjective, LocalClassMeans, PrototypeBroadcast, PrototypeUpdate
 
@@ -31,13 +38,11 @@ from .fedproto import FedProtoObjective, LocalClassMeans, PrototypeBroadcast, Pr
 @dataclass
 class FedTGPState(ServerState):
     generator: StateDict = dataclasses.field(default_factory=dict)  # TrainablePrototypes weights
-    prototypes: Optional[torch.Tensor] = None  # [C, D] generated global prototypes
-    proto_counts: Optional[torch.Tensor] = None  # [C] client examples per class, at least 1 (all are targets)
-    margin: float = 0.0  # the last round's adaptive margin
-    server_loss: float = 0.0
+    prototypes: torch.Tensor | None = None  # [C, D] generated global prototypes
+    proto_counts: torch.Tensor | None = None  # [C] client examples per class, at least 1 (all are targets)
 
 
-class FedTGPObjective(LocalClassMeans, FedProtoObjective):
+class FedTGPObjective(LocalClassMeans[PrototypeBroadcast], FedProtoObjective[PrototypeBroadcast]):
     """FedProto's client loss; prototypes from an eval-mode pass after training."""
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
@@ -57,40 +62,43 @@ class FedTGPConfig(MethodConfig):
 
 
 @METHODS.register("fedtgp")
-class FedTGP(Strategy):
+class FedTGP(Strategy[FedTGPConfig, FedTGPState, PrototypeBroadcast]):
     name = "fedtgp"
     config_cls = FedTGPConfig
     objective_cls = FedTGPObjective
+    state_cls = FedTGPState
+    broadcast_cls = PrototypeBroadcast
     personalised = True
 
-    def objective_kwargs(self) -> dict:
-        return {"lam": self.config.lam, "num_classes": self.task.num_classes}  # type: ignore[attr-defined]
+    def objective_kwargs(self) -> dict[str, Any]:
+        return {"lam": self.config.lam, "num_classes": self.task.num_classes}
 
-    def init_state(self, global_params: StateDict | None) -> ServerState:
+    def init_state(self, global_params: StateDict | None) -> FedTGPState:
         return FedTGPState(round=0, global_params=None)
 
-    def broadcast(self, state: ServerState, rnd: int) -> Broadcast:
-        assert isinstance(state, FedTGPState)
+    def broadcast(self, state: FedTGPState, rnd: int) -> PrototypeBroadcast:
         return PrototypeBroadcast(round=rnd, prototypes=state.prototypes, proto_counts=state.proto_counts)
 
-    def server_update(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
-        assert isinstance(state, FedTGPState)
+    def server_update(
+        self, state: FedTGPState, updates: Sequence[ClientUpdate], ctx: ServerContext
+    ) -> tuple[FedTGPState, Metrics]:
         c = self.config
-        ups = [u for u in updates if isinstance(u, PrototypeUpdate) and u.prototypes is not None]
-        if not ups:
-            return state
+        ups = [(u.prototypes, u.proto_counts) for u in updates if isinstance(u, PrototypeUpdate)]
+        pairs = [(p, n) for p, n in ups if p is not None and n is not None]
+        if not pairs:
+            return state, {}
         # one training example per (client, class it holds), in client-id order
-        protos = torch.cat([u.prototypes[u.proto_counts > 0] for u in ups])  # type: ignore[index,operator]
-        labels = torch.cat([(u.proto_counts > 0).nonzero().squeeze(1) for u in ups])  # type: ignore[operator]
-        avg, counts = aggregate_class_means([u.prototypes for u in ups], [u.proto_counts for u in ups], "uniform")  # type: ignore[misc]
-        margin = min(float(class_gaps(avg, counts > 0).max()), c.margin_threshold)  # type: ignore[attr-defined]
+        protos = torch.cat([p[n > 0] for p, n in pairs])
+        labels = torch.cat([(n > 0).nonzero().squeeze(1) for _, n in pairs])
+        avg, counts = aggregate_class_means([p for p, _ in pairs], [n for _, n in pairs], "uniform")
+        margin = min(float(class_gaps(avg, counts > 0).max()), c.margin_threshold)
         gen = state.generator or init_prototype_generator(self.task.num_classes, protos.shape[1], self.seed)
-        seed = int(np.random.SeedSequence([self.seed, state.round + 1, 0x7A9]).generate_state(1)[0])
+        seed = int(np.random.SeedSequence([self.seed, ctx.round, 0x7A9]).generate_state(1)[0])
         gen, global_protos, loss = train_global_prototypes(
-            gen, protos, labels, margin, c.server_epochs, c.server_batch_size, c.server_lr, seed  # type: ignore[attr-defined]
+            gen, protos, labels, margin, c.server_epochs, c.server_batch_size, c.server_lr, seed
         )
         # every class has a generated prototype from now on (the authors' clients use all)
-        return dataclasses.replace(
-            state, generator=gen, prototypes=global_protos, proto_counts=counts.clamp(min=1),
-            margin=margin, server_loss=loss,
-        )  # fmt: skip
+        new = dataclasses.replace(
+            state, generator=gen, prototypes=global_protos, proto_counts=counts.clamp(min=1)
+        )
+        return new, {"margin": margin, "prototype_loss": loss}

@@ -19,13 +19,15 @@ Table 4 ablation switches: `descriptions=false` (handcrafted "a photo of a {clas
 start from the embeddings of "a photo of a" (so an untuned prompt is the handcrafted one)
 instead of N(0, 0.02²) over the start token; `ctx_init=null method.n_ctx=m` gives that.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,9 +35,9 @@ import torch.nn.functional as F
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
-from ..core.strategy import MethodConfig, Strategy
-from ..core.types import StateDict
-from ..server_steps.prompt_tuning import LN_100, PromptTuner
+from ..core.strategy import MethodConfig, ServerContext, Strategy
+from ..core.types import Metrics, StateDict
+from ..server_steps.prompt_tuning import LN_100, LN_1000, PromptTuner
 from ..server_steps.prototypes import aggregate_class_means
 from . import METHODS
 from .fedproto import LocalClassMeans, PrototypeUpdate
@@ -45,25 +47,31 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class FedTSPState(ServerState):
-    prompt_ctx: Optional[torch.Tensor] = None  # [C, m, h] the soft prompts (driver only)
-    logit_scale: Optional[torch.Tensor] = None  # scalar s; clients use exp(s) = 1/τ
-    prompt_opt_state: dict = field(default_factory=dict)  # optimiser state across rounds (momentum)
-    text_prototypes: Optional[torch.Tensor] = None  # [C, d] what clients align to
-    image_prototypes: Optional[torch.Tensor] = None  # [C, d] last aggregate of the uploads
-    proto_counts: Optional[torch.Tensor] = None  # [C]
-    prompt_loss: list = field(default_factory=list)  # last server step: loss before each step, after the last
+    prompt_ctx: torch.Tensor | None = None  # [C, m, h] the soft prompts (driver only)
+    logit_scale: torch.Tensor | None = None  # scalar s; clients use exp(s) = 1/τ
+    prompt_opt_state: dict[int, dict[str, Any]] = field(
+        default_factory=dict
+    )  # optimiser state across rounds (momentum)
+    text_prototypes: torch.Tensor | None = None  # [C, d] what clients align to
+    image_prototypes: torch.Tensor | None = None  # [C, d] last aggregate of the uploads
+    proto_counts: torch.Tensor | None = None  # [C]
 
 
 @dataclass
 class TSPBroadcast(Broadcast):
-    text_prototypes: Optional[torch.Tensor] = None  # [C, d]
-    logit_scale: Optional[torch.Tensor] = None  # scalar
+    text_prototypes: torch.Tensor | None = None  # [C, d]
+    logit_scale: torch.Tensor | None = None  # scalar
     finetune: bool = False  # -FT rounds: train only the classifier on the global extractor
 
 
-class FedTSPObjective(LocalClassMeans, ClientObjective):
-    def __init__(  # type: ignore[no-untyped-def]
-        self, model: torch.nn.Module, num_classes: int, lam: float = 7.0, share_weights: bool = False, **kwargs
+class FedTSPObjective(LocalClassMeans[TSPBroadcast]):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        num_classes: int,
+        lam: float = 7.0,
+        share_weights: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(model, **kwargs)
         self.num_classes, self.lam, self.share_weights = num_classes, lam, share_weights
@@ -72,13 +80,13 @@ class FedTSPObjective(LocalClassMeans, ClientObjective):
     def is_personal(self, key: str) -> bool:
         return key.startswith("head.") if self._finetune else not self.share_weights
 
-    def begin_round(self, broadcast: Broadcast, payload: ClientPayload | None) -> None:
-        self._finetune = bool(getattr(broadcast, "finetune", False))
+    def begin_round(self, broadcast: TSPBroadcast, payload: ClientPayload | None) -> None:
+        self._finetune = broadcast.finetune
         super().begin_round(broadcast, payload)  # global weights, then the personal head (-FT)
         for name, p in self.model.named_parameters():  # -FT: only the classifier trains
             p.requires_grad_(not self._finetune or name.startswith("head."))
-        self._text = getattr(broadcast, "text_prototypes", None)
-        scale = getattr(broadcast, "logit_scale", None)
+        self._text = broadcast.text_prototypes
+        scale = broadcast.logit_scale
         self._scale = float(scale) if scale is not None else LN_100
 
     def on_train_start(self) -> None:
@@ -93,7 +101,7 @@ class FedTSPObjective(LocalClassMeans, ClientObjective):
                 if name != "head":
                     m.eval()
 
-    def loss_terms(self, batch):  # type: ignore[no-untyped-def]
+    def loss_terms(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         terms = super().loss_terms(batch)
         if self._text is not None and self.lam > 0 and not self._finetune:
             z = F.normalize(self.batch_features, dim=-1)
@@ -103,12 +111,13 @@ class FedTSPObjective(LocalClassMeans, ClientObjective):
 
     def on_train_end(self) -> None:
         if self._finetune:  # no prototypes: the extractor did not change
-            return ClientObjective.on_train_end(self)
+            ClientObjective.on_train_end(self)
+            return
         super().on_train_end()
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
         update = super().end_round(payload, num_examples)
-        if self._finetune:  # only the personal head, kept on the driver; nothing uploaded
+        if self._finetune:  # only the personal head, kept in the client's state; nothing uploaded
             return dataclasses.replace(update, params=None)
         means, counts = self.class_means()
         return extend(update, PrototypeUpdate, prototypes=means, proto_counts=counts)
@@ -120,35 +129,54 @@ class FedTSPConfig(MethodConfig):
     lam: float = 7.0  # λ: 7 cross-silo, 1 cross-device (paper)
     descriptions: bool = True  # false: handcrafted "a photo of a {class}." (Table 4, IDs 2 and 4)
     tune_prompts: bool = True  # false: frozen prompts (Table 4, IDs 2 and 3)
-    ctx_init: Optional[str] = "a photo of a"  # the soft prompts start as these token embeddings (m = their count)
-    n_ctx: Optional[int] = None  # with ctx_init=null: m random N(0, 0.02²) vectors (the authors' code)
-    server_epochs: int = 1  # E_s: full-batch prompt steps per round (1 for CIFAR-10, 20 for CIFAR-100)
-    prompt_lr: float = 0.01
-    prompt_momentum: float = 0.0  # > 0 keeps momentum buffers in the server state
+    ctx_init: str | None = (
+        "a photo of a"  # the soft prompts start as these token embeddings (m = their count)
+    )
+    n_ctx: int | None = None  # with ctx_init=null: m random N(0, 0.02²) vectors (the authors' code)
+    server_epochs: int = 20  # E_s: full-batch prompt steps per round (paper: 20 by default, BERT)
+    prompt_lr: float = 0.01  # the authors' code (SGD)
+    prompt_momentum: float = 0.0  # > 0 keeps momentum buffers in the server state (the code has none)
     learn_logit_scale: bool = True
-    logit_scale_init: float = LN_100  # s with τ = 1/exp(s) = 0.01
+    logit_scale_init: float = LN_100  # s with τ = 1/exp(s) = 0.01 (the authors' code)
     logit_scale_lr: float = 0.01
+    #: clamp on s after each server step (a guard: the authors' code has none; null: none).
+    #: Must lie above `logit_scale_init`, so that s can rise as well as fall.
+    logit_scale_max: float | None = LN_1000
     direction: str = "image_to_text"  # image_to_text (code) | text_to_image (Eq. 7) | symmetric
     weighting: str = "count"  # image-prototype aggregation: count (Eq. 6) | uniform (the code)
     share_weights: bool = False  # model-homogeneous extension: FedAvg of all weights too
-    finetune_after: Optional[int] = None  # with share_weights: rounds after this one fine-tune only
+    finetune_after: int | None = None  # with share_weights: rounds after this one fine-tune only
     #   each client's classifier on the global extractor (the PFL protocol "-FT"), personal heads
 
 
 @METHODS.register("fedtsp")
-class FedTSP(Strategy):
+class FedTSP(Strategy[FedTSPConfig, FedTSPState, TSPBroadcast]):
     name = "fedtsp"
     config_cls = FedTSPConfig
     objective_cls = FedTSPObjective
+    state_cls = FedTSPState
+    broadcast_cls = TSPBroadcast
 
-    def __init__(self, config: FedTSPConfig, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, config: FedTSPConfig, *args: Any, **kwargs: Any) -> None:
+        # personal models unless weights are shared (and then again in the -FT rounds)
+        self.personalised = not config.share_weights or config.finetune_after is not None
         super().__init__(config, *args, **kwargs)
         if config.direction not in ("image_to_text", "text_to_image", "symmetric"):
-            raise ConfigError(f"method.direction={config.direction!r}: expected image_to_text, text_to_image or symmetric")
+            raise ConfigError(
+                f"method.direction={config.direction!r}: expected image_to_text, text_to_image or symmetric"
+            )
         if config.weighting not in ("count", "uniform"):
             raise ConfigError(f"method.weighting={config.weighting!r}: expected count or uniform")
+        top = config.logit_scale_max
+        if config.learn_logit_scale and top is not None and config.logit_scale_init >= top:
+            raise ConfigError(
+                f"method.logit_scale_init={config.logit_scale_init:g} must lie below "
+                f"method.logit_scale_max={top:g}: started at its clamp, the logit scale could only fall"
+            )
         if config.finetune_after is not None and not config.share_weights:
-            raise ConfigError("method.finetune_after (-FT) needs method.share_weights=true (a global model to fine-tune)")
+            raise ConfigError(
+                "method.finetune_after (-FT) needs method.share_weights=true (a global model to fine-tune)"
+            )
         from ..text.prompts import descriptions
 
         text_cfg = dict(self.task.text)
@@ -161,13 +189,8 @@ class FedTSP(Strategy):
         self.tuner = PromptTuner(text_cfg, names, descs, config.ctx_init, config.n_ctx, seed=self.seed)
         self.text_encoder = text_cfg["name"]
 
-    @property
-    def personalised(self) -> bool:  # type: ignore[override]
-        c = self.config
-        return not c.share_weights or c.finetune_after is not None  # type: ignore[attr-defined]
-
     def finetuning(self, rnd: int) -> bool:
-        after = self.config.finetune_after  # type: ignore[attr-defined]
+        after = self.config.finetune_after
         return after is not None and rnd > after
 
     def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -181,66 +204,80 @@ class FedTSP(Strategy):
             log.info("fedtsp: model.%s=%s set to the text dimension %d", key, kwargs[key], d)
         return {**kwargs, key: d}
 
-    def objective_kwargs(self) -> dict:
+    def objective_kwargs(self) -> dict[str, Any]:
         keep = ("lam", "share_weights")
         return {k: getattr(self.config, k) for k in keep} | {"num_classes": self.task.num_classes}
 
-    def init_state(self, global_params: StateDict | None) -> ServerState:
+    def init_state(self, global_params: StateDict | None) -> FedTSPState:
         c = self.config
         ctx = self.tuner.initial_ctx()
         return FedTSPState(
             round=0,
-            global_params=global_params if c.share_weights else None,  # type: ignore[attr-defined]
+            global_params=global_params if c.share_weights else None,
             prompt_ctx=ctx,
-            logit_scale=torch.tensor(float(c.logit_scale_init)),  # type: ignore[attr-defined]
+            logit_scale=torch.tensor(float(c.logit_scale_init)),
             text_prototypes=self.tuner.text_prototypes(ctx),
         )
 
-    def broadcast(self, state: ServerState, rnd: int) -> Broadcast:
-        assert isinstance(state, FedTSPState)
+    def broadcast(self, state: FedTSPState, rnd: int) -> TSPBroadcast:
         return TSPBroadcast(
             round=rnd,
-            global_params=state.global_params if self.config.share_weights else None,  # type: ignore[attr-defined]
+            global_params=state.global_params if self.config.share_weights else None,
             text_prototypes=state.text_prototypes,
             logit_scale=state.logit_scale,
             finetune=self.finetuning(rnd),
         )
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
+    def aggregate(self, state: FedTSPState, updates: Sequence[ClientUpdate]) -> FedTSPState:
         new = super().aggregate(state, updates)
-        ups = [u for u in updates if isinstance(u, PrototypeUpdate) and u.prototypes is not None]
-        if not ups:
+        ups = [(u.prototypes, u.proto_counts) for u in updates if isinstance(u, PrototypeUpdate)]
+        pairs = [(p, n) for p, n in ups if p is not None and n is not None]
+        if not pairs:
             return new
         means, counts = aggregate_class_means(
-            [u.prototypes for u in ups], [u.proto_counts for u in ups], self.config.weighting  # type: ignore[attr-defined,misc]
+            [p for p, _ in pairs], [n for _, n in pairs], self.config.weighting
         )
         return dataclasses.replace(new, image_prototypes=means, proto_counts=counts)
 
-    def server_update(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
-        """Tune the soft prompts on this round's image prototypes; new text prototypes."""
-        assert isinstance(state, FedTSPState)
+    def server_update(
+        self, state: FedTSPState, updates: Sequence[ClientUpdate], ctx: ServerContext
+    ) -> tuple[FedTSPState, Metrics]:
+        """Tune the soft prompts on this round's image prototypes; new text prototypes.
+        Logs the prompt loss before the first and after the last step, and how far the
+        text prototypes moved (1 − cosine, mean and max over classes)."""
         c = self.config
-        if not c.tune_prompts or state.image_prototypes is None or c.server_epochs <= 0:  # type: ignore[attr-defined]
-            return state
-        if self.finetuning(state.round + 1):  # no new image prototypes in -FT rounds
-            return state
-        present = state.proto_counts > 0  # type: ignore[operator]
+        if not c.tune_prompts or state.image_prototypes is None or c.server_epochs <= 0:
+            return state, {}
+        if self.finetuning(ctx.round):  # no new image prototypes in -FT rounds
+            return state, {}
+        assert (
+            state.prompt_ctx is not None and state.logit_scale is not None and state.proto_counts is not None
+        )
+        present = state.proto_counts > 0
         out = self.tuner.tune(
-            state.prompt_ctx, state.logit_scale, state.image_prototypes, present,  # type: ignore[arg-type]
-            steps=c.server_epochs, lr=c.prompt_lr, momentum=c.prompt_momentum,  # type: ignore[attr-defined]
-            scale_lr=c.logit_scale_lr, learn_scale=c.learn_logit_scale,  # type: ignore[attr-defined]
-            direction=c.direction, opt_state=state.prompt_opt_state,  # type: ignore[attr-defined]
+            state.prompt_ctx, state.logit_scale, state.image_prototypes, present,
+            steps=c.server_epochs, lr=c.prompt_lr, momentum=c.prompt_momentum,
+            scale_lr=c.logit_scale_lr, learn_scale=c.learn_logit_scale, max_logit_scale=c.logit_scale_max,
+            direction=c.direction, opt_state=state.prompt_opt_state,
         )  # fmt: skip
-        return dataclasses.replace(
+        metrics: Metrics = {
+            "prompt_loss_before": float(out.losses[0]),
+            "prompt_loss_after": float(out.losses[-1]),
+            "logit_scale": float(out.logit_scale),
+        }
+        if state.text_prototypes is not None:
+            moved = 1 - F.cosine_similarity(out.text.double(), state.text_prototypes.double(), dim=-1)
+            metrics.update(prototype_shift_mean=float(moved.mean()), prototype_shift_max=float(moved.max()))
+        new = dataclasses.replace(
             state,
             prompt_ctx=out.ctx,
             logit_scale=out.logit_scale,
             prompt_opt_state=out.opt_state,
             text_prototypes=out.text,
-            prompt_loss=out.losses,
         )
+        return new, metrics
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return super().summary() | {
             "text_encoder": self.text_encoder,
             "text_dim": self.tuner.text_dim,
@@ -249,4 +286,6 @@ class FedTSP(Strategy):
         }
 
     def warnings(self) -> list[str]:
-        return ["fedtsp with method.lam=0 is local training (no text alignment)"] if self.config.lam == 0 else []  # type: ignore[attr-defined]
+        return (
+            ["fedtsp with method.lam=0 is local training (no text alignment)"] if self.config.lam == 0 else []
+        )

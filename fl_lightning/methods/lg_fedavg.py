@@ -6,20 +6,22 @@ classifier on the features) is global; each client keeps its feature extractor. 
 heterogeneous clients (a model family) this works as long as every head has the same
 shape, i.e. the same feature dimension (the HtFL baseline of FedTGP/FedTSP).
 """
+
 from __future__ import annotations
 
+from ..core.messages import Broadcast
 from ..core.objective import ClientObjective
-from ..core.strategy import Strategy
+from ..core.strategy import FedAvgStrategy
 from . import METHODS
 
 
-class LGFedAvgObjective(ClientObjective):
+class LGFedAvgObjective(ClientObjective[Broadcast]):
     def is_personal(self, key: str) -> bool:
         return not key.startswith("head.")
 
 
 @METHODS.register("lg_fedavg")
-class LGFedAvg(Strategy):
+class LGFedAvg(FedAvgStrategy):
     name = "lg_fedavg"
     objective_cls = LGFedAvgObjective
     personalised = True

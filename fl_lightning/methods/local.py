@@ -2,20 +2,22 @@
 is communicated (the lower baseline of the heterogeneous-model tables, e.g. Table 4 ID 1
 of FedTSP). Evaluated on each client's own test split.
 """
+
 from __future__ import annotations
 
+from ..core.messages import Broadcast
 from ..core.objective import ClientObjective
-from ..core.strategy import Strategy
+from ..core.strategy import FedAvgStrategy
 from . import METHODS
 
 
-class LocalObjective(ClientObjective):
+class LocalObjective(ClientObjective[Broadcast]):
     def is_personal(self, key: str) -> bool:
         return True
 
 
 @METHODS.register("local")
-class Local(Strategy):
+class Local(FedAvgStrategy):
     name = "local"
     objective_cls = LocalObjective
     personalised = True

@@ -6,31 +6,68 @@ training the client sets c_i⁺ = c_i − c + (x − y)/(K·lr) (option II) and 
 Δc_i = c_i⁺ − c_i next to its weights; the server moves c by (|S|/N)·mean(Δc_i).
 Weights are averaged as in FedAvg (global learning rate 1). Variates cover trainable
 parameters only, not batch-norm statistics.
+
+Option II assumes plain SGD local steps: then (x − y)/(K·lr) is exactly the mean of the K
+corrected gradients. With momentum m the displacement grows by up to 1/(1 − m) (10× at
+0.9) and the variates overestimate the mean gradient; Adam rescales every step. So the
+method's default optimiser is plain SGD (`conf/method/scaffold.yaml`) and a run with
+momentum > 0 or adam/adamw is refused (a ConfigError before anything runs) unless
+`method.allow_momentum=true`.
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any
 
 import torch
+from torch import nn
 
-from ..core.messages import Broadcast, ClientPayload, ClientState, ClientUpdate, ServerState, extend
+from ..core.errors import ConfigError
+from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
+from ..core.optim import OptimConfig
 from ..core.params import to_cpu
-from ..core.strategy import Strategy
+from ..core.strategy import MethodConfig, Strategy
 from ..core.types import StateDict
 from . import METHODS
+
+#: the client-state component holding c_i
+C_LOCAL = "scaffold/c_local"
+
+
+@dataclass
+class ScaffoldConfig(MethodConfig):
+    name: str = "scaffold"
+    #: run with momentum > 0 or adam/adamw anyway (option II's variates then overestimate
+    #: the mean gradient)
+    allow_momentum: bool = False
+
+
+def check_plain_sgd(optim: OptimConfig, allow_momentum: bool) -> None:
+    """ConfigError unless `optim` is plain SGD (or `allow_momentum`): one line saying why."""
+    if allow_momentum:
+        return
+    if optim.name != "sgd":
+        raise ConfigError(
+            f"scaffold with optim.name={optim.name}: option-II control variates assume plain SGD "
+            "steps (an adaptive step makes them misestimate the mean gradient); use optim.name=sgd "
+            "optim.momentum=0, or method.allow_momentum=true to run it anyway"
+        )
+    if optim.momentum > 0:
+        raise ConfigError(
+            f"scaffold with optim.momentum={optim.momentum:g}: option-II control variates assume "
+            f"plain SGD (with momentum they overestimate the mean gradient, up to "
+            f"{1 / (1 - min(optim.momentum, 0.999)):.3g}x); set optim.momentum=0, or "
+            "method.allow_momentum=true to run it anyway"
+        )
 
 
 @dataclass
 class ScaffoldServerState(ServerState):
     c_global: StateDict = field(default_factory=dict)
-
-
-@dataclass
-class ScaffoldClientState(ClientState):
-    c_local: StateDict = field(default_factory=dict)
 
 
 @dataclass
@@ -43,14 +80,16 @@ class ScaffoldUpdate(ClientUpdate):
     c_delta: StateDict = field(default_factory=dict)
 
 
-class ScaffoldObjective(ClientObjective):
-    def begin_round(self, broadcast: Broadcast, payload: ClientPayload | None) -> None:
+class ScaffoldObjective(ClientObjective[ScaffoldBroadcast]):
+    def __init__(self, model: nn.Module, allow_momentum: bool = False, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        check_plain_sgd(self.optim, allow_momentum)  # also where no config was validated
+
+    def begin_round(self, broadcast: ScaffoldBroadcast, payload: ClientPayload | None) -> None:
         super().begin_round(broadcast, payload)
-        assert isinstance(broadcast, ScaffoldBroadcast)
-        state = payload.client_state if payload is not None else None
         zeros = {k: torch.zeros_like(p) for k, p in self.model.named_parameters()}
         self._c = broadcast.c_global or zeros
-        self._ci = state.c_local if isinstance(state, ScaffoldClientState) and state.c_local else zeros
+        self._ci = self.client_state.get(C_LOCAL) or zeros
         self._steps = 0
 
     def on_train_start(self) -> None:
@@ -69,34 +108,35 @@ class ScaffoldObjective(ClientObjective):
         scale = 1.0 / (max(self._steps, 1) * self.lr)
         y = dict(self.model.named_parameters())
         c_new = {
-            k: self._ci[k].cpu() - self._c[k].cpu() + (self._x[k] - y[k].detach()).cpu() * scale for k in self._x
+            k: self._ci[k].cpu() - self._c[k].cpu() + (self._x[k] - y[k].detach()).cpu() * scale
+            for k in self._x
         }
-        return extend(
-            base,
-            ScaffoldUpdate,
-            client_state=ScaffoldClientState(c_local=to_cpu(c_new)),
-            c_delta={k: c_new[k] - self._ci[k].cpu() for k in c_new},
-        )
+        self.client_state[C_LOCAL] = to_cpu(c_new)
+        return extend(base, ScaffoldUpdate, c_delta={k: c_new[k] - self._ci[k].cpu() for k in c_new})
 
 
 @METHODS.register("scaffold")
-class Scaffold(Strategy):
+class Scaffold(Strategy[ScaffoldConfig, ScaffoldServerState, ScaffoldBroadcast]):
     name = "scaffold"
+    config_cls = ScaffoldConfig
     objective_cls = ScaffoldObjective
+    state_cls = ScaffoldServerState
+    broadcast_cls = ScaffoldBroadcast
 
-    def init_state(self, global_params: StateDict) -> ServerState:
-        return ScaffoldServerState(round=0, global_params=global_params)
+    @classmethod
+    def check_optim(cls, config: ScaffoldConfig, optim: OptimConfig) -> None:
+        """Called by `config.validate_registered` before the run is built (data, Ray)."""
+        check_plain_sgd(optim, config.allow_momentum)
 
-    def broadcast(self, state: ServerState, rnd: int) -> Broadcast:
-        assert isinstance(state, ScaffoldServerState)
+    def broadcast(self, state: ScaffoldServerState, rnd: int) -> ScaffoldBroadcast:
         return ScaffoldBroadcast(round=rnd, global_params=state.global_params, c_global=state.c_global)
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
+    def aggregate(self, state: ScaffoldServerState, updates: Sequence[ClientUpdate]) -> ScaffoldServerState:
         new = super().aggregate(state, updates)
         deltas = [u.c_delta for u in updates if isinstance(u, ScaffoldUpdate)]
         if deltas:
             frac = len(deltas) / self.num_clients
-            c = state.c_global or {k: torch.zeros_like(v) for k, v in deltas[0].items()}  # type: ignore[attr-defined]
+            c = state.c_global or {k: torch.zeros_like(v) for k, v in deltas[0].items()}
             mean = {k: torch.stack([d[k] for d in deltas]).mean(0) for k in deltas[0]}
             new = dataclasses.replace(new, c_global={k: c[k] + frac * mean[k] for k in mean})
         return new

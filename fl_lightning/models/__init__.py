@@ -9,7 +9,8 @@ a client's model with `build_client_model(name, client_id, ...)` and cache objec
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from torch import nn
 
@@ -37,7 +38,9 @@ class ModelFamily:
     def __signature__(self) -> inspect.Signature:  # what `config.validate_registered` checks
         return inspect.signature(MODELS.get(self.members[0]))
 
-    def __call__(self, num_classes: int, in_channels: int, image_size: int, client_id: int = 0, **kwargs: Any) -> nn.Module:
+    def __call__(
+        self, num_classes: int, in_channels: int, image_size: int, client_id: int = 0, **kwargs: Any
+    ) -> nn.Module:
         return MODELS.get(self.member(client_id))(
             num_classes=num_classes, in_channels=in_channels, image_size=image_size, **kwargs
         )
@@ -88,6 +91,4 @@ def feature_dim_key(name: str) -> str | None:
     return next((k for k in ("feature_dim", "hidden") if k in params), None)
 
 
-from . import cnn  # noqa: E402,F401
-from . import backbones  # noqa: E402,F401
-from . import htfe  # noqa: E402,F401
+from . import backbones, cnn, htfe, resnet8  # noqa: E402,F401  (register the models)

@@ -2,7 +2,8 @@
 
 Each splits into `forward_features` (trunk + neck: the representation that MOON,
 FedProto and prototype methods use) and `head` (what a classifier method trains on top).
-FedGLCL swaps `head` for a projector to the text dimension (Linear → BN1d → ReLU), which
+FedGLCL swaps `head` for a projector to the text dimension (`method.projector`: Linear, or
+Linear → BN1d (→ ReLU)), which
 reproduces the papers' projectors: AlexNet keeps fc1 in the neck (fc1 → fc2-to-text),
 ResNet-50 keeps its FC(2048, 2048) in the neck (Table 8 of FedGLCL).
 """

@@ -6,6 +6,8 @@ it valid for inputs as small as 8×8 (scikit-learn digits).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -54,16 +56,30 @@ class SmallCNN(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
+def _pair(channels: Sequence[int]) -> tuple[int, int]:
+    """`model.channels` as a pair (a yaml list arrives as a list)."""
+    c1, c2 = channels
+    return int(c1), int(c2)
+
+
 @MODELS.register("cnn")
 def cnn(
-    num_classes: int, in_channels: int = 1, image_size: int = 28, channels: tuple[int, int] = (32, 64), hidden: int = 512
+    num_classes: int,
+    in_channels: int = 1,
+    image_size: int = 28,
+    channels: Sequence[int] = (32, 64),
+    hidden: int = 512,
 ) -> SmallCNN:
-    return SmallCNN(num_classes, in_channels, image_size, tuple(channels), hidden)  # type: ignore[arg-type]
+    return SmallCNN(num_classes, in_channels, image_size, _pair(channels), hidden)
 
 
 @MODELS.register("cnn_bn")
 def cnn_bn(
-    num_classes: int, in_channels: int = 1, image_size: int = 28, channels: tuple[int, int] = (32, 64), hidden: int = 512
+    num_classes: int,
+    in_channels: int = 1,
+    image_size: int = 28,
+    channels: Sequence[int] = (32, 64),
+    hidden: int = 512,
 ) -> SmallCNN:
     """`cnn` with batch norm after each conv and the hidden layer (for FedBN and friends)."""
-    return SmallCNN(num_classes, in_channels, image_size, tuple(channels), hidden, batch_norm=True)  # type: ignore[arg-type]
+    return SmallCNN(num_classes, in_channels, image_size, _pair(channels), hidden, batch_norm=True)

@@ -30,7 +30,9 @@ def _neck(in_dim: int, feature_dim: int) -> nn.Sequential:
 
 
 @MODELS.register("htfe_cnn_a")
-def htfe_cnn_a(num_classes: int, in_channels: int = 1, image_size: int = 28, feature_dim: int = 512) -> Backbone:
+def htfe_cnn_a(
+    num_classes: int, in_channels: int = 1, image_size: int = 28, feature_dim: int = 512
+) -> Backbone:
     trunk = nn.Sequential(
         nn.Conv2d(in_channels, 32, 5), nn.ReLU(inplace=True), nn.MaxPool2d(2),
         nn.Conv2d(32, 64, 5), nn.ReLU(inplace=True), nn.MaxPool2d(2),
@@ -47,7 +49,9 @@ def _conv_bn(i: int, o: int) -> list[nn.Module]:
 
 
 @MODELS.register("htfe_cnn_b")
-def htfe_cnn_b(num_classes: int, in_channels: int = 1, image_size: int = 28, feature_dim: int = 512) -> Backbone:
+def htfe_cnn_b(
+    num_classes: int, in_channels: int = 1, image_size: int = 28, feature_dim: int = 512
+) -> Backbone:
     trunk = nn.Sequential(
         *_conv_bn(in_channels, 16), nn.MaxPool2d(2), *_conv_bn(16, 32), *_conv_bn(32, 64),
         nn.MaxPool2d(2), *_conv_bn(64, 64), nn.AdaptiveAvgPool2d(1),
@@ -56,7 +60,9 @@ def htfe_cnn_b(num_classes: int, in_channels: int = 1, image_size: int = 28, fea
 
 
 @MODELS.register("htfe_cnn_c")
-def htfe_cnn_c(num_classes: int, in_channels: int = 1, image_size: int = 28, feature_dim: int = 512) -> Backbone:
+def htfe_cnn_c(
+    num_classes: int, in_channels: int = 1, image_size: int = 28, feature_dim: int = 512
+) -> Backbone:
     trunk = nn.Sequential(
         nn.Conv2d(in_channels, 32, 7, padding=3), nn.ReLU(inplace=True), nn.MaxPool2d(2),
         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(2),

@@ -1,27 +1,37 @@
 """Round checkpoints: tensors via `torch.save` (loaded with `weights_only=True`), the
-rest of `ServerState` as JSON. Written atomically every round.
+rest of `ServerState` as JSON. Written atomically every `checkpoint.every` rounds and at the last.
 
 Layout in `<run dir>/checkpoints/`: `round-000012.pt` (tensors) and `round-000012.json`
 (structure, with the .pt file's SHA-256). The JSON is written last and is the commit: a
 round whose JSON is missing, or whose .pt does not match its hash, was never completed.
 The two newest complete rounds are kept.
+
+Clients' resident state is collected from the hosts and written one file per client in
+`checkpoints/clients/c<id>-r<round>.pt` (only for clients that trained since the last
+checkpoint: cost and driver memory follow the clients sampled, not all clients). The
+round's JSON holds the index client id -> round of that client's newest file; files no
+kept checkpoint names are deleted.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import importlib
 import json
+import logging
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from ..core.errors import CheckpointError
 from ..core.messages import ServerState
+from ..core.types import ClientId, ClientState
 
-FORMAT = "fl_lightning.checkpoint/1"
+FORMAT = "fl_lightning.checkpoint/2"
 KEEP = 2
 
 
@@ -59,13 +69,13 @@ def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
         if not module.startswith("fl_lightning."):  # never instantiate foreign classes
             raise CheckpointError(f"checkpoint names a foreign class {obj['__dataclass__']!r}")
         cls = getattr(importlib.import_module(module), name)
-        if not dataclasses.is_dataclass(cls):
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             raise CheckpointError(f"checkpoint names a non-state class {obj['__dataclass__']!r}")
         return cls(**{k: _decode(v, tensors) for k, v in obj["fields"].items()})
     raise CheckpointError("unrecognised checkpoint structure")
 
 
-def _atomic_write(path: Path, write) -> None:
+def _atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
         write(f)
@@ -82,7 +92,46 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def save(run_dir: Path, state: ServerState, meta: dict[str, Any]) -> Path:
+def _client_file(run_dir: Path, cid: ClientId, rnd: int) -> Path:
+    return Path(run_dir) / "checkpoints" / "clients" / f"c{cid:07d}-r{rnd:06d}.pt"
+
+
+def save_client_states(
+    run_dir: Path, rnd: int, states: Iterable[tuple[ClientId, ClientState]]
+) -> dict[ClientId, int]:
+    """Write each (client, state) as it comes (nothing accumulates); returns the index
+    entries to merge: client id -> `rnd`."""
+    written: dict[ClientId, int] = {}
+    for cid, st in states:
+        path = _client_file(run_dir, cid, rnd)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors: dict[str, torch.Tensor] = {}
+        doc = {"tree": json.dumps(_encode(st, tensors)), "tensors": tensors}
+
+        def write(f: BinaryIO, doc: dict[str, Any] = doc) -> None:
+            torch.save(doc, f)
+
+        _atomic_write(path, write)
+        written[cid] = rnd
+    return written
+
+
+def load_client_state(run_dir: Path, cid: ClientId, rnd: int) -> ClientState:
+    path = _client_file(run_dir, cid, rnd)
+    try:
+        doc = torch.load(path, map_location="cpu", weights_only=True)
+        state = _decode(json.loads(doc["tree"]), doc["tensors"])
+    except Exception as e:  # any failure to read it back means a missing or corrupt file
+        raise CheckpointError(f"client state {path} is missing or corrupt: {type(e).__name__}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"client state {path} holds no client state")
+    return state
+
+
+def save(
+    run_dir: Path, state: ServerState, meta: dict[str, Any], clients: dict[ClientId, int] | None = None
+) -> Path:
+    """Commit round `state.round`: its tensors, then the JSON (with the client-state index)."""
     ckdir = Path(run_dir) / "checkpoints"
     ckdir.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
@@ -90,12 +139,37 @@ def save(run_dir: Path, state: ServerState, meta: dict[str, Any]) -> Path:
     stem = f"round-{state.round:06d}"
     pt = ckdir / f"{stem}.pt"
     _atomic_write(pt, lambda f: torch.save(tensors, f))
-    doc = {"format": FORMAT, "round": state.round, "sha256": _sha256(pt), "state": tree, "meta": meta}
+    index = [[int(c), int(r)] for c, r in sorted((clients or {}).items())]
+    doc = {
+        "format": FORMAT,
+        "round": state.round,
+        "sha256": _sha256(pt),
+        "state": tree,
+        "meta": meta,
+        "clients": index,
+    }
     _atomic_write(ckdir / f"{stem}.json", lambda f: f.write(json.dumps(doc).encode()))
     for old in sorted(ckdir.glob("round-*.json"))[:-KEEP]:
         old.with_suffix(".pt").unlink(missing_ok=True)
         old.unlink(missing_ok=True)
+    _drop_unreferenced(ckdir)
     return pt
+
+
+def _drop_unreferenced(ckdir: Path) -> None:
+    folder = ckdir / "clients"
+    if not folder.is_dir():
+        return
+    keep: set[str] = set()
+    for js in ckdir.glob("round-*.json"):
+        try:
+            index = json.loads(js.read_text()).get("clients", [])
+        except (OSError, ValueError):
+            return  # an unreadable checkpoint: delete nothing
+        keep.update(f"c{c:07d}-r{r:06d}.pt" for c, r in index)
+    for f in folder.glob("c*-r*.pt"):
+        if f.name not in keep:
+            f.unlink(missing_ok=True)
 
 
 def latest(run_dir: Path) -> Path | None:
@@ -103,14 +177,18 @@ def latest(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load(path: Path) -> tuple[ServerState, dict[str, Any]]:
-    """Load a checkpoint JSON (and its tensors); CheckpointError if corrupt or foreign."""
+def load(path: Path) -> tuple[ServerState, dict[str, Any], dict[ClientId, int]]:
+    """Load a checkpoint JSON (and its tensors): the server state, the run's metadata and
+    the client-state index. CheckpointError if corrupt or foreign."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {path} is unreadable: {e}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else None
+        if isinstance(found, str) and found.startswith("fl_lightning.checkpoint/"):
+            raise CheckpointError(f"{path} is in checkpoint format {found}, this version reads {FORMAT}")
         raise CheckpointError(f"{path} is not an fl_lightning checkpoint")
     pt = path.with_suffix(".pt")
     if not pt.is_file() or _sha256(pt) != doc.get("sha256"):
@@ -121,8 +199,72 @@ def load(path: Path) -> tuple[ServerState, dict[str, Any]]:
         raise CheckpointError(f"checkpoint {pt} is corrupt: {type(e).__name__}") from None
     try:
         state = _decode(doc["state"], tensors)
-    except (KeyError, TypeError, AttributeError, ImportError) as e:
+        clients = {int(c): int(r) for c, r in doc.get("clients", [])}
+    except (KeyError, TypeError, ValueError, AttributeError, ImportError) as e:
         raise CheckpointError(f"checkpoint {path} is corrupt: {type(e).__name__}: {e}") from None
     if not isinstance(state, ServerState):
         raise CheckpointError(f"checkpoint {path} holds no server state")
-    return state, doc.get("meta", {})
+    return state, doc.get("meta", {}), clients
+
+
+def verify(path: Path) -> int:
+    """The round of checkpoint `path` if it is intact: its JSON and tensors load and match,
+    and every client-state file it names loads (one at a time). CheckpointError otherwise."""
+    state, _, index = load(path)
+    for cid, rnd in sorted(index.items()):
+        load_client_state(path.parent.parent, cid, rnd)
+    return int(state.round)
+
+
+def recover(run_dir: Path) -> int:
+    """Make the newest intact checkpoint of `run_dir` the latest one and return its round
+    (0: none was written yet). Newer checkpoints that are not intact (corrupt, truncated,
+    client-state files missing or unreadable) are moved to `checkpoints/skipped/`, with the
+    client files only they name, and a warning names each and why. CheckpointError when
+    checkpoints exist but none is intact: nothing is moved then."""
+    ckdir = Path(run_dir) / "checkpoints"
+    skipped: list[tuple[Path, str]] = []
+    good: Path | None = None
+    rnd = 0
+    for js in sorted(ckdir.glob("round-*.json"), reverse=True):
+        try:
+            rnd = verify(js)
+        except CheckpointError as e:
+            skipped.append((js, str(e)))
+            continue
+        good = js
+        break
+    if not skipped:
+        return rnd
+    if good is None:
+        names = ", ".join(js.stem for js, _ in skipped)
+        raise CheckpointError(
+            f"no intact checkpoint in {ckdir} ({names}; newest: {skipped[0][1]}); "
+            "the run cannot be resumed: start it again with `fl-lightning run`"
+        )
+    log = logging.getLogger("fl_lightning")
+    aside = ckdir / "skipped"
+    aside.mkdir(exist_ok=True)
+    keep = set(_client_names(good))
+    for js, why in skipped:
+        for f in (js.with_suffix(".pt"), js):
+            if f.exists():
+                f.replace(aside / f.name)
+        for name in set(_client_names(aside / js.name)) - keep:
+            src = ckdir / "clients" / name
+            if src.exists():
+                (aside / "clients").mkdir(exist_ok=True)
+                src.replace(aside / "clients" / name)
+        log.warning(
+            "skipped checkpoint %s: %s; resuming from round %d (set aside in %s)", js.stem, why, rnd, aside
+        )
+    return rnd
+
+
+def _client_names(js: Path) -> list[str]:
+    """The client-state file names a checkpoint JSON names (none if it is unreadable)."""
+    try:
+        index = json.loads(js.read_text()).get("clients", [])
+        return [_client_file(Path("."), int(c), int(r)).name for c, r in index]
+    except (OSError, ValueError, TypeError, AttributeError):
+        return []

@@ -1,29 +1,50 @@
 """Executors decide *where* clients run; strategies never see them (fedjax's
 ForEachClientBackend, Flower's Grid). Both yield results in completion order; the
 round loop sorts them by client id before aggregating, so sums are order-independent.
+
+Clients' resident state lives in the hosts; `collect_states` streams it out (one client
+at a time, so the driver never holds all of it) for checkpoints, `restore_states` puts
+it back on resume.
 """
+
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+from collections.abc import Iterable, Iterator
+from typing import Protocol
 
+from ..core.bn_stats import BNStats
 from ..core.messages import ClientEval, ClientUpdate, RoundPlan
+from ..core.types import ClientId, ClientState
 from .host import ClientHost
 
 
 class Executor(Protocol):
+    #: one line per client dropped after its retry, per round: "round r: client c failed: cause"
+    failures: list[str]
+    #: one line per client retried (whether or not the retry succeeded)
+    retries: list[str]
+
     def fit(self, plan: RoundPlan) -> Iterator[ClientUpdate]: ...
 
     def evaluate(self, plan: RoundPlan) -> Iterator[ClientEval]: ...
+
+    def bn_stats(self, plan: RoundPlan) -> Iterator[BNStats]: ...
+
+    def collect_states(self, client_ids: Iterable[ClientId]) -> Iterator[tuple[ClientId, ClientState]]: ...
+
+    def restore_states(self, states: Iterable[tuple[ClientId, ClientState]]) -> None: ...
 
     def close(self) -> None: ...
 
 
 class SerialExecutor:
-    """All clients in the driver process, one after another. For debugging and tests."""
+    """All clients in the driver process, one after another. For debugging and tests.
+    (Client state is then in the driver's memory: that is what this executor is.)"""
 
     def __init__(self, host: ClientHost) -> None:
         self.host = host
         self.failures: list[str] = []
+        self.retries: list[str] = []
 
     def fit(self, plan: RoundPlan) -> Iterator[ClientUpdate]:
         for payload in plan.payloads:
@@ -32,6 +53,18 @@ class SerialExecutor:
     def evaluate(self, plan: RoundPlan) -> Iterator[ClientEval]:
         for payload in plan.payloads:
             yield self.host.evaluate(plan.broadcast, payload)
+
+    def bn_stats(self, plan: RoundPlan) -> Iterator[BNStats]:
+        for payload in plan.payloads:
+            yield self.host.bn_stats(plan.broadcast, payload)
+
+    def collect_states(self, client_ids: Iterable[ClientId]) -> Iterator[tuple[ClientId, ClientState]]:
+        for c in client_ids:
+            yield from self.host.get_states([c]).items()
+
+    def restore_states(self, states: Iterable[tuple[ClientId, ClientState]]) -> None:
+        for c, st in states:
+            self.host.set_states({c: st})
 
     def close(self) -> None:
         pass

@@ -1,30 +1,43 @@
-"""`ClientHost`: holds some clients' data shards and runs their local fits and evaluations.
+"""`ClientHost`: holds some clients' data shards and resident state, and runs their local
+fits and evaluations.
 
 It is the same code in both executors: `SerialExecutor` calls it in the driver process,
-`RayExecutor` wraps it in an actor. Nothing here imports Ray.
+`RayExecutor` wraps it in an actor. Nothing here imports Ray. A client's state
+(`ClientState`: personal weights, MOON's previous model, SCAFFOLD's variate, ...) lives
+here between rounds; the driver only asks for it to checkpoint it, and gives it back on
+resume.
 """
+
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
+import signal
+import threading
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from ..core.bn_stats import BNStats, collect_bn_stats
+from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientEval, ClientPayload, ClientUpdate
-from ..core.objective import ClientObjective, evaluate_model
+from ..core.metrics import EvalSpec
+from ..core.objective import ClientObjective, Phase, evaluate, trainable_only
+from ..core.optim import OptimConfig
 from ..core.params import to_cpu
-from ..core.strategy import OptimConfig, client_seed
-from ..core.types import ClientId, StateDict
-from ..data.datasets import ArrayDataset
+from ..core.strategy import client_seed
+from ..core.types import ClientId, ClientState, StateDict
+from ..data.registry import ArrayDataset
 from ..methods import METHODS
-from ..models import architecture, build_client_model
+from ..models import MODELS, architecture, build_client_model
 
 
 @dataclass
@@ -45,6 +58,8 @@ class ClientSpec:
     accelerator: str = "cpu"
     threads: int | None = None  # torch intra-op threads during a fit; None: leave as is
     eval_batch_size: int = 1000
+    eval_spec: EvalSpec | None = None  # what evaluations measure (None: accuracy over num_classes)
+    bn_stats: str = "averaged"  # fl.bn_stats: local keeps batch-norm statistics with each client
     #: the initial weights: a client seen for the first time starts from them, whatever
     #: client the (reused) objective served before
     init_params: dict[str, torch.Tensor] | None = None
@@ -54,12 +69,40 @@ class ClientSpec:
     init_seed: int | None = None
 
 
-def build_objective(spec: ClientSpec, client_id: ClientId = 0) -> ClientObjective:
-    """Client `client_id`'s objective (its architecture, when `spec.model` is a family)."""
+def build_objective(spec: ClientSpec, client_id: ClientId = 0) -> ClientObjective[Any]:
+    """Client `client_id`'s objective (its architecture, when `spec.model` is a family).
+
+    A mistake in the config (an argument the model or the method does not take) is a
+    ConfigError naming the part; an error raised while building is a bug and propagates."""
+    model_fn = MODELS.get(architecture(spec.model, client_id))
+    _check_call(
+        f"model {spec.model!r}", model_fn, spec.model_kwargs, ("num_classes", "in_channels", "image_size")
+    )
     model = build_client_model(
         spec.model, client_id, spec.num_classes, spec.in_channels, spec.image_size, **spec.model_kwargs
     )
-    return METHODS.get(spec.method).build_objective(model, spec.optim, **spec.objective_kwargs)
+    strategy = METHODS.get(spec.method)
+    _check_call(f"method {spec.method!r}", strategy.objective_cls, spec.objective_kwargs, ("model",))
+    objective = strategy.build_objective(model, spec.optim, **spec.objective_kwargs)
+    objective.eval_spec = spec.eval_spec or EvalSpec(num_classes=spec.num_classes)
+    objective.local_bn_stats = spec.bn_stats == "local"
+    return objective
+
+
+def _check_call(part: str, fn: Any, kwargs: dict[str, Any], given: tuple[str, ...]) -> None:
+    """ConfigError naming `part` when `fn` does not take `kwargs` (checked by signature,
+    before calling, so errors raised inside `fn` are never mistaken for config errors)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    params = sig.parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        valid = ", ".join(k for k in params if k not in given and k != "self") or "(none)"
+        raise ConfigError(f"{part} takes no argument {unknown[0]!r}; valid: {valid}")
 
 
 def initial_params(spec: ClientSpec, client_id: ClientId) -> StateDict:
@@ -97,6 +140,23 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", module=r"lightning(_utilities)?\..*")
 
 
+
+def _fit(trainer: L.Trainer, obj: ClientObjective, loader: DataLoader) -> None:
+    """`trainer.fit`, with Ctrl-C kept a Ctrl-C: Lightning answers a KeyboardInterrupt in a fit
+    by ignoring SIGINT from then on and calling `sys.exit(1)`, so a serial run would end
+    "failed" with exit 1 instead of "interrupted" (exit 130, resumable), and every process it
+    starts afterwards would inherit an ignored SIGINT."""
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        trainer.fit(obj, loader)
+    except SystemExit as e:
+        interrupt = e.__context__
+        if not isinstance(interrupt, KeyboardInterrupt):
+            raise
+        if threading.current_thread() is threading.main_thread() and handler is not None:
+            signal.signal(signal.SIGINT, handler)
+        raise interrupt from None  # a Ctrl-C, or a SIGTERM (`Terminated`)
+
 class ClientHost:
     def __init__(
         self,
@@ -108,18 +168,28 @@ class ClientHost:
         quiet_lightning()
         self.spec = spec
         # Shards are materialised once and stay resident between rounds.
-        self.train = {c: dataset.tensors(dataset.train_x[i], dataset.train_y[i]) for c, i in train_indices.items()}
-        self.class_counts = {
-            c: torch.bincount(y, minlength=spec.num_classes) for c, (_, y) in self.train.items() if y.dim() == 1
+        self.train = {
+            c: dataset.tensors(dataset.train_x[i], dataset.train_y[i]) for c, i in train_indices.items()
         }
-        self.test = {c: dataset.tensors(dataset.train_x[i], dataset.train_y[i]) for c, i in (test_indices or {}).items()}
-        self._objectives: dict[Any, ClientObjective] = {}
+        self.class_counts = {
+            c: torch.bincount(y, minlength=spec.num_classes)
+            for c, (_, y) in self.train.items()
+            if y.dim() == 1
+        }
+        self.test = {
+            c: dataset.tensors(dataset.train_x[i], dataset.train_y[i])
+            for c, i in (test_indices or {}).items()
+        }
+        self._objectives: dict[Any, ClientObjective[Any]] = {}
+        #: each hosted client's resident state; a client without an entry has not trained yet
+        #: (or keeps nothing), and starts from the initial weights
+        self.states: dict[ClientId, ClientState] = {}
 
     @property
     def client_ids(self) -> list[ClientId]:
         return sorted(self.train)
 
-    def objective(self, client_id: ClientId) -> ClientObjective:
+    def objective(self, client_id: ClientId) -> ClientObjective[Any]:
         """One objective per architecture (a model family has several), reused across
         rounds and clients (begin_round resets all state), so a host with 1,000 clients
         keeps one model per architecture in memory. Built without touching the global RNG,
@@ -132,20 +202,33 @@ class ClientHost:
         obj.class_counts = self.class_counts.get(client_id)
         return obj
 
-    def _begin(self, broadcast: Broadcast, payload: ClientPayload) -> ClientObjective:
+    def _begin(
+        self, broadcast: Broadcast, payload: ClientPayload, state: ClientState
+    ) -> ClientObjective[Any]:
         obj = self.objective(payload.client_id)
-        if payload.client_state is None and (self.spec.init_params is not None or self.spec.init_seed is not None):
+        if payload.client_id not in self.states and (
+            self.spec.init_params is not None or self.spec.init_seed is not None
+        ):
             obj.load_params(initial_params(self.spec, payload.client_id))
+        obj.client_state = state
         obj.begin_round(broadcast, payload)
         return obj
 
-    def _trainer(self) -> L.Trainer:
+    def _trainer(self, phase: Phase) -> L.Trainer:
         s = self.spec
+        epochs, steps = (
+            (phase.epochs, phase.steps)
+            if (phase.epochs, phase.steps) != (None, None)
+            else (s.local_epochs, s.local_steps)
+        )
+        clip = phase.grad_clip if phase.grad_clip is not None else (phase.optim or s.optim).grad_clip
         return L.Trainer(
             accelerator=s.accelerator,
             devices=1,
-            max_epochs=s.local_epochs if s.local_steps is None else -1,
-            max_steps=s.local_steps if s.local_steps is not None else -1,
+            max_epochs=epochs if steps is None else -1,
+            max_steps=steps if steps is not None else -1,
+            gradient_clip_val=clip,
+            gradient_clip_algorithm="norm" if clip is not None else None,
             logger=False,
             enable_progress_bar=False,
             enable_checkpointing=False,
@@ -154,13 +237,18 @@ class ClientHost:
             limit_val_batches=0,
         )
 
+    def _device(self) -> torch.device:
+        return torch.device("cuda" if self.spec.accelerator == "gpu" else "cpu")
+
     def fit(self, broadcast: Broadcast, payload: ClientPayload) -> ClientUpdate:
         cid = payload.client_id
         x, y = self.train[cid]
         start = time.perf_counter()
+        # the objective works on a copy: a fit that fails leaves the resident state as it was
+        state = dict(self.states.get(cid, {}))
         with torch_threads(self.spec.threads):
             torch.manual_seed(payload.seed)
-            obj = self._begin(broadcast, payload)
+            obj = self._begin(broadcast, payload, state)
             loader = DataLoader(
                 TensorDataset(x, y),
                 batch_size=self.spec.batch_size,
@@ -169,8 +257,17 @@ class ClientHost:
                 # a last batch of one sample breaks batch norm in training mode; drop it
                 drop_last=len(y) % self.spec.batch_size == 1 and len(y) > 1,
             )
-            self._trainer().fit(obj, loader)
+            phases = obj.phases()
+            if type(obj).before_fit is not ClientObjective.before_fit:
+                obj.to(self._device())
+                obj.before_fit(x, y)
+            for phase in phases:
+                obj.phase = phase
+                with trainable_only(obj.model, phase.trainable):
+                    _fit(self._trainer(phase), obj, loader)
             update = obj.end_round(payload, num_examples=len(y))
+        if state or cid in self.states:
+            self.states[cid] = state
         update.metrics["fit_time_s"] = time.perf_counter() - start
         return update
 
@@ -178,6 +275,28 @@ class ClientHost:
         cid = payload.client_id
         x, y = self.test[cid]
         with torch_threads(self.spec.threads):
-            obj = self._begin(broadcast, payload)
-            metrics = evaluate_model(obj, x, y, self.spec.eval_batch_size)
+            obj = self._begin(broadcast, payload, dict(self.states.get(cid, {})))
+            spec = obj.eval_spec or EvalSpec(num_classes=self.spec.num_classes)
+            metrics = evaluate(obj, x, y, spec, self.spec.eval_batch_size)
         return ClientEval(client_id=cid, num_examples=len(y), metrics=metrics)
+
+    def bn_stats(self, broadcast: Broadcast, payload: ClientPayload) -> BNStats:
+        """Sums of the batch-norm layers' inputs over this client's training data under the
+        broadcast weights (`fl.bn_stats=recompute`); the client's state is untouched."""
+        cid = payload.client_id
+        x, _ = self.train[cid]
+        with torch_threads(self.spec.threads):
+            obj = self._begin(broadcast, payload, dict(self.states.get(cid, {})))
+            obj.to(self._device())
+            return collect_bn_stats(obj.model, obj.forward, x, self.spec.batch_size, cid)
+
+    # --- resident state: what checkpoints collect and resume gives back -----------------
+    def get_states(self, client_ids: list[ClientId]) -> dict[ClientId, ClientState]:
+        """The resident state of those clients that have one (CPU tensors)."""
+        return {c: self.states[c] for c in client_ids if c in self.states}
+
+    def set_states(self, states: dict[ClientId, ClientState]) -> None:
+        for c, st in states.items():
+            if c not in self.train:
+                raise KeyError(f"client {c} is not hosted here")
+            self.states[c] = st

@@ -13,16 +13,32 @@ Which Ray a run uses (`cluster_address`):
   GCS address, so the job's driver joins the cluster it was submitted to); an
   `http://` dashboard URL there (what `ray job submit` itself reads) is not a cluster
   address and is ignored; otherwise start a private local Ray.
+
+No process of a local Ray outlives the run that started it. Ray's own start-up and
+`ray.shutdown()` stop the GCS and the raylet, but not always the agents the raylet starts
+(`DashboardAgent`, `RuntimeEnvAgent`): after Ctrl-C during start-up (the terminal sends
+SIGINT to Ray's processes too) or `kill -9` of the driver they stayed 1-2.5 minutes. So
+`init_ray` marks every process of the Ray it starts (`FL_LIGHTNING_RAY_OWNER=<pid>-<token>`
+in their environment, inherited from the raylet by agents and workers) and starts a small
+watchdog in its own session that waits on a pipe from the driver: when the pipe closes
+(`stop_local_ray()` after `ray.shutdown()`, or the driver's death, `kill -9` included), it
+sends SIGTERM, then SIGKILL, to the processes carrying that mark, and only to them.
+A SIGINT or SIGTERM during `ray.init` is held until it returns (a second one interrupts at
+once), then Ray is shut down and the interrupt raised: Ray's start-up is never left half done.
 """
+
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import secrets
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # node IP 127.0.0.1, listeners on loopback
@@ -80,6 +96,81 @@ def _home(path: Path) -> Iterator[None]:
             os.environ["HOME"] = before
 
 
+OWNER_ENV = "FL_LIGHTNING_RAY_OWNER"
+
+# The watchdog (stdlib only, `python -I -S`): blocks until the driver closes the pipe or
+# dies, then ends the processes whose environment holds the mark (never the driver itself).
+_WATCHDOG = r"""
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+mark, driver = sys.argv[1].encode(), int(sys.argv[2])
+sys.stdin.buffer.read()
+def marked():
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (os.getpid(), driver):
+            continue
+        try:
+            with open("/proc/" + name + "/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:
+            pass
+    return found
+for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
+    pids = marked()
+    if not pids:
+        break
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    end = time.monotonic() + grace
+    while time.monotonic() < end and marked():
+        time.sleep(0.05)
+"""
+
+_watchdog: subprocess.Popen[bytes] | None = None
+
+
+def _start_watchdog() -> str | None:
+    """Start the watchdog of a local Ray about to start; returns the mark its processes get
+    (None where there is no /proc: nothing to watch with)."""
+    global _watchdog
+    stop_local_ray()  # an earlier one's (a Ray shut down without stop_local_ray)
+    if not os.path.isdir("/proc"):
+        return None
+    mark = f"{OWNER_ENV}={os.getpid()}-{secrets.token_hex(6)}"
+    env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
+    try:
+        _watchdog = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _WATCHDOG, mark, str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=env, start_new_session=True,
+        )  # fmt: skip
+    except OSError:
+        return None
+    return mark.partition("=")[2]
+
+
+def stop_local_ray(wait_s: float = 10.0) -> None:
+    """After `ray.shutdown()` of a local Ray this process started: end what it left behind
+    (the watchdog does, then exits). A no-op when there is none, or while Ray is still up
+    in this process (e.g. a Ray shared by several runs)."""
+    global _watchdog
+    if _watchdog is None:
+        return
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        return
+    wd, _watchdog = _watchdog, None
+    if wd.stdin is not None:
+        with contextlib.suppress(OSError):
+            wd.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        wd.wait(timeout=wait_s)
+
+
 def cluster_address(address: str | None) -> str | None:
     """The cluster to join, or None for a private local Ray (see the module docstring)."""
     if address == "local":
@@ -104,9 +195,13 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
 
     if ray.is_initialized():
         return False
-    kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    from . import signals
+
+    sigterm_ours = signals.ours()
+    kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
     if address:
         ray.init(address=address, **kwargs)
+        signals.restore_after_ray_init(sigterm_ours)
         res = ray.cluster_resources()
         print(
             f"ray: joined the cluster at {address} ({len(ray.nodes())} nodes, "
@@ -117,6 +212,22 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
     # If Ray was imported before the variables were set (e.g. by user code), the node-IP
     # switch was already read; set it the way the variable would have.
     ray_constants.ENABLE_RAY_CLUSTER = False
-    with _home(ray_home()):
-        ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, **kwargs)
+    mark = _start_watchdog()
+    before = os.environ.get(OWNER_ENV)
+    try:
+        if mark:
+            os.environ[OWNER_ENV] = mark  # inherited by every process of this Ray
+        # held: a signal during `ray.init` raises after it returns, never half-way through
+        with signals.held(), _home(ray_home()):
+            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, **kwargs)
+            signals.restore_after_ray_init(sigterm_ours)
+    except BaseException:
+        ray.shutdown()
+        stop_local_ray()
+        raise
+    finally:
+        if before is None:
+            os.environ.pop(OWNER_ENV, None)
+        else:
+            os.environ[OWNER_ENV] = before
     return True

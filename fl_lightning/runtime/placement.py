@@ -8,6 +8,7 @@ GPU actors go into a Ray placement group with one bundle per GPU used
 fractional requests (`runtime.gpus_per_client=0.25`) fill every GPU evenly instead of
 packing GPU 0 first, and one-GPU actors each get their own GPU.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,11 +56,13 @@ def bundles_fit(bundles: list[dict[str, float]], nodes: list[dict[str, float]]) 
         else:
             shape = ", ".join(f"{k} {v:g}" for k, v in bundle.items())
             per_node = "; ".join(
-                f"node {j}: " + ", ".join(f"{k} {n.get(k, 0.0):g}" for k in bundle) for j, n in enumerate(nodes)
+                f"node {j}: " + ", ".join(f"{k} {n.get(k, 0.0):g}" for k in bundle)
+                for j, n in enumerate(nodes)
             )
             return (
                 f"cannot place {len(bundles)} GPU bundles: bundle {i} ({shape}) fits on no node "
-                f"once the others are placed ({per_node}); lower runtime.cpus_per_client or the number of clients"
+                f"once the others are placed ({per_node}); "
+                "lower runtime.cpus_per_client or the number of clients"
             )
     return None
 
@@ -86,7 +89,9 @@ def plan_placement(
     whole_gpus = int(math.floor(total_gpus + 1e-9))
     per_device = int(math.floor(1.0 / per_gpu + 1e-9)) if gpu else 0  # actors sharing one GPU
     if gpu and whole_gpus < 1:
-        raise ConfigError(f"Ray sees {total_gpus:g} GPUs; runtime.accelerator=gpu needs at least one whole GPU")
+        raise ConfigError(
+            f"Ray sees {total_gpus:g} GPUs; runtime.accelerator=gpu needs at least one whole GPU"
+        )
     if gpu:
         slots = whole_gpus * per_device
     else:
@@ -105,7 +110,8 @@ def plan_placement(
         )
     if gpu and n > slots:
         raise ConfigError(
-            f"{n} client actors × {per_gpu:g} GPU do not fit on {whole_gpus} GPUs ({per_device} per GPU at most); "
+            f"{n} client actors × {per_gpu:g} GPU do not fit on {whole_gpus} GPUs "
+            f"({per_device} per GPU at most); "
             f"use runtime.placement=pool, fewer clients, or runtime.gpus_per_client=1/k"
         )
     if n * cpus > total_cpus + 1e-6:

@@ -4,6 +4,8 @@ Per round the broadcast is `ray.put` once and each sampled client's payload goes
 actor hosting it; results come back in completion order (`ray.wait`). A client whose
 task raises, or whose actor dies, is retried once on a fresh actor, then dropped for the
 round if `max_client_failures` allows, else the run stops with the client id and cause.
+Clients' resident state lives in the actor that hosts them (sticky placement); an actor
+that is restarted gets its clients' state back from `restore` (the last checkpoint).
 
 GPU actors are created inside a placement group (one bundle per GPU, see `placement.py`):
 the group is reserved atomically, so a request the cluster cannot meet ends with a
@@ -11,19 +13,22 @@ clear error after `schedule_timeout_s` instead of a half-started run that waits 
 Ray sets CUDA_VISIBLE_DEVICES for each actor to the GPU it was given, so the Lightning
 Trainer's `devices=1` trains on exactly that GPU.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from ..core.bn_stats import BNStats
 from ..core.errors import ClientFailure, ConfigError
-from ..core.messages import ClientPayload, RoundPlan
-from ..core.types import ClientId
-from ..data.datasets import ArrayDataset
+from ..core.messages import Broadcast, ClientEval, ClientPayload, ClientUpdate, RoundPlan
+from ..core.types import ClientId, ClientState
+from ..data.registry import ArrayDataset
 from .host import ClientHost, ClientSpec
 from .placement import Placement, bundles_fit
 
@@ -56,11 +61,20 @@ class ClientActor:
             torch.set_num_threads(spec.threads)
         self.host = ClientHost(spec, dataset, train, test)
 
-    def fit(self, broadcast, payload):
+    def fit(self, broadcast: Broadcast, payload: ClientPayload) -> ClientUpdate:
         return self.host.fit(broadcast, payload)
 
-    def evaluate(self, broadcast, payload):
+    def evaluate(self, broadcast: Broadcast, payload: ClientPayload) -> ClientEval:
         return self.host.evaluate(broadcast, payload)
+
+    def bn_stats(self, broadcast: Broadcast, payload: ClientPayload) -> BNStats:
+        return self.host.bn_stats(broadcast, payload)
+
+    def get_states(self, client_ids: list[ClientId]) -> dict[ClientId, ClientState]:
+        return self.host.get_states(client_ids)
+
+    def set_states(self, states: dict[ClientId, ClientState]) -> None:
+        self.host.set_states(states)
 
     def info(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
@@ -84,6 +98,7 @@ class RayExecutor:
         placement_strategy: str = "PACK",
         schedule_timeout_s: float | None = 120.0,
         check_cuda: bool = True,
+        restore: Callable[[list[ClientId]], Iterable[tuple[ClientId, ClientState]]] | None = None,
     ) -> None:
         self.placement = placement
         self.max_client_failures = max_client_failures
@@ -96,12 +111,14 @@ class RayExecutor:
         self._check_cuda = check_cuda
         self._actor_cls = ray.remote(ClientActor)
         self._options = dict(num_cpus=placement.cpus_per_actor, num_gpus=placement.gpus_per_actor)
+        self._restore = restore
         self.actors = [self._start(a) for a in range(placement.num_actors)]
         self.failures: list[str] = []
+        self.retries: list[str] = []
 
     def _start(self, actor: int):
         clients = self.placement.clients_of(actor)
-        options = dict(self._options)
+        options: dict[str, Any] = dict(self._options)
         if self.pg is not None:  # same bundle (same GPU) when an actor is restarted
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -129,7 +146,10 @@ class RayExecutor:
 
     def _run(self, plan: RoundPlan, method: str) -> Iterator[Any]:
         bref = ray.put(plan.broadcast)
-        submit: Callable[[ClientPayload], Any] = lambda p: getattr(self._actor_of(p), method).remote(bref, p)
+
+        def submit(p: ClientPayload) -> Any:
+            return getattr(self._actor_of(p), method).remote(bref, p)
+
         pending = {submit(p): (p, 0, self._actor_of(p)) for p in plan.payloads}
         dropped = 0
         while pending:
@@ -142,9 +162,10 @@ class RayExecutor:
                 cause = _cause(e)
                 index = self.placement.assignment[payload.client_id]
                 if isinstance(e, RayActorError) and self.actors[index] is actor:
-                    self.actors[index] = self._start(index)  # once per dead actor
+                    self._restart(index)  # once per dead actor
                 if tries == 0:
                     log.warning("client %d failed (%s); retrying once", payload.client_id, cause)
+                    self.retries.append(f"round {plan.round}: client {payload.client_id}: {cause}")
                     pending[submit(payload)] = (payload, 1, self._actor_of(payload))
                     continue
                 dropped += 1
@@ -156,11 +177,32 @@ class RayExecutor:
                     ) from None
                 log.warning("%s; dropped for this round", msg)
 
+    def _restart(self, index: int) -> None:
+        """A fresh actor in place of a dead one, with its clients' state from the last
+        checkpoint (what they had then; a client that trained since repeats from there)."""
+        self.actors[index] = self._start(index)
+        if self._restore is not None:
+            for cid, st in self._restore(self.placement.clients_of(index)):
+                ray.get(self.actors[index].set_states.remote({cid: st}))
+
+    def collect_states(self, client_ids: Iterable[ClientId]) -> Iterator[tuple[ClientId, ClientState]]:
+        """One client at a time, so the driver holds one client's state at most."""
+        for cid in client_ids:
+            actor = self.actors[self.placement.assignment[cid]]
+            yield from ray.get(actor.get_states.remote([cid])).items()
+
+    def restore_states(self, states: Iterable[tuple[ClientId, ClientState]]) -> None:
+        for cid, st in states:
+            ray.get(self.actors[self.placement.assignment[cid]].set_states.remote({cid: st}))
+
     def fit(self, plan: RoundPlan) -> Iterator[Any]:
         return self._run(plan, "fit")
 
     def evaluate(self, plan: RoundPlan) -> Iterator[Any]:
         return self._run(plan, "evaluate")
+
+    def bn_stats(self, plan: RoundPlan) -> Iterator[Any]:
+        return self._run(plan, "bn_stats")
 
     def close(self) -> None:
         for a in self.actors:
@@ -192,7 +234,8 @@ def reserve_gpu_bundles(placement: Placement, strategy: str = "PACK", timeout_s:
         raise ConfigError(
             f"Ray could not reserve {len(bundles)} GPU bundles ({bundles[0]['CPU']:g} CPUs + 1 GPU each, "
             f"strategy {strategy}) within {timeout_s:g}s: {free.get('GPU', 0.0):g} GPUs and "
-            f"{free.get('CPU', 0.0):g} CPUs are free now (other jobs hold the rest?); free them, ask for fewer, "
+            f"{free.get('CPU', 0.0):g} CPUs are free now (other jobs hold the rest?); "
+            "free them, ask for fewer, "
             "or raise runtime.schedule_timeout_s"
         ) from None
     return pg

@@ -1,162 +1,107 @@
-"""The round loop (Flower's `Strategy.start` analogue), in data:
+"""Running a built run (the round loop, Flower's `Strategy.start` analogue), in data:
 
-    plan    = strategy.configure_round(state, rnd, rng)      # sample, broadcast, payloads
-    updates = executor.fit(plan)                               # clients, completion order
-    state   = strategy.aggregate(state, sorted(updates))       # then server_update
-    metrics = evaluate(state)                                  # global and/or per client
-    metrics.jsonl, checkpoint, loggers
+    plan    = strategy.configure_round(state, rnd, rng)       # sample, broadcast, payloads
+    updates = executor.fit(plan)                                # clients, completion order
+    state   = strategy.aggregate(state, sorted(updates))        # then server_update(ctx)
+    metrics = evaluate(state)                                   # global and/or per client
+    metrics.jsonl, checkpoint (server state + the clients' resident state), loggers
 
-All randomness is derived from (seed, round, client), and state is only `ServerState`, so
-a run resumed from any checkpoint repeats exactly what the uninterrupted run would do.
+All randomness is derived from (seed, round, client), and state is only `ServerState`
+plus each client's resident state, so a run resumed from any checkpoint repeats exactly
+what the uninterrupted run would do. `build.py` builds what this runs.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
-import os
-import secrets
+import math
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import clients_per_round, to_yaml, validate_registered
-from ..core.errors import ConfigError
-from ..core.messages import ClientEval, ServerState
-from ..core.objective import ClientObjective, evaluate_model
-from ..core.params import to_cpu
-from ..core.strategy import OptimConfig, Strategy, TaskInfo, round_rng
-from ..data.datasets import ArrayDataset, check_dataset, load_from_config
-from ..data.federated import FederatedSplit, split_from_config
+from ..config import to_yaml
+from ..core.bn_stats import bn_stats_nbytes, pooled_bn_params
+from ..core.errors import ClientFailure, ConfigError, DivergedError
+from ..core.messages import ClientEval, ClientUpdate, RoundPlan, ServerState
+from ..core.objective import evaluate
+from ..core.strategy import ServerContext, round_rng, server_rng
+from ..core.types import ClientId, ClientState
 from ..data.stats import save_partition_plot
-from ..methods import METHODS
-from ..models import family
-from . import checkpoint
+from ..models import build_client_model
+from . import checkpoint, signals
+from .build import Prepared, local_resources, new_run_dir, placement_for, prepare
 from .executor import Executor, SerialExecutor
-from .host import ClientHost, ClientSpec, build_objective
-from .placement import Placement, plan_placement
+from .host import ClientHost
+from .paths import run_dir_message
+from .placement import Placement
 
 log = logging.getLogger("fl_lightning")
 
-
-@dataclass
-class Prepared:
-    """Everything a run needs before its first round (built without starting Ray)."""
-
-    cfg: DictConfig
-    dataset: ArrayDataset
-    split: FederatedSplit
-    strategy: Strategy
-    spec: ClientSpec
-    init_params: dict[str, torch.Tensor] | None  # the initial global weights (None: nothing shared)
-    objective: ClientObjective
+__all__ = ["Prepared", "Run", "client_metrics", "prepare", "resume_run", "start_run"]
 
 
-def new_run_dir(cfg: DictConfig) -> Path:
-    run_id = cfg.run_id or (
-        f"{cfg.method.name}_{cfg.data.name}_s{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}_{secrets.token_hex(2)}"
-    )
-    return Path(cfg.output_dir).expanduser() / cfg.experiment / run_id
-
-
-def prepare(cfg: DictConfig) -> Prepared:
-    """Validate against the registries, load data, partition, build the initial model."""
-    validate_registered(cfg)
-    d = cfg.data
-    check_dataset(d.name, d.root, d.download)
-    dataset = load_from_config(d)  # with data.image_size, domains, ... and train/test subsets
-    split = split_from_config(dataset, cfg)  # cached under <data.root>/.partitions/
-    strategy_cls = METHODS.get(cfg.method.name)
-    method_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(strategy_cls.config_cls), cfg.method))
-    task = TaskInfo(
-        num_classes=dataset.num_classes,
-        class_names=tuple(dataset.class_names),
-        dataset=cfg.data.name,
-        text=OmegaConf.to_container(cfg.text, resolve=True),
-        has_client_test_split=bool(split.test),
-    )
-    strategy = strategy_cls(method_cfg, cfg.fl.num_clients, clients_per_round(cfg), cfg.seed, task)
-    model_kwargs = {k: (list(v) if OmegaConf.is_list(v) else v) for k, v in cfg.model.items() if k != "name"}
-    spec = ClientSpec(
-        method=cfg.method.name,
-        objective_kwargs=strategy.objective_kwargs(),
-        model=cfg.model.name,
-        model_kwargs=strategy.model_kwargs(cfg.model.name, model_kwargs),
-        optim=OptimConfig(**OmegaConf.to_container(cfg.optim)),
-        num_classes=dataset.num_classes,
-        in_channels=dataset.in_channels,
-        image_size=dataset.image_size,
-        local_epochs=cfg.fl.local_epochs,
-        local_steps=cfg.fl.local_steps,
-        batch_size=cfg.fl.batch_size,
-        eval_batch_size=cfg.eval.batch_size,
-    )
-    torch.manual_seed(cfg.seed)
-    try:
-        objective = build_objective(spec)  # the driver's copy: initial weights, global evaluation
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"model {spec.model!r}: {e}") from None
-    if family(spec.model) is None:
-        spec.init_params = to_cpu(objective.model.state_dict())
-        init_params: dict[str, torch.Tensor] | None = spec.init_params
-    else:
-        # Heterogeneous clients: each starts from its own seeded model; only weights every
-        # architecture has alike (e.g. LG-FedAvg's head) can be global.
-        init_params = _family_shared_params(spec, objective) or None
-        spec.init_seed = int(cfg.seed)
-    return Prepared(cfg, dataset, split, strategy, spec, init_params, objective)
-
-
-def _family_shared_params(spec: ClientSpec, objective: ClientObjective) -> dict[str, torch.Tensor]:
-    """The shared (averaged) weights of a model family's members, which must agree in names
-    and shapes; the driver's objective (client 0's architecture) gives their initial values."""
-    shared = to_cpu(objective.shared_params())
-    shapes = {k: tuple(v.shape) for k, v in shared.items()}
-    fam = family(spec.model)
-    for cid, arch in enumerate(fam.members[1:], start=1):  # type: ignore[union-attr]
-        with torch.random.fork_rng(devices=[]):
-            other = {k: tuple(v.shape) for k, v in build_objective(spec, cid).shared_params().items()}
-        if other != shapes:
-            diff = sorted(set(other) ^ set(shapes)) or sorted(k for k in shapes if shapes[k] != other[k])
-            raise ConfigError(
-                f"method {spec.method!r} averages weights that differ across the architectures of model "
-                f"family {spec.model!r} ({fam.members[0]} vs {arch}: {', '.join(diff[:3])}); with "  # type: ignore[union-attr]
-                "heterogeneous clients use a method that shares no weights (local, fedproto, fedtgp, "
-                "feddistill, fedtsp) or only the head (lg_fedavg)"
-            )
-    return shared
-
-
-def _placement(cfg: DictConfig, cpus: float, gpus: float) -> Placement:
-    rt = cfg.runtime
-    return plan_placement(
-        cfg.fl.num_clients, cpus, gpus, rt.placement, rt.accelerator, rt.num_actors,
-        rt.cpus_per_client, rt.gpus_per_client, rt.threads_per_client,
-    )  # fmt: skip
-
-
-def _local_resources(cfg: DictConfig) -> tuple[float, float]:
-    gpus = cfg.runtime.num_gpus if cfg.runtime.num_gpus is not None else torch.cuda.device_count()
-    return float(cfg.runtime.num_cpus or os.cpu_count() or 1), float(gpus)
-
-
-def client_metrics(evals: Sequence[ClientEval]) -> dict[str, float]:
-    """Personalised metrics over clients' own test splits."""
-    acc = np.array([e.metrics["accuracy"] for e in evals])
+def client_metrics(evals: Sequence[ClientEval], primary: str = "accuracy") -> dict[str, float]:
+    """Personalised metrics over clients' own test splits: `client_<m>` (sample-weighted
+    mean over clients) for every metric m, and for the primary one also the unweighted
+    mean, std and the mean of the worst 10% of clients."""
     n = np.array([e.num_examples for e in evals], dtype=float)
+    out: dict[str, float] = {}
+    for key in evals[0].metrics:
+        vals = np.array([e.metrics[key] for e in evals if key in e.metrics])
+        if len(vals) == len(evals):
+            out[f"client_{key}"] = float((vals * n).sum() / n.sum())
+    acc = np.array([e.metrics[primary] for e in evals])
     worst = np.sort(acc)[: max(1, int(np.ceil(0.1 * len(acc))))]
-    return {
-        "client_accuracy": float((acc * n).sum() / n.sum()),
-        "client_accuracy_mean": float(acc.mean()),
-        "client_accuracy_std": float(acc.std()),
-        "client_accuracy_worst10": float(worst.mean()),
-    }
+    out.update({
+        f"client_{primary}_mean": float(acc.mean()),
+        f"client_{primary}_std": float(acc.std()),
+        f"client_{primary}_worst10": float(worst.mean()),
+    })  # fmt: skip
+    return out
+
+
+def weighted_client_metrics(updates: Sequence[ClientUpdate]) -> dict[str, float]:
+    """Every metric the clients report, sample-weighted over the clients that report it."""
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for u in updates:
+        for k, v in u.metrics.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * u.num_examples
+            weights[k] = weights.get(k, 0.0) + u.num_examples
+    return {k: sums[k] / max(weights[k], 1.0) for k in sums}
+
+
+def driver_memory_mb() -> dict[str, float]:
+    """The driver's memory in MiB (Linux; empty elsewhere): `driver_rss_mb` (resident now),
+    `driver_anon_mb` (its private heap now: what it holds itself, without the shared pages of
+    Ray's object store it has read through) and `driver_peak_rss_mb` (resident at its peak)."""
+    keys = {"VmRSS": "driver_rss_mb", "RssAnon": "driver_anon_mb", "VmHWM": "driver_peak_rss_mb"}
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name in keys:
+                    out[keys[name]] = int(rest.split()[0]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
+
+
+def _finite(record: dict[str, Any]) -> dict[str, Any]:
+    """Strict JSON: non-finite numbers become null, named under `nonfinite`."""
+    bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+    if not bad:
+        return record
+    return {**{k: (None if k in bad else v) for k, v in record.items()}, "nonfinite": bad}
 
 
 class Run:
@@ -169,21 +114,37 @@ class Run:
         self.resume = resume
         self.console = console
         self._test = prepared.dataset.tensors(prepared.dataset.test_x, prepared.dataset.test_y)
+        #: client id -> round of its newest state file in the last committed checkpoint
+        self.client_index: dict[ClientId, int] = {}
+        #: clients that trained since the last checkpoint (their resident state changed)
+        self._dirty: set[ClientId] = set()
 
     # --- setup -------------------------------------------------------------------------
     def _initial_state(self) -> tuple[ServerState, dict[str, Any]]:
         path = checkpoint.latest(self.run_dir) if self.resume else None
         if path is not None:
-            return checkpoint.load(path)
+            state, meta, self.client_index = checkpoint.load(path)
+            return state, meta
         return self.p.strategy.init_state(self.p.init_params), {}  # new, or killed before round 1
+
+    def _saved_states(self, client_ids: Sequence[ClientId]) -> Iterator[tuple[ClientId, ClientState]]:
+        """The clients' states of the last committed checkpoint, read one at a time."""
+        for c in client_ids:
+            if c in self.client_index:
+                yield c, checkpoint.load_client_state(self.run_dir, c, self.client_index[c])
 
     def _executor(self) -> tuple[Executor, Placement, bool]:
         cfg = self.cfg
         if cfg.runtime.executor == "serial":
-            placement = _placement(cfg, *_local_resources(cfg))
+            placement = placement_for(cfg, *local_resources(cfg))
             self.p.spec.threads = placement.threads
             self.p.spec.accelerator = placement.accelerator
-            host = ClientHost(self.p.spec, self.p.dataset, dict(enumerate(self.p.split.train)), dict(enumerate(self.p.split.test)))
+            host = ClientHost(
+                self.p.spec,
+                self.p.dataset,
+                dict(enumerate(self.p.split.train)),
+                dict(enumerate(self.p.split.test)),
+            )
             return SerialExecutor(host), placement, False
         from .local_ray import init_ray
 
@@ -194,13 +155,14 @@ class Run:
 
         try:
             res = ray.cluster_resources()
-            placement = _placement(cfg, res.get("CPU", 1.0), res.get("GPU", 0.0))
+            placement = placement_for(cfg, res.get("CPU", 1.0), res.get("GPU", 0.0))
             self.p.spec.threads = placement.threads
             self.p.spec.accelerator = placement.accelerator
             ex = RayExecutor(
                 self.p.spec, self.p.dataset, self.p.split.train, self.p.split.test,
                 placement, cfg.fl.max_client_failures,
                 cfg.runtime.placement_strategy, cfg.runtime.schedule_timeout_s,
+                restore=self._saved_states,
             )  # fmt: skip
             ex.ready()
         except BaseException:
@@ -215,7 +177,9 @@ class Run:
         lc = self.cfg.logger
         if lc.backend != "wandb" or lc.mode == "disabled":
             return []
-        config = OmegaConf.to_container(self.cfg, resolve=True)
+        tree = OmegaConf.to_container(self.cfg, resolve=True)
+        assert isinstance(tree, dict)
+        config = {str(k): v for k, v in tree.items()}
         config["strategy"] = self.p.strategy.summary()
         config["partition"] = {"train_sizes": [int(len(t)) for t in self.p.split.train]}
         wb = WandbLogger(
@@ -228,22 +192,54 @@ class Run:
         return [wb]
 
     # --- evaluation ----------------------------------------------------------------------
+    def _device(self) -> torch.device:
+        device = self.cfg.eval.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return torch.device(device)
+
     def _global_eval(self, state: ServerState) -> dict[str, float]:
         broadcast = self.p.strategy.eval_broadcast(state)
         if broadcast is None:
             return {}
-        device = self.cfg.eval.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        obj = self.p.objective.to(device)
+        obj = self.p.objective.to(self._device())
+        obj.client_state = {}
         obj.begin_round(broadcast, None)
-        return evaluate_model(obj, *self._test, batch_size=self.cfg.eval.batch_size)
+        return evaluate(obj, *self._test, spec=self.p.eval_spec, batch_size=self.cfg.eval.batch_size)
 
     def _client_eval(self, executor: Executor, state: ServerState) -> dict[str, float]:
         if not (self.cfg.eval.clients and self.p.split.test):
             return {}
         plan = self.p.strategy.configure_evaluate(state, range(self.p.split.num_clients))
-        return client_metrics(sorted(executor.evaluate(plan), key=lambda e: e.client_id))
+        evals = sorted(executor.evaluate(plan), key=lambda e: e.client_id)
+        if not evals:
+            return {}
+        primary = self.p.strategy.primary_metric().removeprefix("client_")
+        return client_metrics(evals, primary if primary in evals[0].metrics else next(iter(evals[0].metrics)))
+
+    def _context(self, rnd: int) -> ServerContext:
+        spec = self.p.spec
+
+        def build_model() -> torch.nn.Module:
+            return build_client_model(
+                spec.model, 0, spec.num_classes, spec.in_channels, spec.image_size, **spec.model_kwargs
+            )
+
+        return ServerContext(
+            rnd, self._device(), server_rng(self.cfg.seed, rnd), self.p.strategy.task, build_model
+        )
+
+    # --- checkpoints ----------------------------------------------------------------------
+    def _checkpoint(self, executor: Executor, state: ServerState, meta: dict[str, Any]) -> None:
+        # held: a Ctrl-C mid-write raises after it, so the run ends `interrupted`, not crashed
+        with signals.held():
+            if self._dirty:
+                written = checkpoint.save_client_states(
+                    self.run_dir, state.round, executor.collect_states(sorted(self._dirty))
+                )
+                self.client_index.update(written)
+                self._dirty.clear()
+            checkpoint.save(self.run_dir, state, meta, self.client_index)
 
     # --- the loop ---------------------------------------------------------------------------
     def execute(self) -> dict[str, Any]:
@@ -262,21 +258,36 @@ class Run:
             log.warning(w)
         executor, placement, started_ray = self._executor()
         loggers: list[Any] = []
-        ok = False
-        progress = Progress(cfg.fl.rounds, initial=state.round, enabled=self.console)
+        status = "failed"
+        progress = Progress(
+            cfg.fl.rounds, initial=state.round, enabled=self.console, metric=strategy.primary_metric()
+        )
         try:
+            if self.client_index:  # resume: the clients' state goes back to their hosts
+                executor.restore_states(self._saved_states(sorted(self.client_index)))
             loggers = self._loggers(meta)
             meta = {"wandb_id": loggers[0].id} if loggers else {}
             start = time.perf_counter()
             for rnd in range(state.round + 1, cfg.fl.rounds + 1):
-                state, record = self._round(executor, state, rnd)
+                try:
+                    state, record = self._round(executor, state, rnd)
+                except DivergedError as e:
+                    status = "diverged"
+                    files.log_round(
+                        rnd, _finite({**e.record, "wall_time_s": wall_offset + time.perf_counter() - start})
+                    )
+                    raise
                 record["wall_time_s"] = wall_offset + time.perf_counter() - start
-                files.log_round(rnd, record)
-                checkpoint.save(self.run_dir, state, meta)
+                files.log_round(rnd, _finite(record))
+                if rnd % cfg.checkpoint.every == 0 or rnd == cfg.fl.rounds:
+                    self._checkpoint(executor, state, meta)
                 for lg in loggers:
                     lg.log_round(rnd, record)
                 progress.update(rnd, record)
-            ok = True
+            status = "completed"
+        except KeyboardInterrupt:
+            status = "interrupted"  # a partial run: `resume` continues it
+            raise
         finally:
             progress.close()
             executor.close()
@@ -284,11 +295,11 @@ class Run:
                 import ray
 
                 ray.shutdown()
-            summary = self._summary(files.records(), placement)
+            summary = self._summary(files.records(), placement, status)
             files.log_summary(summary)
             for lg in loggers:
                 lg.log_summary(summary)
-                lg.close(ok)
+                lg.close(status == "completed")
         if self.console:
             print_table(files.records(), summary, self.run_dir)
         return summary
@@ -297,35 +308,84 @@ class Run:
         strategy = self.p.strategy
         t0 = time.perf_counter()
         plan = strategy.configure_round(state, rnd, round_rng(self.cfg.seed, rnd))
+        failed_before, retried_before = len(executor.failures), len(executor.retries)
         updates = sorted(executor.fit(plan), key=lambda u: u.client_id)
+        failures = executor.failures[failed_before:]
+        retries = executor.retries[retried_before:]
         if not updates:
-            raise RuntimeError(f"round {rnd}: every client failed")
+            causes = "; ".join(f.split(": ", 1)[1] for f in failures) or "no update returned"
+            raise ClientFailure(f"round {rnd}: every client failed ({causes})")
+        self._dirty.update(u.client_id for u in updates)
         t1 = time.perf_counter()
+        client = weighted_client_metrics(updates)
+        record: dict[str, Any] = {
+            "train_loss": client.get("train_loss", 0.0),
+            "clients": len(updates),
+            "clients_failed": len(plan.payloads) - len(updates),
+            "clients_retried": len(retries),
+        }
+        if failures or retries:
+            record["client_failures"] = failures + [f"retried {r}" for r in retries]
+        record.update({f"client/{k}": v for k, v in client.items()})
+        diverged = sorted(u.client_id for u in updates if not math.isfinite(u.metrics.get("train_loss", 0.0)))
+        if diverged:
+            raise DivergedError(
+                f"round {rnd}: non-finite training loss on client(s) {', '.join(map(str, diverged[:10]))}",
+                {"round": rnd, **record},
+            )
         state = strategy.aggregate(state, updates)
-        state = dataclasses.replace(strategy.server_update(state, updates), round=rnd)
+        state, server = strategy.server_update(state, updates, self._context(rnd))
+        state = dataclasses.replace(state, round=rnd)
+        if state.global_params is not None and not all(
+            bool(torch.isfinite(v).all()) for v in state.global_params.values() if v.is_floating_point()
+        ):
+            raise DivergedError(
+                f"round {rnd}: the aggregated global model has non-finite weights", {"round": rnd, **record}
+            )
+        record.update({f"server/{k}": v for k, v in server.items()})
+        bn_up = bn_down = 0
+        if self.cfg.fl.bn_stats == "recompute" and state.global_params is not None:
+            state, bn_up, bn_down = self._recompute_bn(executor, state, plan, updates)
         t2 = time.perf_counter()
-        record: dict[str, Any] = {}
         if rnd % self.cfg.eval.every == 0 or rnd == self.cfg.fl.rounds:
             record.update(self._global_eval(state))
             record.update(self._client_eval(executor, state))
         t3 = time.perf_counter()
-        n = sum(u.num_examples for u in updates)
         record.update(
-            train_loss=sum(u.metrics.get("train_loss", 0.0) * u.num_examples for u in updates) / max(n, 1),
-            clients=len(updates),
-            clients_failed=len(plan.payloads) - len(updates),
-            bytes_down=plan.broadcast.nbytes() * len(plan.payloads),
-            bytes_up=sum(u.upload_nbytes() for u in updates),
+            bytes_down=plan.broadcast.nbytes() * len(plan.payloads) + bn_down,
+            bytes_up=sum(u.upload_nbytes() for u in updates) + bn_up,
             time_fit_s=t1 - t0,
             time_server_s=t2 - t1,
             time_eval_s=t3 - t2,
             round_time_s=t3 - t0,
         )
+        record.update(driver_memory_mb())
         return state, record
 
-    def _summary(self, records: list[dict[str, Any]], placement: Placement) -> dict[str, Any]:
-        evald = [r for r in records if "accuracy" in r or "client_accuracy" in r]
-        key = "accuracy" if any("accuracy" in r for r in evald) else "client_accuracy"
+    def _recompute_bn(
+        self, executor: Executor, state: ServerState, plan: RoundPlan, updates: Sequence[ClientUpdate]
+    ) -> tuple[ServerState, int, int]:
+        """`fl.bn_stats=recompute`: the clients that trained this round measure their data
+        under the new global weights; the server pools the sums (core/bn_stats.py)."""
+        assert state.global_params is not None
+        if not any(k.endswith("running_mean") for k in state.global_params):
+            return state, 0, 0
+        trained = {u.client_id for u in updates}
+        bplan = RoundPlan(
+            plan.round,
+            self.p.strategy.broadcast(state, plan.round),
+            [p for p in plan.payloads if p.client_id in trained],
+        )
+        stats = sorted(executor.bn_stats(bplan), key=lambda s: s.client_id)
+        params = pooled_bn_params(stats, state.global_params)
+        up = sum(bn_stats_nbytes(s) for s in stats)
+        return dataclasses.replace(state, global_params=params), up, bplan.broadcast.nbytes() * len(stats)
+
+    def _summary(
+        self, records: list[dict[str, Any]], placement: Placement, status: str = "completed"
+    ) -> dict[str, Any]:
+        primary = self.p.strategy.primary_metric()
+        evald = [r for r in records if r.get(primary) is not None and not r.get("diverged")]
         out: dict[str, Any] = {
             "method": self.cfg.method.name,
             "dataset": self.cfg.data.name,
@@ -333,46 +393,98 @@ class Run:
             "seed": int(self.cfg.seed),
             "experiment": self.cfg.experiment,
             "run_id": self.run_dir.name,
+            "status": status,
             "executor": self.cfg.runtime.executor,
             "num_clients": int(self.cfg.fl.num_clients),
             "rounds": int(self.cfg.fl.rounds),
-            "rounds_completed": int(records[-1]["round"]) if records else 0,
-            "accuracy_metric": key,
-            "final_accuracy": None,
-            "best_accuracy": None,
+            "rounds_completed": max((int(r["round"]) for r in records if not r.get("diverged")), default=0),
+            "primary_metric": primary,
+            f"final_{primary}": None,
+            f"best_{primary}": None,
             "best_round": None,
             "wall_time_s": float(records[-1]["wall_time_s"]) if records else 0.0,
             "bytes_up_total": int(sum(r.get("bytes_up", 0) for r in records)),
             "bytes_down_total": int(sum(r.get("bytes_down", 0) for r in records)),
+            "clients_failed_total": int(sum(r.get("clients_failed", 0) for r in records)),
+            "driver_peak_rss_mb": driver_memory_mb().get("driver_peak_rss_mb"),
+            "driver_anon_max_mb": max((r.get("driver_anon_mb", 0.0) for r in records), default=None),
             "num_actors": placement.num_actors,
             "threads_per_client": placement.threads,
         }
+        single_label = primary in ("accuracy", "client_accuracy")
+        if single_label:  # the keys every earlier result and tool reads
+            out.update(accuracy_metric=primary, final_accuracy=None, best_accuracy=None)
         if evald:
-            best = max(evald, key=lambda r: r[key])
-            out.update(final_accuracy=evald[-1][key], best_accuracy=best[key], best_round=best["round"])
-            for k in ("client_accuracy", "client_accuracy_mean", "client_accuracy_std", "client_accuracy_worst10"):
-                if k in evald[-1] and k != key:
-                    out[f"final_{k}"] = evald[-1][k]
+            best = max(evald, key=lambda r: r[primary])
+            out.update(
+                {
+                    f"final_{primary}": evald[-1][primary],
+                    f"best_{primary}": best[primary],
+                    "best_round": best["round"],
+                }
+            )
+            if single_label:
+                out.update(final_accuracy=evald[-1][primary], best_accuracy=best[primary])
+            for k, v in evald[-1].items():
+                if (
+                    (k.startswith("client_") or k.startswith(("many_", "medium_", "few_")))
+                    and k != primary
+                    and isinstance(v, float)
+                ):
+                    out[f"final_{k}"] = v
         return out
 
 
 def start_run(cfg: DictConfig, console: bool = True) -> tuple[dict[str, Any], Path]:
-    """A new run: prepare (fails before writing anything), then create its directory."""
-    prepared = prepare(cfg)
-    from .local_ray import cluster_address
+    """A new run: check where it goes, prepare (fails before writing anything), then create
+    its directory atomically and hold its lock (`lock.py`) while anything is written."""
+    from .local_ray import cluster_address, stop_local_ray
+    from .lock import RunLock, check_output_dir, create_run_dir
 
-    if cfg.runtime.executor == "serial" or not cluster_address(cfg.runtime.address):
-        _placement(cfg, *_local_resources(cfg))  # this machine cannot hold it: fail before any file
     run_dir = new_run_dir(cfg)
+    check_output_dir(run_dir.parent, str(cfg.output_dir))  # a file in the way, not writable: no data yet
     if run_dir.exists():
         raise ConfigError(f"run directory {run_dir} exists; continue it with `fl-lightning resume {run_dir}`")
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    if console:
-        print(f"run dir: {run_dir}", file=sys.stderr)
-    return Run(prepared, run_dir, console=console).execute(), run_dir
+    prepared = prepare(cfg)
+    if cfg.runtime.executor == "serial" or not cluster_address(cfg.runtime.address):
+        placement_for(cfg, *local_resources(cfg))  # this machine cannot hold it: fail before any file
+    create_run_dir(run_dir)
+    try:
+        with RunLock(run_dir):
+            (run_dir / "config.yaml").write_text(to_yaml(cfg))
+            if console:
+                print(run_dir_message(run_dir), file=sys.stderr)
+            return Run(prepared, run_dir, console=console).execute(), run_dir
+    finally:
+        stop_local_ray()  # what a local Ray this run started left behind (a no-op otherwise)
+
+
+def finished_message(run_dir: Path, rounds_done: int) -> str:
+    return (
+        f"fl-lightning: run {run_dir} is already finished ({rounds_done} rounds); nothing to do "
+        f"(more rounds: fl-lightning resume {run_dir} fl.rounds=N)"
+    )
 
 
 def resume_run(run_dir: Path, cfg: DictConfig, console: bool = True) -> dict[str, Any]:
-    prepared = prepare(cfg)
-    return Run(prepared, Path(run_dir), resume=True, console=console).execute()
+    """Continue a run from its newest intact checkpoint (`checkpoint.recover`), holding the run
+    directory's lock from before anything is read or written. A finished run returns at once,
+    with one line on stderr, before any data is loaded or Ray started."""
+    from .local_ray import stop_local_ray
+    from .lock import RunLock
+
+    run_dir = Path(run_dir)
+    try:
+        with RunLock(run_dir):
+            done = checkpoint.recover(run_dir)  # newer broken checkpoints are set aside, with a warning
+            if done >= int(cfg.fl.rounds):
+                print(finished_message(run_dir, done), file=sys.stderr)
+                try:
+                    summary = json.loads((run_dir / "summary.json").read_text())
+                except (OSError, ValueError):
+                    summary = {}
+                return summary if isinstance(summary, dict) else {}
+            prepared = prepare(cfg)
+            return Run(prepared, run_dir, resume=True, console=console).execute()
+    finally:
+        stop_local_ray()

@@ -10,7 +10,9 @@ Prompt c, j is "<ctx_c> {class}: {description_j}." with the m vectors ctx_c shar
 k descriptions of class c (`text.soft_prompt.ClassSoftPrompts`); the text prototype of
 class c is the normalised mean of its k features. The loss is InfoNCE between text and
 image prototypes with cosine similarity times exp(logit_scale) (a learnable temperature,
-initialised at ln 100 as in the authors' code). Only `ctx` and `logit_scale` change; the
+initialised at ln 100 as in the authors' code, which does not clamp it; `tune` clamps it
+at `max_logit_scale`, a guard that must lie above the start so that the scale can move
+both ways). Only `ctx` and `logit_scale` change; the
 encoder and its embeddings never receive a gradient. Everything that survives a round
 (`ctx`, `logit_scale`, the optimiser state) goes in and comes out as CPU tensors, so the
 caller keeps it in its `ServerState`.
@@ -18,18 +20,24 @@ caller keeps it in its `ServerState`.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 LN_100 = math.log(100.0)
+LN_1000 = math.log(1000.0)
 
 
 def prototype_infonce(
-    text: Tensor, image: Tensor, logit_scale: Tensor, present: Tensor | None = None, direction: str = "image_to_text"
+    text: Tensor,
+    image: Tensor,
+    logit_scale: Tensor,
+    present: Tensor | None = None,
+    direction: str = "image_to_text",
 ) -> Tensor:
     """InfoNCE between text prototypes [C, d] and image prototypes [C, d], positives on the
     diagonal, logits = exp(logit_scale) · cosine, over the classes `present` (bool [C];
@@ -37,7 +45,11 @@ def prototype_infonce(
     every text prototype. `text_to_image` (Eq. 7 of the paper): each present class's text
     prototype against the present image prototypes. `symmetric`: their mean."""
     C = text.shape[0]
-    idx = torch.arange(C, device=text.device) if present is None else present.to(text.device).nonzero().squeeze(1)
+    idx = (
+        torch.arange(C, device=text.device)
+        if present is None
+        else present.to(text.device).nonzero().squeeze(1)
+    )
     t, i = F.normalize(text.float(), dim=-1), F.normalize(image.float(), dim=-1)
     scale = logit_scale.exp()
     i2t = F.cross_entropy(scale * i[idx] @ t.T, idx)
@@ -79,7 +91,9 @@ class PromptTuner:
         self.encoder = build_text_encoder(text_cfg)
         with torch.random.fork_rng(devices=[]):  # random init of the context (ctx_init=None)
             torch.manual_seed(seed)
-            self.prompts = ClassSoftPrompts(self.encoder, class_names, descriptions, ctx_init=ctx_init, n_ctx=n_ctx)
+            self.prompts = ClassSoftPrompts(
+                self.encoder, class_names, descriptions, ctx_init=ctx_init, n_ctx=n_ctx
+            )
         self.prompts.to(self.encoder.device)
         self.prompts.requires_grad_(False)
         self.text_dim = int(self.encoder.embed_dim)
@@ -95,7 +109,11 @@ class PromptTuner:
 
     def _features(self, ctx: Tensor) -> Tensor:
         """Text prototypes [C, d] with `ctx` spliced in (differentiable w.r.t. ctx)."""
-        self.prompts.ctx = torch.nn.Parameter(ctx, requires_grad=ctx.requires_grad) if not isinstance(ctx, torch.nn.Parameter) else ctx
+        self.prompts.ctx = (
+            torch.nn.Parameter(ctx, requires_grad=ctx.requires_grad)
+            if not isinstance(ctx, torch.nn.Parameter)
+            else ctx
+        )
         return self.prompts(reduce="mean")
 
     @torch.no_grad()
@@ -103,10 +121,21 @@ class PromptTuner:
         """The text prototypes [C, d] (L2-normalised, CPU float32) for the prompt vectors `ctx`."""
         return self._features(ctx.to(self.device)).float().cpu()
 
-    def loss(self, ctx: Tensor, logit_scale: Tensor, image: Tensor, present: Tensor | None = None, direction: str = "image_to_text") -> float:
+    def loss(
+        self,
+        ctx: Tensor,
+        logit_scale: Tensor,
+        image: Tensor,
+        present: Tensor | None = None,
+        direction: str = "image_to_text",
+    ) -> float:
         with torch.no_grad():
             text = self._features(ctx.to(self.device))
-            return float(prototype_infonce(text, image.to(self.device), logit_scale.to(self.device), present, direction))
+            return float(
+                prototype_infonce(
+                    text, image.to(self.device), logit_scale.to(self.device), present, direction
+                )
+            )
 
     def tune(
         self,
@@ -119,13 +148,14 @@ class PromptTuner:
         momentum: float = 0.0,
         scale_lr: float | None = None,
         learn_scale: bool = True,
-        max_logit_scale: float = LN_100,
+        max_logit_scale: float | None = LN_1000,
         direction: str = "image_to_text",
         opt_state: Mapping[int, Mapping[str, Any]] | None = None,
     ) -> TuneResult:
         """`steps` full-batch SGD steps (one "server epoch" each) on the prompt vectors and,
-        with `learn_scale`, the logit scale (clamped to `max_logit_scale`, as CLIP does).
-        `opt_state` carries momentum buffers across rounds (empty without momentum)."""
+        with `learn_scale`, the logit scale (clamped to `max_logit_scale` as CLIP clamps at
+        ln 100; None: no clamp, as in the authors' code). `opt_state` carries momentum
+        buffers across rounds (empty without momentum)."""
         dev = self.device
         v = torch.nn.Parameter(ctx.detach().to(dev).clone())
         s = torch.nn.Parameter(logit_scale.detach().to(dev).float().clone(), requires_grad=learn_scale)
@@ -134,18 +164,20 @@ class PromptTuner:
             groups.append({"params": [s], "lr": scale_lr if scale_lr is not None else lr})
         opt = torch.optim.SGD(groups, lr=lr, momentum=momentum)
         if opt_state:
-            opt.load_state_dict(
-                {"state": {int(k): {n: (t.to(dev) if isinstance(t, Tensor) else t) for n, t in st.items()} for k, st in opt_state.items()},
-                 "param_groups": opt.state_dict()["param_groups"]}
-            )  # fmt: skip
+            state = {
+                int(k): {n: (t.to(dev) if isinstance(t, Tensor) else t) for n, t in st.items()}
+                for k, st in opt_state.items()
+            }
+            opt.load_state_dict({"state": state, "param_groups": opt.state_dict()["param_groups"]})
         image, losses = image.to(dev), []
         for _ in range(steps):
             loss = prototype_infonce(self._features(v), image, s, present, direction)
             opt.zero_grad()
             loss.backward()
             opt.step()
-            with torch.no_grad():
-                s.clamp_(max=max_logit_scale)
+            if max_logit_scale is not None:
+                with torch.no_grad():
+                    s.clamp_(max=max_logit_scale)
             losses.append(float(loss.detach()))
         with torch.no_grad():  # one forward gives the new prototypes and the loss after tuning
             text = self._features(v).float()

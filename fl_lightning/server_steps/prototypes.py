@@ -7,7 +7,7 @@ FedDistill, FedTSP) and FedTGP's trainable global prototypes with an adaptive ma
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +29,8 @@ def aggregate_class_means(
         raise ValueError(f"weighting={weighting!r}: expected count or uniform")
     n = torch.stack([c.double() for c in counts])  # [K, C]
     w = n if weighting == "count" else (n > 0).double()
-    summed = sum(m.double() * wk[:, None] for m, wk in zip(means, w))
-    mean = summed / w.sum(0).clamp(min=1e-12)[:, None]  # type: ignore[operator]
+    summed = sum(m.double() * wk[:, None] for m, wk in zip(means, w, strict=True))
+    mean = summed / w.sum(0).clamp(min=1e-12)[:, None]
     return mean.float(), n.sum(0).round().long()
 
 
@@ -46,7 +46,11 @@ class TrainablePrototypes(nn.Module):
         self.fc = nn.Linear(hidden, dim)
 
     def forward(self, classes: torch.Tensor | None = None) -> torch.Tensor:
-        ids = classes if classes is not None else torch.arange(self.embeddings.num_embeddings, device=self.fc.weight.device)
+        ids = (
+            classes
+            if classes is not None
+            else torch.arange(self.embeddings.num_embeddings, device=self.fc.weight.device)
+        )
         return self.fc(self.middle(self.embeddings(ids)))
 
 
@@ -71,10 +75,16 @@ def class_gaps(means: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(gap), gap, fill)
 
 
-def adaptive_margin_loss(protos: torch.Tensor, y: torch.Tensor, centers: torch.Tensor, margin: float) -> torch.Tensor:
+def adaptive_margin_loss(
+    protos: torch.Tensor, y: torch.Tensor, centers: torch.Tensor, margin: float
+) -> torch.Tensor:
     """CE over negative L2 distances to the global prototypes, the true class's distance
     increased by `margin` (FedTGP's adaptive-margin-enhanced contrastive loss)."""
-    dist = (protos.pow(2).sum(1, keepdim=True) - 2 * protos @ centers.T + centers.pow(2).sum(1)[None]).clamp(min=0).sqrt()
+    dist = (
+        (protos.pow(2).sum(1, keepdim=True) - 2 * protos @ centers.T + centers.pow(2).sum(1)[None])
+        .clamp(min=0)
+        .sqrt()
+    )
     dist = dist + F.one_hot(y, centers.shape[0]).to(dist) * margin
     return F.cross_entropy(-dist, y)
 

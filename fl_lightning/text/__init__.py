@@ -5,29 +5,31 @@
 
 Modules: `encoders` (TextEncoder, the registered encoders), `prompts` (templates, descriptions,
 class-name cleaning; the text itself lives in `data/`), `feature_bank` (cached class features),
-`soft_prompt` (CoOp-style class-specific prompt vectors), `cli_text` (`fl-lightning text`).
+`soft_prompt` (CoOp-style class-specific prompt vectors). `fl-lightning text` is `cli/text.py`.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError
 from ..core.registry import Registry
 
-TEXT_ENCODERS: Registry[Callable[..., Any]] = Registry("text encoder")
+if TYPE_CHECKING:
+    from .encoders import TextEncoder
+
+TEXT_ENCODERS: Registry[type[TextEncoder]] = Registry("text encoder")
 
 
 def _split_cfg(cfg: Mapping) -> tuple[str, dict]:
     from omegaconf import DictConfig, OmegaConf
 
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True)
-    if not isinstance(cfg, Mapping):
-        raise TypeError(f"text encoder config must be a mapping with a 'name', got {type(cfg).__name__}")
-    kwargs = dict(cfg)
+    raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    if not isinstance(raw, Mapping):
+        raise TypeError(f"text encoder config must be a mapping with a 'name', got {type(raw).__name__}")
+    kwargs = {str(k): v for k, v in raw.items()}
     name = kwargs.pop("name", None)
     if not name or name == "none":
         raise ConfigError("no text encoder configured (text=none); pick one, e.g. text=minilm")

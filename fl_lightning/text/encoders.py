@@ -18,7 +18,7 @@ import logging
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -106,7 +106,7 @@ class TextEncoder(nn.Module, ABC):
         return int(self.embed_tokens(torch.zeros(1, 1, dtype=torch.long, device=self.device)).shape[-1])
 
     @torch.no_grad()
-    def encode(self, texts: list[str], batch_size: Optional[int] = None) -> Tensor:
+    def encode(self, texts: list[str], batch_size: int | None = None) -> Tensor:
         """L2-normalised features [n, embed_dim] (float32, on the encoder's device)."""
         if isinstance(texts, str):
             raise TypeError("encode() takes a list of strings")
@@ -124,7 +124,7 @@ class TextEncoder(nn.Module, ABC):
             p.requires_grad_(False)
         super().train(False)
 
-    def train(self, mode: bool = True) -> "TextEncoder":
+    def train(self, mode: bool = True) -> TextEncoder:
         return super().train(False)  # frozen: dropout stays off whatever a parent module asks
 
     def extra_repr(self) -> str:
@@ -144,7 +144,7 @@ class HFTextEncoder(TextEncoder):
         model: str = "bert-base-uncased",
         pooling: str = "mean",
         max_length: int = 512,
-        revision: Optional[str] = None,
+        revision: str | None = None,
         batch_size: int = 128,
         device: str = "auto",
     ) -> None:
@@ -175,8 +175,8 @@ class HFTextEncoder(TextEncoder):
 
     @classmethod
     def feature_identity(
-        cls, model: str = "bert-base-uncased", pooling: str = "mean", max_length: int = 512,
-        revision: Optional[str] = None, **_: Any,
+        cls, *, model: str = "bert-base-uncased", pooling: str = "mean", max_length: int = 512,
+        revision: str | None = None, **_: Any,
     ) -> str:  # fmt: skip
         p = Path(model).expanduser()
         weights = _file_identity(p) if p.exists() else f"{model}@{revision or 'main'}"
@@ -225,7 +225,7 @@ class MiniLMEncoder(HFTextEncoder):
     """sentence-transformers/all-MiniLM-L6-v2 (384-d, mean pooling + L2 norm), fully offline."""
 
     def __init__(
-        self, path: Optional[str] = None, max_length: int = 256, batch_size: int = 128, device: str = "auto"
+        self, path: str | None = None, max_length: int = 256, batch_size: int = 128, device: str = "auto"
     ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder: never reach for the network
         folder = Path(path).expanduser() if path else minilm_path()
@@ -239,7 +239,7 @@ class MiniLMEncoder(HFTextEncoder):
         self.name = "minilm"
 
     @classmethod
-    def feature_identity(cls, path: Optional[str] = None, max_length: int = 256, **_: Any) -> str:
+    def feature_identity(cls, *, path: str | None = None, max_length: int = 256, **_: Any) -> str:
         folder = Path(path).expanduser() if path else minilm_path()
         return f"minilm|{_file_identity(folder)}|max_length={max_length}"
 
@@ -274,10 +274,12 @@ class OpenCLIPTextEncoder(TextEncoder):
     null for random weights (seeded with `seed`: only for tests). The image tower is dropped.
     """
 
+    attn_mask: Tensor | None  # a buffer (causal mask), set in __init__
+
     def __init__(
         self,
         arch: str = "ViT-B-32",
-        pretrained: Optional[str] = None,
+        pretrained: str | None = None,
         seed: int = 0,
         batch_size: int = 128,
         device: str = "auto",
@@ -330,7 +332,7 @@ class OpenCLIPTextEncoder(TextEncoder):
 
     @classmethod
     def feature_identity(
-        cls, arch: str = "ViT-B-32", pretrained: Optional[str] = None, seed: int = 0, **_: Any
+        cls, *, arch: str = "ViT-B-32", pretrained: str | None = None, seed: int = 0, **_: Any
     ) -> str:
         if str(arch).endswith(".json"):
             arch_id = hashlib.sha256(Path(arch).expanduser().read_bytes()).hexdigest()[:16]

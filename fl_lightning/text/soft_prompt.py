@@ -14,23 +14,30 @@ weight can receive a gradient. Move the encoder with the module: `sp.to(dev)` mo
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .encoders import TextEncoder
 from .prompts import clean_class_name
 
 
 class ClassSoftPrompts(nn.Module):
+    encoder: TextEncoder  # held outside the module tree (see the module docstring)
+    token_embeds: Tensor  # buffers, set in __init__
+    attention_mask: Tensor
+    class_index: Tensor
+
     def __init__(
         self,
-        encoder: Any,
+        encoder: TextEncoder,
         class_names: Sequence[str],
-        descriptions: Optional[Sequence[Sequence[str]]] = None,
-        ctx_init: Optional[str] = "a photo of a",
-        n_ctx: Optional[int] = None,
+        descriptions: Sequence[Sequence[str]] | None = None,
+        ctx_init: str | None = "a photo of a",
+        n_ctx: int | None = None,
         class_specific: bool = True,
         init_std: float = 0.02,
     ) -> None:
@@ -40,9 +47,12 @@ class ClassSoftPrompts(nn.Module):
         `class_specific=False` shares one set of m vectors across all classes."""
         super().__init__()
         object.__setattr__(self, "encoder", encoder)  # not a submodule: never trained, never saved
-        if ctx_init is None and not n_ctx:
+        if ctx_init is not None:
+            ctx_text = ctx_init
+        elif n_ctx:
+            ctx_text = " ".join(["X"] * int(n_ctx))
+        else:
             raise ValueError("give ctx_init (a handcrafted context) or n_ctx (random init)")
-        ctx_text = ctx_init if ctx_init is not None else " ".join(["X"] * int(n_ctx))
         ids, ctx_mask = encoder.tokenize([ctx_text])
         p = encoder.prefix_tokens
         m = int(ctx_mask.sum()) - p - encoder.suffix_tokens
@@ -57,7 +67,7 @@ class ClassSoftPrompts(nn.Module):
                 raise ValueError(f"{C} classes but {len(descriptions)} description lists")
             rests = [
                 [f"{clean_class_name(c)}: {d.rstrip('.')}." for d in ds]
-                for c, ds in zip(self.class_names, descriptions)
+                for c, ds in zip(self.class_names, descriptions, strict=True)
             ]
         ks = {len(r) for r in rests}
         if len(ks) != 1:
@@ -83,12 +93,12 @@ class ClassSoftPrompts(nn.Module):
         self.register_buffer("attention_mask", mask, persistent=False)
         self.register_buffer("class_index", torch.arange(C).repeat_interleave(self.k), persistent=False)
 
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> "ClassSoftPrompts":
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> ClassSoftPrompts:
         super()._apply(fn, *args, **kwargs)
         self.encoder._apply(fn, *args, **kwargs)  # .to(device) moves the frozen encoder too
         return self
 
-    def embeddings(self, classes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def embeddings(self, classes: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The prompts' embedding sequences [n, L, h] with the class vectors spliced in, and masks."""
         rows = torch.arange(len(self.class_index), device=self.token_embeds.device)
         if classes is not None:
@@ -103,7 +113,7 @@ class ClassSoftPrompts(nn.Module):
         x = torch.cat([base[:, :p], ctx.to(base.dtype), base[:, p + m :]], dim=1)
         return x, self.attention_mask[rows]
 
-    def forward(self, reduce: str = "none", classes: Optional[Tensor] = None) -> Tensor:
+    def forward(self, reduce: str = "none", classes: Tensor | None = None) -> Tensor:
         """Features [C, k, d] (`reduce="none"`) or [C, d] (`"mean"`, re-normalised); with
         `classes`, only those classes (sorted), e.g. the labels present in a batch."""
         x, mask = self.embeddings(classes)

@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 
@@ -60,18 +61,30 @@ class RunResult:
         return node
 
     def metric_key(self, metric: str | None) -> str:
-        return metric or self.summary.get("accuracy_metric") or "accuracy"
+        return (
+            metric or self.summary.get("primary_metric") or self.summary.get("accuracy_metric") or "accuracy"
+        )
+
+    @property
+    def failed(self) -> bool:
+        """Diverged or broken runs: listed, never averaged in."""
+        return self.summary.get("status") in ("diverged", "failed")
 
     def curve(self, metric: str | None = None) -> dict[int, float]:
         key = self.metric_key(metric)
-        return {int(r["round"]): float(r[key]) for r in self.records if r.get(key) is not None and "round" in r}
+        return {
+            int(r["round"]): float(r[key])
+            for r in self.records
+            if r.get(key) is not None and "round" in r and not r.get("diverged")
+        }
 
     def final_best(self, metric: str | None = None) -> tuple[float | None, float | None]:
         curve = self.curve(metric)
         if curve:
             return curve[max(curve)], max(curve.values())
         if metric is None:  # no metrics.jsonl: fall back to the summary
-            return self.summary.get("final_accuracy"), self.summary.get("best_accuracy")
+            key = self.metric_key(None)
+            return self.summary.get(f"final_{key}"), self.summary.get(f"best_{key}")
         return None, None
 
 
@@ -82,7 +95,11 @@ def find_runs(paths: Sequence[Path]) -> list[RunResult]:
         if not root.exists():
             raise ConfigError(f"{root} does not exist")
         summaries = [root / "summary.json"] if (root / "summary.json").is_file() else []
-        summaries += [p for p in sorted(root.rglob("summary.json")) if not SKIP_DIRS & set(p.relative_to(root).parts[:-1])]
+        summaries += [
+            p
+            for p in sorted(root.rglob("summary.json"))
+            if not SKIP_DIRS & set(p.relative_to(root).parts[:-1])
+        ]
         for s in summaries:
             run_dir = s.parent.resolve()
             if run_dir in found:
@@ -119,26 +136,31 @@ class Group:
     def legend(self) -> str:
         """`fedavg`, `fedavg optim.lr=0.1`: names for method/dataset, key=value otherwise."""
         names = self.by or ("",) * len(self.key)
-        return " ".join(str(v) if k in ("method", "dataset", "") else f"{k}={v}" for k, v in zip(names, self.key))
+        return " ".join(
+            str(v) if k in ("method", "dataset", "") else f"{k}={v}"
+            for k, v in zip(names, self.key, strict=True)
+        )
 
     def row(self) -> dict[str, Any]:
-        fb = [r.final_best(self.metric) for r in self.runs]
-        seeds = [r.summary.get("seed") for r in self.runs]
+        ok = [r for r in self.runs if not r.failed]
+        fb = [r.final_best(self.metric) for r in ok]
+        seeds = [r.summary.get("seed") for r in ok]
         return {
             "group": self.label,
-            "runs": len(self.runs),
+            "runs": len(ok),
+            "failed": [f"{r.run_dir.name} ({r.summary.get('status')})" for r in self.runs if r.failed],
             "seeds": sorted(s for s in seeds if s is not None),
             "metric": self.metric or self.runs[0].metric_key(None),
             "final": _stats([f for f, _ in fb]),
             "best": _stats([b for _, b in fb]),
-            "rounds": _stats([r.summary.get("rounds_completed") for r in self.runs]),
-            "wall_time_s": _stats([r.summary.get("wall_time_s") for r in self.runs]),
+            "rounds": _stats([r.summary.get("rounds_completed") for r in ok]),
+            "wall_time_s": _stats([r.summary.get("wall_time_s") for r in ok]),
             "run_dirs": [str(r.run_dir) for r in self.runs],
         }
 
     def band(self) -> tuple[list[int], list[float], list[float], list[float]]:
         """Per round: mean, min, max over the runs that have the round."""
-        curves = [r.curve(self.metric) for r in self.runs]
+        curves = [r.curve(self.metric) for r in self.runs if not r.failed]
         rounds = sorted(set().union(*curves)) if curves else []
         mean, lo, hi = [], [], []
         for rnd in rounds:
@@ -156,7 +178,9 @@ def group_runs(runs: Sequence[RunResult], by: Sequence[str], metric: str | None 
         groups.setdefault(key, []).append(r)
     order = sorted(groups, key=lambda k: tuple(str(x) for x in k))
     return [
-        Group(k, sorted(groups[k], key=lambda r: (r.summary.get("seed", 0), str(r.run_dir))), metric, tuple(by))
+        Group(
+            k, sorted(groups[k], key=lambda r: (r.summary.get("seed", 0), str(r.run_dir))), metric, tuple(by)
+        )
         for k in order
     ]
 
@@ -174,7 +198,7 @@ def _pm(s: dict[str, float | None], spec: str) -> str:
 
 
 def _rounds(s: dict[str, float | None]) -> str:
-    if s["mean"] is None:
+    if s["mean"] is None or s["min"] is None or s["max"] is None:
         return "-"
     lo, hi = int(s["min"]), int(s["max"])
     return str(lo) if lo == hi else f"{lo}-{hi}"
@@ -190,12 +214,21 @@ def format_compare(groups: Sequence[Group], by: Sequence[str]) -> str:
         cells.append([r["group"], str(r["runs"]), seeds, _pm(r["final"], ".4f"), _pm(r["best"], ".4f"),
                       _rounds(r["rounds"]), _pm(r["wall_time_s"], ".1f")])  # fmt: skip
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append("mean ± std over runs (sample std); final = last evaluated round, best = best evaluated round")
+    lines.append(
+        "mean ± std over runs (sample std); final = last evaluated round, best = best evaluated round"
+    )
     for r in rows:
         if len(set(r["seeds"])) < len(r["seeds"]):
             lines.append(f"note: group {r['group']!r} has repeated seeds ({len(r['seeds'])} runs)")
+        if r["failed"]:
+            lines.append(f"FAILED in group {r['group']!r}, not averaged: {', '.join(r['failed'])}")
     return "\n".join(lines)
 
 
@@ -284,12 +317,16 @@ def compare(
     if plots:
         written += write_plots(groups, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.json").write_text(json.dumps({"by": by, "groups": [g.row() for g in groups]}, indent=2) + "\n")
+    (out_dir / "compare.json").write_text(
+        json.dumps({"by": by, "groups": [g.row() for g in groups]}, indent=2) + "\n"
+    )
     written.append(out_dir / "compare.json")
     return table, written
 
 
-def compare_command(paths: Sequence[str], by: str | None, metric: str | None, out: str | None, plots: bool) -> int:
+def compare_command(
+    paths: Sequence[str], by: str | None, metric: str | None, out: str | None, plots: bool
+) -> int:
     keys = [k.strip() for k in by.split(",") if k.strip()] if by else None
     table, written = compare([Path(p) for p in paths], keys, metric, Path(out) if out else None, plots)
     print(table)

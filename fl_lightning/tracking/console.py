@@ -7,19 +7,22 @@ from typing import Any
 
 
 class Progress:
-    def __init__(self, total: int, initial: int = 0, enabled: bool = True) -> None:
+    def __init__(self, total: int, initial: int = 0, enabled: bool = True, metric: str = "accuracy") -> None:
         self.bar = None
+        self.metric = metric
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, desc="rounds", unit="round", file=sys.stderr, dynamic_ncols=True)
+            self.bar = tqdm(
+                total=total, initial=initial, desc="rounds", unit="round", file=sys.stderr, dynamic_ncols=True
+            )
 
     def update(self, rnd: int, record: dict[str, Any]) -> None:
         if self.bar is None:
             return
         post = {}
-        for k in ("accuracy", "client_accuracy", "train_loss"):
-            if k in record:
+        for k in dict.fromkeys((self.metric, "accuracy", "client_accuracy", "train_loss")):
+            if isinstance(record.get(k), float):
                 post[k.replace("accuracy", "acc")] = f"{record[k]:.4f}"
         self.bar.set_postfix(post, refresh=False)
         self.bar.update(1)
@@ -43,24 +46,30 @@ def format_table(records: list[dict[str, Any]], max_rows: int = 12) -> str:
         rows.append(records[-1])
     cols = [
         ("round", "round", "d"), ("accuracy", "acc", ".4f"), ("client_accuracy", "client acc", ".4f"),
+        ("c_ap", "C-AP", ".4f"), ("o_ap", "O-AP", ".4f"), ("c_f1", "C-F1", ".4f"), ("o_f1", "O-F1", ".4f"),
+        ("client_c_ap", "client C-AP", ".4f"),
         ("train_loss", "train loss", ".4f"), ("bytes_up", "up MB", ".2f"), ("round_time_s", "time s", ".1f"),
     ]  # fmt: skip
-    cols = [c for c in cols if any(c[0] in r for r in rows)]
+    cols = [c for c in cols if any(r.get(c[0]) is not None for r in rows)]
     cells = [[h for _, h, _ in cols]]
     for r in rows:
-        cells.append([_fmt(r.get(k) / 1e6 if k == "bytes_up" else r.get(k), f) for k, _, f in cols])
+        mb = None if r.get("bytes_up") is None else r["bytes_up"] / 1e6  # a round may lack it (resume)
+        cells.append([_fmt(mb if k == "bytes_up" else r.get(k), f) for k, _, f in cols])
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
 def print_table(records: list[dict[str, Any]], summary: dict[str, Any], run_dir: Path) -> None:
     print(format_table(records))
+    metric = summary.get("primary_metric") or summary.get("accuracy_metric", "accuracy")
+    status = summary.get("status", "completed")
     print(
         f"{summary['method']} on {summary['dataset']} (seed {summary['seed']}): "
-        f"final {summary['accuracy_metric']} {_fmt(summary['final_accuracy'], '.4f')}, "
-        f"best {_fmt(summary['best_accuracy'], '.4f')} (round {summary['best_round']}), "
+        f"final {metric} {_fmt(summary.get(f'final_{metric}'), '.4f')}, "
+        f"best {_fmt(summary.get(f'best_{metric}'), '.4f')} (round {summary['best_round']}), "
         f"{summary['rounds_completed']}/{summary['rounds']} rounds in {summary['wall_time_s']:.1f}s"
+        + ("" if status == "completed" else f" [{status.upper()}]")
     )
     print(f"run dir: {run_dir}")

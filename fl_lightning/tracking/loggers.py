@@ -12,7 +12,9 @@ import netrc
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
+
+from ..core.errors import ConfigError
 
 
 class MetricsLogger(Protocol):
@@ -27,7 +29,7 @@ class MetricsLogger(Protocol):
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Records of a metrics.jsonl, skipping a torn last line (a run killed mid-write)."""
-    out = []
+    out: list[dict[str, Any]] = []
     if not Path(path).exists():
         return out
     for line in Path(path).read_text().splitlines():
@@ -71,12 +73,21 @@ class RunFiles:
         pass
 
 
-def wandb_mode(mode: str) -> str:
-    """auto: online when an API key is configured, offline otherwise."""
+WandbMode = Literal["online", "offline", "disabled", "shared"]
+_WANDB_MODES: dict[str, WandbMode] = {
+    "online": "online", "offline": "offline", "disabled": "disabled", "shared": "shared",
+    "run": "online", "dryrun": "offline",  # W&B's older names
+}  # fmt: skip
+
+
+def wandb_mode(mode: str) -> WandbMode:
+    """auto: online when an API key is configured, offline otherwise; `$WANDB_MODE` wins."""
+    if mode == "auto":
+        mode = os.environ.get("WANDB_MODE") or "auto"
     if mode != "auto":
-        return mode
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
+        if mode not in _WANDB_MODES:
+            raise ConfigError(f"W&B mode {mode!r}: expected one of {', '.join(_WANDB_MODES)}")
+        return _WANDB_MODES[mode]
     if os.environ.get("WANDB_API_KEY"):
         return "online"
     try:
@@ -106,7 +117,11 @@ class WandbLogger:
         run_dir = Path(run_dir)
         # Keep W&B's caches out of $HOME (and out of other users' way) unless set.
         base = run_dir.parent / ".wandb"
-        for var, sub in (("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data"), ("WANDB_CONFIG_DIR", "config")):
+        for var, sub in (
+            ("WANDB_CACHE_DIR", "cache"),
+            ("WANDB_DATA_DIR", "data"),
+            ("WANDB_CONFIG_DIR", "config"),
+        ):
             os.environ.setdefault(var, str(base / sub))
         os.environ.setdefault("WANDB_SILENT", "true")
         self.mode = wandb_mode(mode)
@@ -125,12 +140,22 @@ class WandbLogger:
             settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, disable_git=True),
         )
         self.id = self.run.id
+        self._failures: list[list[Any]] = []  # [round, cause] of every client failure and retry
 
     def log_config(self, config: dict[str, Any]) -> None:
         self.run.config.update(config, allow_val_change=True)
 
     def log_round(self, rnd: int, metrics: dict[str, Any]) -> None:
-        self.run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=rnd)
+        """The numbers (also `clients_failed` and `clients_retried`), and when clients failed or
+        were retried, their causes: the table `client_failures` (round, what happened), all so far."""
+        payload: dict[str, Any] = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        causes = metrics.get("client_failures") or []
+        if causes:
+            self._failures += [[int(rnd), str(c)] for c in causes]
+            payload["client_failures"] = self._wandb.Table(
+                columns=["round", "failure"], data=[list(row) for row in self._failures]
+            )
+        self.run.log(payload, step=rnd)
 
     def log_summary(self, summary: dict[str, Any]) -> None:
         self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
@@ -149,7 +174,9 @@ class WandbLogger:
                 if len(set(names) | {"client", "size"}) != len(names) + 2:
                     names = [f"{i}:{n}" for i, n in enumerate(names)]
                 rows = [[i, int(sizes[i]), *(int(v) for v in row)] for i, row in enumerate(hist)]
-                payload["partition/class_histogram"] = self._wandb.Table(columns=["client", "size", *names], data=rows)
+                payload["partition/class_histogram"] = self._wandb.Table(
+                    columns=["client", "size", *names], data=rows
+                )
         if plot_path is not None and Path(plot_path).is_file():
             payload["partition/plot"] = self._wandb.Image(str(plot_path))
         if payload:

@@ -13,8 +13,13 @@ each in its own `fl-lightning run` subprocess (its output in
 `cpu_count / N` CPUs (`runtime.num_cpus`) unless set, while runs that join a cluster
 (`runtime.address`, or `$RAY_ADDRESS` inside a Ray job) share the cluster's resources.
 At the end the sweep prints the comparison table of its runs and writes the plots
-(`compare.py`), grouped by the swept keys other than `seed`.
+(`tracking/compare.py`), grouped by the swept keys other than `seed`.
+
+Each run takes its run directory's lock like `fl-lightning run` (`runtime/lock.py`); a run
+that fails (diverged, clients failed, its directory taken by another process, ...) is
+listed as FAILED with its one-line reason and the sweep goes on with the next.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -22,16 +27,23 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from ..core.errors import CheckpointError, ClientFailure, ConfigError
+from ..core.errors import CheckpointError, ClientFailure, ConfigError, DivergedError
+from ..runtime.lock import check_output_dir
+from ..runtime.paths import resolve_output_dir
+from .progress import RoundMonitor, monitored
 
 
 def split_top_level(value: str) -> list[str]:
     """Split on commas outside [], {}, () and quotes: `a,b` -> [a, b]; `[a,b]` stays."""
-    parts, depth, quote, cur = [], 0, "", []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth, quote = 0, ""
     for ch in value:
         if quote:
             quote = "" if ch == quote else quote
@@ -106,12 +118,14 @@ def plan_sweep(overrides: Sequence[str]) -> tuple[list[SweepRun], list[str], str
             rid = f"{cfg.method.name}_{cfg.data.name}_s{cfg.seed}_{stamp}_{i:03d}"
             args.append(f"run_id={rid}")
             cfg = compose(args)
-        run_dir = Path(cfg.output_dir).expanduser() / cfg.experiment / cfg.run_id
+        run_dir = resolve_output_dir(cfg.output_dir) / cfg.experiment / cfg.run_id
         if run_dir.exists():
             raise ConfigError(f"run directory {run_dir} exists")
         runs.append(SweepRun(i, args, cfg, run_dir))
-    experiments = sorted({r.cfg.experiment for r in runs})
-    return runs, swept, ", ".join(experiments)
+    for run in runs:  # a file in the way, not writable: before the first run starts
+        check_output_dir(run.run_dir.parent, str(run.cfg.output_dir))
+    names = sorted({r.cfg.experiment for r in runs})
+    return runs, swept, ", ".join(names)
 
 
 def _result_line(run: SweepRun, total: int, swept: Sequence[str]) -> str:
@@ -121,11 +135,16 @@ def _result_line(run: SweepRun, total: int, swept: Sequence[str]) -> str:
     import json
 
     s = json.loads((run.run_dir / "summary.json").read_text())
-    acc = s.get("final_accuracy")
-    best = s.get("best_accuracy")
-    fmt = (lambda v: "-" if v is None else f"{v:.4f}")  # noqa: E731
-    return (f"{head}: final {s.get('accuracy_metric', 'accuracy')} {fmt(acc)}, best {fmt(best)}, "
-            f"{s.get('rounds_completed')} rounds, {s.get('wall_time_s', 0.0):.1f}s  {run.run_dir}")  # fmt: skip
+    metric = s.get("primary_metric") or s.get("accuracy_metric", "accuracy")
+    acc = s.get(f"final_{metric}")
+    best = s.get(f"best_{metric}")
+    fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+    if s.get("status", "completed") != "completed":
+        return f"{head}: FAILED: {s.get('status')} after {s.get('rounds_completed')} rounds  {run.run_dir}"
+    return (
+        f"{head}: final {metric} {fmt(acc)}, best {fmt(best)}, "
+        f"{s.get('rounds_completed')} rounds, {s.get('wall_time_s', 0.0):.1f}s  {run.run_dir}"
+    )
 
 
 def _run_inline(run: SweepRun) -> None:
@@ -134,8 +153,9 @@ def _run_inline(run: SweepRun) -> None:
     try:
         start_run(run.cfg, console=False)
         run.status = "ok"
-    except (ClientFailure, CheckpointError, RuntimeError) as e:
-        run.status, run.message = "failed", str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+    except (ClientFailure, CheckpointError, ConfigError, RuntimeError) as e:  # (its run dir taken, ...)
+        why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        run.status, run.message = "failed", f"diverged: {why}" if isinstance(e, DivergedError) else why
 
 
 def _local_cpus(run: SweepRun, parallel: int) -> list[str]:
@@ -151,7 +171,14 @@ def _local_cpus(run: SweepRun, parallel: int) -> list[str]:
     return [f"runtime.num_cpus={max(1, (os.cpu_count() or 1) // parallel)}"]
 
 
-def _run_parallel(runs: list[SweepRun], parallel: int, log_dir: Path, total: int, swept: Sequence[str]) -> None:
+def _run_parallel(
+    runs: list[SweepRun],
+    parallel: int,
+    log_dir: Path,
+    total: int,
+    swept: Sequence[str],
+    monitor: RoundMonitor | None = None,
+) -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     queue = list(runs)
     active: dict[subprocess.Popen, tuple[SweepRun, Path, Any]] = {}
@@ -161,14 +188,21 @@ def _run_parallel(runs: list[SweepRun], parallel: int, log_dir: Path, total: int
                 run = queue.pop(0)
                 log = log_dir / f"{run.index:03d}_{run.run_dir.name}.log"
                 fh = open(log, "w")
-                cmd = [sys.executable, "-m", "fl_lightning", "run", *run.overrides, *_local_cpus(run, parallel), "--quiet"]
+                cmd = [sys.executable, "-m", "fl_lightning", "run", *run.overrides]
+                cmd += [*_local_cpus(run, parallel), "--quiet"]
                 fh.write("$ " + " ".join(cmd) + "\n")
                 fh.flush()
                 proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
                 active[proc] = (run, log, fh)
+                if monitor is not None:
+                    monitor.watch(
+                        run.run_dir, f"[{run.index + 1}/{total}] {run.label(swept)}", int(run.cfg.fl.rounds)
+                    )
             for proc in [p for p in active if p.poll() is not None]:
                 run, log, fh = active.pop(proc)
                 fh.close()
+                if monitor is not None:
+                    monitor.forget(run.run_dir)
                 if proc.returncode == 0 and (run.run_dir / "summary.json").is_file():
                     run.status = "ok"
                 else:
@@ -188,7 +222,9 @@ def _run_parallel(runs: list[SweepRun], parallel: int, log_dir: Path, total: int
             fh.close()
 
 
-def sweep_command(overrides: Sequence[str], parallel: int = 1, dry_run: bool = False, plots: bool = True) -> int:
+def sweep_command(
+    overrides: Sequence[str], parallel: int = 1, dry_run: bool = False, plots: bool = True
+) -> int:
     if parallel < 1:
         raise ConfigError(f"--parallel must be >= 1 (got {parallel})")
     runs, swept, experiment = plan_sweep(overrides)
@@ -199,16 +235,18 @@ def sweep_command(overrides: Sequence[str], parallel: int = 1, dry_run: bool = F
         for r in runs:
             print(f"  fl-lightning run {' '.join(r.overrides)}")
         return 0
-    if parallel == 1:
-        for r in runs:
-            _run_inline(r)
-            print(_result_line(r, len(runs), swept), flush=True)
-    else:
-        _run_parallel(runs, parallel, out / "sweep_logs", len(runs), swept)
+    with RoundMonitor(sys.stdout) as monitor:  # a line per round of every run: never silent
+        if parallel == 1:
+            for r in runs:
+                label = f"[{r.index + 1}/{len(runs)}] {r.label(swept)}"
+                monitored(monitor, r.run_dir, label, int(r.cfg.fl.rounds), partial(_run_inline, r))
+                print(_result_line(r, len(runs), swept), flush=True)
+        else:
+            _run_parallel(runs, parallel, out / "sweep_logs", len(runs), swept, monitor)
     done = [r for r in runs if r.status == "ok"]
     failed = [r for r in runs if r.status != "ok"]
     if done:
-        from .compare import RunResult, compare, find_runs
+        from ..tracking.compare import RunResult, compare, find_runs
 
         by = [k.lstrip("+") for k in swept if k.lstrip("+") != "seed"] or ["method"]
         results: list[RunResult] = find_runs([r.run_dir for r in done])

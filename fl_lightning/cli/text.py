@@ -10,18 +10,20 @@ imagenet80|"a sketch of a {}."`; features come from (and go to) the on-disk feat
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from ..core.errors import ConfigError
+from ..runtime.paths import resolve_output_dir
 
 FULL_MATRIX_MAX = 20  # above this many classes, print nearest neighbours instead of the matrix
 
 
 def dataset_class_names(cfg) -> list[str]:
     """Class names of `cfg.data.name`, without loading the data where possible."""
-    from ..data.datasets import DATASETS, FMNIST_CLASSES
-    from .prompts import description_class_names, description_datasets
+    from ..data.datasets import FMNIST_CLASSES
+    from ..data.registry import DATASETS
+    from ..text.prompts import description_class_names, description_datasets
 
     name = cfg.data.name
     entry = DATASETS.get(name)  # ConfigError listing valid datasets
@@ -35,7 +37,7 @@ def dataset_class_names(cfg) -> list[str]:
     if name in description_datasets():
         return description_class_names(name)
     if entry.present(cfg.data.root):  # small or embedded datasets: load and read the names
-        from ..data.datasets import load_dataset
+        from ..data.registry import load_dataset
 
         return list(load_dataset(name, cfg.data.root, False).class_names)
     raise ConfigError(
@@ -47,7 +49,10 @@ def format_matrix(sim, names: Sequence[str]) -> str:
     w = max(len(n) for n in names)
     cw = max(6, min(12, w) + 1)
     head = " " * (w + 1) + "".join(n[: cw - 1].rjust(cw) for n in names)
-    rows = [n.ljust(w + 1) + "".join(f"{v:{cw}.2f}" for v in row) for n, row in zip(names, sim.tolist())]
+    rows = [
+        n.ljust(w + 1) + "".join(f"{v:{cw}.2f}" for v in row)
+        for n, row in zip(names, sim.tolist(), strict=True)
+    ]
     return "\n".join([head, *rows])
 
 
@@ -59,8 +64,9 @@ def format_neighbours(sim, names: Sequence[str], k: int = 3) -> str:
     vals, idx = torch.topk(s, min(k, len(names) - 1), dim=1)
     w = max(len(n) for n in names)
     return "\n".join(
-        n.ljust(w + 1) + "  ".join(f"{names[j]} {v:.2f}" for v, j in zip(vr.tolist(), ir.tolist()))
-        for n, vr, ir in zip(names, vals, idx)
+        n.ljust(w + 1)
+        + "  ".join(f"{names[j]} {v:.2f}" for v, j in zip(vr.tolist(), ir.tolist(), strict=True))
+        for n, vr, ir in zip(names, vals, idx, strict=True)
     )
 
 
@@ -92,10 +98,10 @@ def save_heatmap(sim, names: Sequence[str], path: Path, title: str) -> Path:
 
 def text_command(
     overrides: list[str],
-    templates: Optional[str] = None,
+    templates: str | None = None,
     descriptions: bool = False,
-    out: Optional[str] = None,
-    cache_dir: Optional[str] = None,
+    out: str | None = None,
+    cache_dir: str | None = None,
 ) -> int:
     """Body of `fl-lightning text`: compose the config, compute (or load) class-text features,
     print the similarity matrix and save the heatmap. Returns the exit code."""
@@ -106,12 +112,12 @@ def text_command(
     if text_cfg.name == "none":
         print("fl-lightning text: text=none, using the default encoder text=minilm", file=sys.stderr)
         text_cfg = compose([*overrides, "text=minilm"]).text
-    from ..config import _check_kwargs
-    from . import TEXT_ENCODERS, class_text_features
-    from . import prompts as P
+    from ..config import check_kwargs
+    from ..text import TEXT_ENCODERS, class_text_features
+    from ..text import prompts as P
 
     builder = TEXT_ENCODERS.get(text_cfg.name)
-    _check_kwargs("text", text_cfg.name, builder, {k: v for k, v in text_cfg.items() if k != "name"})
+    check_kwargs("text", text_cfg.name, builder, {k: v for k, v in text_cfg.items() if k != "name"})
     names = dataset_class_names(cfg)
     descs = P.descriptions(cfg.data.name, names) if descriptions else None
     tmpl = None if descriptions else (templates or "simple")
@@ -131,7 +137,11 @@ def text_command(
         print("nearest classes:")
         print(format_neighbours(sim, label))
     stem = f"{cfg.data.name}_{text_cfg.name}" + ("_descriptions" if descriptions else "")
-    path = Path(out) if out else Path(cfg.output_dir) / "text" / f"{stem}_similarity.png"
+    path = (
+        resolve_output_dir(out)
+        if out
+        else resolve_output_dir(cfg.output_dir) / "text" / f"{stem}_similarity.png"
+    )
     save_heatmap(sim, label, path, f"{cfg.data.name}: {text_cfg.name} class-text cosine ({what})")
     print(f"heatmap: {path}")
     return 0

@@ -1,17 +1,17 @@
-"""`fl-lightning run / resume / sweep / compare / list / fetch / config / text`.
+"""`fl-lightning run / resume / sweep / compare / list / fetch / config / text / teacher`.
 
 User mistakes end with one line on stderr and exit code 2, before any work starts;
 failures during a run end with one line and exit code 1.
 """
+
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
-from .core.errors import CheckpointError, ClientFailure, ConfigError
+from ..core.errors import CheckpointError, ClientFailure, ConfigError, DivergedError, Terminated
 
 USAGE_EXAMPLE = (
     "fl-lightning run method=fedavg data=fmnist fl.rounds=5 fl.num_clients=10 "
@@ -20,7 +20,9 @@ USAGE_EXAMPLE = (
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fl-lightning", description="Language-driven heterogeneous FL on Lightning + Ray.")
+    p = argparse.ArgumentParser(
+        prog="fl-lightning", description="Language-driven heterogeneous FL on Lightning + Ray."
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run an experiment", epilog=f"example: {USAGE_EXAMPLE}")
     run.add_argument("overrides", nargs="*", help="group=name, +experiment=name, or key=value")
@@ -30,18 +32,27 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("overrides", nargs="*", help="fl.rounds=N, runtime.*, logger.*")
     res.add_argument("--quiet", action="store_true")
     sw = sub.add_parser(
-        "sweep", help="a grid of runs: comma lists become axes (method=fedavg,fedprox seed=0,1,2)",
+        "sweep",
+        help="a grid of runs: comma lists become axes (method=fedavg,fedprox seed=0,1,2)",
         epilog="example: fl-lightning sweep method=fedavg seed=0,1,2 fl.rounds=5 experiment=cmp --parallel 2",
     )
     sw.add_argument("overrides", nargs="*", help="key=v1,v2,... (an axis) or key=value (fixed)")
-    sw.add_argument("--parallel", type=int, default=1, help="runs at a time, each in its own process (default 1)")
+    sw.add_argument(
+        "--parallel", type=int, default=1, help="runs at a time, each in its own process (default 1)"
+    )
     sw.add_argument("--dry-run", action="store_true", help="print the runs, run nothing")
     sw.add_argument("--no-plots", action="store_true", help="no accuracy-vs-round PNGs at the end")
     cmp_ = sub.add_parser("compare", help="table (mean ± std over seeds) and accuracy-vs-round plots of runs")
-    cmp_.add_argument("paths", nargs="+", help="runs folders (searched for run directories) or run directories")
+    cmp_.add_argument(
+        "paths", nargs="+", help="runs folders (searched for run directories) or run directories"
+    )
     cmp_.add_argument("--by", default=None, help="group by these comma-separated keys (default: method)")
-    cmp_.add_argument("--metric", default=None, help="per-round metric to compare (default: the run's accuracy metric)")
-    cmp_.add_argument("--out", default=None, help="folder for the plots and compare.json (default: <first path>/compare)")
+    cmp_.add_argument(
+        "--metric", default=None, help="per-round metric to compare (default: the run's accuracy metric)"
+    )
+    cmp_.add_argument(
+        "--out", default=None, help="folder for the plots and compare.json (default: <first path>/compare)"
+    )
     cmp_.add_argument("--no-plots", action="store_true")
     cfg = sub.add_parser("config", help="print the composed config without running")
     cfg.add_argument("overrides", nargs="*")
@@ -49,8 +60,14 @@ def _parser() -> argparse.ArgumentParser:
     fetch = sub.add_parser("fetch", help="download a dataset into the data root")
     fetch.add_argument("dataset", choices=["fmnist"])
     fetch.add_argument("--root", default=None, help="data root (default: data.root of the config)")
-    part = sub.add_parser("partition", help="print and plot the client split a run would use, without training")
+    part = sub.add_parser(
+        "partition", help="print and plot the client split a run would use, without training"
+    )
     part.add_argument("overrides", nargs="*", help="data=<name> data.partition=<name> fl.num_clients=N ...")
+    tch = sub.add_parser("teacher", help="build the aligned teacher of method=clip2fl (cached)")
+    tch.add_argument("action", choices=["build"])
+    tch.add_argument("overrides", nargs="*", help="the run's overrides, e.g. +experiment=clip2fl_fmnist_lt")
+    tch.add_argument("--rebuild", action="store_true", help="train again even if cached")
     txt = sub.add_parser("text", help="class-text similarity matrix and heatmap (data=fmnist text=minilm)")
     txt.add_argument("overrides", nargs="*", help="data=<name> text=<encoder> text.<key>=value ...")
     txt.add_argument("--templates", default=None, help="simple | small | imagenet80 | a template with {}")
@@ -61,11 +78,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_list() -> None:
-    from .config import GROUPS, choices
-    from .data.datasets import DATASETS
-    from .data.partition import PARTITIONERS
-    from .methods import METHODS
-    from .models import MODELS
+    from ..config import GROUPS, choices
+    from ..data.partition import PARTITIONERS
+    from ..data.registry import DATASETS
+    from ..methods import METHODS
+    from ..models import MODELS
 
     print("methods:     " + ", ".join(METHODS.names()))
     print("datasets:    " + ", ".join(DATASETS.names()))
@@ -78,8 +95,8 @@ def _cmd_list() -> None:
 
 
 def _cmd_fetch(dataset: str, root: str | None) -> None:
-    from .config import compose
-    from .data.fetch import fetch_fmnist
+    from ..config import compose
+    from ..data.fetch import fetch_fmnist
 
     root = root or compose([f"data={dataset}"]).data.root
     print(fetch_fmnist(root, log=lambda m: print(m, file=sys.stderr)))
@@ -94,56 +111,87 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.cmd in ("run", "resume", "sweep", "teacher"):
+        from ..runtime.signals import stop_on_sigterm
+
+        stop_on_sigterm()  # SIGTERM: stop like Ctrl-C, resumable (not a dump and a dead run)
     try:
         if args.cmd == "list":
             _cmd_list()
         elif args.cmd == "fetch":
             _cmd_fetch(args.dataset, args.root)
         elif args.cmd == "config":
-            from .config import compose, to_yaml
+            from ..config import compose, to_yaml
 
             print(to_yaml(compose(args.overrides)), end="")
         elif args.cmd == "run":
-            from .config import compose
+            from ..config import compose
 
             cfg = compose(args.overrides)  # fast: before torch, Ray or data are touched
-            from .runtime.runner import start_run
+            from ..runtime.lock import check_output_dir
+            from ..runtime.paths import resolve_output_dir
+
+            check_output_dir(resolve_output_dir(cfg.output_dir) / cfg.experiment, str(cfg.output_dir))
+            from ..runtime.runner import start_run
 
             summary, _ = start_run(cfg, console=not args.quiet)
             if args.quiet:
                 print(f"final_accuracy={summary['final_accuracy']}")
         elif args.cmd == "sweep":
-            from .tracking.sweep import sweep_command
+            from .sweep import sweep_command
 
             return sweep_command(args.overrides, args.parallel, args.dry_run, not args.no_plots)
         elif args.cmd == "compare":
-            from .tracking.compare import compare_command
+            from ..runtime.paths import resolve_output_dir, resolve_run_path
+            from ..tracking.compare import compare_command
 
-            return compare_command(args.paths, args.by, args.metric, args.out, not args.no_plots)
+            paths = [str(resolve_run_path(p)) for p in args.paths]  # inside a Ray job: $FL_LIGHTNING_RUNS
+            out = str(resolve_output_dir(args.out)) if args.out else None
+            return compare_command(paths, args.by, args.metric, out, not args.no_plots)
         elif args.cmd == "partition":
-            from .data.cli_partition import partition_command
+            from .partition import partition_command
 
             return partition_command(args.overrides)
+        elif args.cmd == "teacher":
+            from .teacher import teacher_command
+
+            return teacher_command(args.action, args.overrides, args.rebuild)
         elif args.cmd == "text":
-            from .text.cli_text import text_command
+            from .text import text_command
 
             return text_command(args.overrides, args.templates, args.descriptions, args.out, args.cache_dir)
         elif args.cmd == "resume":
-            from .config import load_run_config
+            from ..config import load_run_config
+            from ..runtime.paths import resolve_run_path
 
-            cfg = load_run_config(args.run_dir, args.overrides)
-            from .runtime.runner import resume_run
+            run_dir = resolve_run_path(args.run_dir)  # what a Ray job printed resolves the same way
+            cfg = load_run_config(run_dir, args.overrides)
+            from ..runtime.lock import RunLock
 
-            resume_run(args.run_dir, cfg, console=not args.quiet)
+            RunLock(run_dir).acquire().release()  # busy: one line now, not after the imports below
+            from ..runtime.runner import resume_run
+
+            resume_run(run_dir, cfg, console=not args.quiet)
     except ConfigError as e:
         print(f"fl-lightning: error: {e}", file=sys.stderr)
         return 2
+    except DivergedError as e:
+        print(
+            f"fl-lightning: error: run diverged: {e} "
+            "(summary.json says status: diverged; the last finite checkpoint is kept)",
+            file=sys.stderr,
+        )
+        return 1
     except (CheckpointError, ClientFailure) as e:
         print(f"fl-lightning: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("fl-lightning: interrupted; continue with `fl-lightning resume <run dir>`", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        from ..runtime.signals import terminated
+
+        sigterm = isinstance(e, Terminated) or terminated()
+        what, code = ("terminated (SIGTERM)", 143) if sigterm else ("interrupted", 130)
+        print(f"fl-lightning: {what}; continue with `fl-lightning resume <run dir>`", file=sys.stderr)
+        return code
     return 0
 
 

@@ -1,0 +1,58 @@
+"""`fl-lightning teacher build <run overrides>`: train (or load from the cache) the aligned
+teacher a `method=clip2fl method.teacher=aligned` run with the same overrides would use, and
+print where it is cached and its held-out accuracy.
+
+    fl-lightning teacher build +experiment=clip2fl_fmnist_lt
+    fl-lightning teacher build data=fmnist method.teacher_epochs=30 --rebuild
+
+The cache (`$FL_LIGHTNING_TEACHER_CACHE`, else `~/.cache/fl_lightning/teachers`) is keyed by
+everything that decides the teacher: dataset and its options, the held-out range, the tower,
+its training, the text encoder and prompts. See docs/clip2fl.md for what it stands in for.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..core.errors import ConfigError
+
+
+def teacher_command(action: str, overrides: list[str], rebuild: bool = False) -> int:
+    from omegaconf import OmegaConf
+
+    from ..config import compose
+
+    if action != "build":
+        raise ConfigError(f"unknown teacher action {action!r}; valid: build")
+    if not any(o.startswith(("method=", "+experiment=")) for o in overrides):
+        overrides = ["method=clip2fl", *overrides]
+    cfg = compose(overrides)
+    if cfg.method.name != "clip2fl":
+        raise ConfigError(f"the aligned teacher belongs to method=clip2fl (got method={cfg.method.name})")
+    from ..methods.clip2fl import CLIP2FLConfig, aligned_config, text_config
+    from ..methods.teacher import load_or_build_aligned
+    from .text import dataset_class_names
+
+    method = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CLIP2FLConfig), cfg.method))
+    assert isinstance(method, CLIP2FLConfig)
+    if method.teacher != "aligned":
+        raise ConfigError(f"method.teacher={method.teacher}: only the aligned teacher is built")
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    text = OmegaConf.to_container(cfg.text, resolve=True)
+    assert isinstance(data, dict) and isinstance(text, dict)
+    data_cfg: dict[str, Any] = {str(k): v for k, v in data.items()}
+    text_cfg = text_config("aligned", {str(k): v for k, v in text.items()})
+    _, _, info, path = load_or_build_aligned(
+        data_cfg, text_cfg, dataset_class_names(cfg), aligned_config(method), rebuild=rebuild
+    )
+    lo, hi = info["train_range"]
+    print(
+        f"aligned teacher for {data_cfg['name']}: trained on training images [{lo}, {hi}) "
+        f"({info['train_images']} images, held out from every client of a run with data.train_subset<={lo}); "
+        f"held-out accuracy {info['held_out_accuracy']:.4f} on {info['test_images']} test images "
+        f"(nearest class text, {text_cfg['name']})"
+    )
+    print(f"cached at {path}")
+    print(json.dumps({"held_out_accuracy": info["held_out_accuracy"], "path": str(path)}))
+    return 0

@@ -1,0 +1,182 @@
+"""Evaluation metrics on torchmetrics: accuracy (single-label, optionally per class and per
+long-tail group) and the multi-label set of ML-GCN / C-Tran / FedLGT (C-AP, O-AP, C-P/R/F1, O-P/R/F1).
+
+All values are plain floats in [0, 1]. A zero denominator gives 0.0 (sklearn's zero_division=0):
+a class never predicted positive has precision 0, a class with no positive target has recall 0,
+and F1 is 0 when precision + recall is 0. C-AP averages only over classes with a positive target
+(AP is undefined without one); with no positive target at all, C-AP and O-AP are 0.0.
+A multi-label score counts as a positive prediction when sigmoid(score) > threshold (strictly).
+All values are independent of how a pass is split into batches.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torchmetrics import Metric, MetricCollection
+from torchmetrics.classification import (
+    MulticlassStatScores,
+    MultilabelAveragePrecision,
+    MultilabelF1Score,
+    MultilabelPrecision,
+    MultilabelRecall,
+    MultilabelStatScores,
+)
+
+from .errors import ConfigError
+
+GROUP_NAMES = ("many", "medium", "few")  # index = value in EvalSpec.class_groups
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """What an evaluation measures (picklable; built on the driver, shipped to hosts)."""
+
+    num_classes: int
+    multilabel: bool = False  # targets are float multi-hot [N, C]; scores are logits
+    threshold: float = 0.5  # multi-label decision threshold on sigmoid(scores)
+    per_class: bool = False  # single-label: also class_accuracy/<c> for every class c
+    class_groups: tuple[int, ...] | None = None  # single-label long-tail: per class 0=many, 1=medium, 2=few
+
+    def __post_init__(self) -> None:
+        if self.num_classes < 1:
+            raise ConfigError(f"num_classes must be >= 1, got {self.num_classes}")
+        if not 0.0 < self.threshold < 1.0:
+            raise ConfigError(f"threshold must lie in (0, 1), got {self.threshold}")
+        if self.class_groups is not None:
+            if self.multilabel:
+                raise ConfigError("class_groups applies to single-label evaluation only")
+            if len(self.class_groups) != self.num_classes or not set(self.class_groups) <= {0, 1, 2}:
+                raise ConfigError(f"class_groups needs one of 0/1/2 per class ({self.num_classes} classes)")
+        if self.per_class and self.multilabel:
+            raise ConfigError("per_class applies to single-label evaluation only")
+
+
+def longtail_groups(train_counts: Sequence[int], many_above: int, few_below: int) -> tuple[int, ...]:
+    """Per class: 0 (many-shot, count > many_above), 2 (few-shot, count < few_below), else 1 (medium).
+
+    The ImageNet-LT convention (many > 100, few < 20), thresholds from the config so they scale
+    to a dataset."""
+    if few_below > many_above:  # otherwise a count could be both many- and few-shot
+        raise ConfigError(f"few_below ({few_below}) must not exceed many_above ({many_above})")
+    return tuple(0 if n > many_above else 2 if n < few_below else 1 for n in train_counts)
+
+
+def primary_metric(spec: EvalSpec) -> str:
+    """The metric that model selection and summaries use."""
+    return "c_ap" if spec.multilabel else "accuracy"
+
+
+class TaskMetrics:
+    """One evaluation pass: `update(scores, target)` per batch, `compute()` once."""
+
+    def __init__(self, spec: EvalSpec, device: torch.device | str = "cpu") -> None:
+        self.spec = spec
+        self.device = torch.device(device)
+        c = spec.num_classes
+        # Defaults kept on purpose: ignore_index=None (no label is skipped) and validate_args=True
+        # (labels out of range and targets other than 0/1 raise instead of being miscounted).
+        counts: dict[str, Metric | MetricCollection]
+        ranking: dict[str, Metric | MetricCollection] = {}
+        if spec.multilabel:
+            # Thresholded predictions arrive as 0/1 ints (see update), so no threshold is passed.
+            counts = {
+                # Per-class P/R averaged by hand so every class counts, whatever the torchmetrics
+                # version does with classes lacking support in its own macro average.
+                "p": MultilabelPrecision(c, average="none", zero_division=0),
+                "r": MultilabelRecall(c, average="none", zero_division=0),
+                "o_p": MultilabelPrecision(c, average="micro", zero_division=0),
+                "o_r": MultilabelRecall(c, average="micro", zero_division=0),
+                "o_f1": MultilabelF1Score(c, average="micro", zero_division=0),
+                "stats": MultilabelStatScores(c, average="none"),  # per-class support for C-AP
+            }
+            ranking = {
+                # Exact AP (thresholds=None keeps every score), like sklearn. Macro is taken by hand
+                # from per-class values: torchmetrics' macro counts a class without positives as AP 0.
+                "ap": MultilabelAveragePrecision(c, average="none", thresholds=None),
+                "o_ap": MultilabelAveragePrecision(c, average="micro", thresholds=None),  # flattens
+            }
+        else:
+            # Per-class correct (tp) and total (support) counts give every single-label metric exactly.
+            counts = {"stats": MulticlassStatScores(c, top_k=1, average="none")}
+        # compute_groups: metrics with identical state (the threshold counts; the two APs) share one copy.
+        self._counts = MetricCollection(counts, compute_groups=True).to(self.device)
+        self._ranking = MetricCollection(ranking, compute_groups=True).to(self.device) if ranking else None
+        # Positive iff score > logit(threshold), i.e. sigmoid(score) > threshold, decided on the logit.
+        self._logit_threshold = math.log(spec.threshold / (1.0 - spec.threshold))
+        self._samples = 0
+
+    def update(self, scores: torch.Tensor, target: torch.Tensor) -> None:
+        """scores: logits [B, C]; target: class indices long [B], or float multi-hot [B, C]."""
+        scores = scores.detach().to(self.device, torch.float64)  # exact for float32/16 logits
+        # Finite values keep every metric finite: NaN ranks lowest (a diverged model scores like a
+        # constant one), +-inf become the extreme finite logits.
+        scores = torch.nan_to_num(scores, nan=torch.finfo(torch.float64).min)
+        target = target.detach().to(self.device)
+        self._samples += int(scores.shape[0])
+        if not self.spec.multilabel:
+            self._counts.update(scores, target)
+            return
+        # torchmetrics' AP wants integer targets; refuse soft labels rather than truncate them.
+        hard = target.long()
+        if target.is_floating_point() and not torch.equal(hard.to(target.dtype), target):
+            raise ValueError("multi-label targets must be multi-hot 0/1, got fractional values")
+        self._counts.update((scores > self._logit_threshold).long(), hard)
+        assert self._ranking is not None
+        # AP needs scores in [0, 1] (torchmetrics sigmoids a batch only if some score lies outside,
+        # so small logits would be read as probabilities) and depends only on their order. Not
+        # torch.sigmoid: its vectorised and scalar CPU paths round differently, which splits tied
+        # scores depending on batch layout. This monotone squash uses only exactly rounded
+        # operations, so equal logits stay equal, and it keeps logits apart far beyond the point
+        # (|logit| > 37) where a float64 sigmoid rounds them all to 1.
+        squashed = 0.5 + 0.5 * (scores / (1.0 + scores.abs()))
+        self._ranking.update(squashed, hard)
+
+    def compute(self) -> dict[str, float]:
+        if self._samples == 0:
+            raise ValueError("TaskMetrics.compute() before any update: nothing was evaluated")
+        res = dict(self._counts.compute())
+        if self._ranking is not None:
+            with warnings.catch_warnings():
+                # Expected for classes without positives; they are excluded from C-AP below.
+                warnings.filterwarnings("ignore", message="No positive samples found in target")
+                res.update(self._ranking.compute())
+        return self._multilabel(res) if self.spec.multilabel else self._single_label(res["stats"])
+
+    def _single_label(self, stats: torch.Tensor) -> dict[str, float]:
+        # stats[c] = (tp, fp, tn, fn, support); integer counts, divided in float64 on the host.
+        correct = [int(v) for v in stats[:, 0].tolist()]
+        total = [int(v) for v in stats[:, 4].tolist()]
+        out = {"accuracy": sum(correct) / sum(total)}
+        if self.spec.per_class:
+            out.update({f"class_accuracy/{c}": correct[c] / n for c, n in enumerate(total) if n > 0})
+        if self.spec.class_groups is not None:
+            for g, name in enumerate(GROUP_NAMES):
+                members = [c for c, cg in enumerate(self.spec.class_groups) if cg == g]
+                n = sum(total[c] for c in members)
+                if n > 0:  # a group without test samples has no accuracy
+                    out[f"{name}_accuracy"] = sum(correct[c] for c in members) / n
+        return out
+
+    def _multilabel(self, res: dict[str, torch.Tensor]) -> dict[str, float]:
+        present = res["stats"][:, 4] > 0  # classes with at least one positive target
+        ap = res["ap"].double()
+        c_ap = float(ap[present].mean()) if bool(present.any()) else 0.0
+        c_p = float(res["p"].double().mean())
+        c_r = float(res["r"].double().mean())
+        # C-F1 from macro P and R (ML-GCN's definition), not the mean of per-class F1.
+        c_f1 = 2 * c_p * c_r / (c_p + c_r) if c_p + c_r > 0 else 0.0
+        return {
+            "c_ap": c_ap,
+            "o_ap": float(res["o_ap"]),
+            "c_p": c_p,
+            "c_r": c_r,
+            "c_f1": c_f1,
+            "o_p": float(res["o_p"]),
+            "o_r": float(res["o_r"]),
+            "o_f1": float(res["o_f1"]),
+        }

@@ -1,0 +1,106 @@
+"""Decoded-image and npz caches under `<data.root>/.cache/`.
+
+`cached_images` decodes image files once (PIL, RGB, squashed to `size` x `size`) and keeps
+the uint8 [N, 3, S, S] array in an `.npz` keyed by path, file size and mtime, so later runs
+skip decoding. `atomic_savez` / `load_npz` write and read such files safely (temp file +
+rename; a corrupt or foreign file is ignored and rebuilt); the per-client split cache of
+`federated.py` and FLAIR's user cache use them too.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import ConfigError
+
+log = logging.getLogger("fl_lightning")
+
+CACHE_VERSION = 1
+
+
+def decode_image(path: Path, size: int) -> np.ndarray:
+    """One image as uint8 [3, size, size] (RGB, bilinear resize)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im.draft("RGB", (size, size))  # JPEG: decode at reduced scale when much larger
+        rgb = im.convert("RGB")
+        if rgb.size != (size, size):
+            rgb = rgb.resize((size, size), Image.Resampling.BILINEAR)
+        return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
+
+
+def decode_images(paths: Sequence[Path], size: int) -> np.ndarray:
+    out = np.empty((len(paths), 3, size, size), dtype=np.uint8)
+    if not len(paths):
+        return out
+
+    def one(i: int) -> None:
+        try:
+            out[i] = decode_image(paths[i], size)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot read image {paths[i]}: {e}") from None
+
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        list(pool.map(one, range(len(paths))))
+    return out
+
+
+def atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> bool:
+    """Write `arrays` to `path` (temp file + rename). False when the folder is not writable."""
+    tmp: str | None = None
+    named: dict[str, Any] = dict(arrays)  # (numpy's stub would also match a key to `allow_pickle`)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".part")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **named)
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        log.warning("could not write cache file %s: %s", path, e)
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        return False
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray] | None:
+    """The arrays of an `.npz` cache file; None (with a warning) when it is missing, or
+    unreadable in any way (empty, truncated, random bytes, not an npz): the caller rebuilds."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files"):
+                raise ValueError("not an .npz archive")
+            return {k: z[k] for k in z.files}
+    except Exception as e:  # BadZipFile, EOFError, zlib.error, ...: corrupt or foreign, rebuilt
+        log.warning("ignoring unreadable cache file %s (%s: %s); rebuilding it", path, type(e).__name__, e)
+        return None
+
+
+def cached_images(root: str, tag: str, paths: Sequence[Path], size: int) -> np.ndarray:
+    """Decoded images for `paths`, from `<root>/.cache/` when the same files were decoded at
+    the same size before (keyed by path, file size and mtime)."""
+    h = hashlib.sha1(f"{CACHE_VERSION}|{size}".encode())
+    for p in paths:
+        st = p.stat()
+        h.update(f"|{p}|{st.st_size}|{int(st.st_mtime)}".encode())
+    cache = Path(root) / ".cache" / f"{tag}-{size}px-{h.hexdigest()[:16]}.npz"
+    hit = load_npz(cache)
+    if hit is not None and "x" in hit and len(hit["x"]) == len(paths):
+        return hit["x"]
+    x = decode_images(paths, size)
+    atomic_savez(cache, {"x": x})
+    return x

@@ -1,0 +1,173 @@
+"""The dataset registry (`DATASETS`) and the in-memory dataset type every loader returns.
+
+A dataset is a few numpy arrays: uint8 images [N, C, H, W] and labels for the train and
+test sets (int64 [N] class ids, or float32 multi-hot [N, C] when `multilabel`), with
+text-ready class names and the normalisation to apply. Feature-skew datasets also carry a
+domain id per sample, and FLAIR a natural client (user) per training sample. The driver
+loads them once; Ray shares them with actors through the object store.
+
+Every entry says where its files are expected (`where`), so a missing dataset ends with
+one clear message. The loaders (`datasets.py`, `folders.py`, `multilabel.py`,
+`standins.py`) register into `DATASETS`; importing the `fl_lightning.data` package imports
+all of them, so every name is registered whichever data module is imported first.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..core.errors import ConfigError
+from ..core.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+
+
+def text_name(raw: str) -> str:
+    """A class name ready for prompts: `aquarium_fish` -> `aquarium fish`."""
+    return " ".join(raw.replace("_", " ").split())
+
+
+@dataclass
+class ArrayDataset:
+    name: str
+    train_x: np.ndarray  # uint8 [N, C, H, W]
+    train_y: np.ndarray  # int64 [N], or float32 multi-hot [N, num_classes] when multilabel
+    test_x: np.ndarray
+    test_y: np.ndarray
+    class_names: list[str]
+    mean: float | tuple[float, ...]  # one value, or one per channel
+    std: float | tuple[float, ...]
+    multilabel: bool = False
+    train_domains: np.ndarray | None = None  # int64 [N] domain id per sample (feature skew)
+    test_domains: np.ndarray | None = None
+    domain_names: list[str] = field(default_factory=list)
+    train_groups: np.ndarray | None = None  # int64 [N] natural client (e.g. FLAIR user) per sample
+    group_names: list[str] = field(default_factory=list)
+    standin: str = ""  # non-empty for an offline stand-in: what it stands in for
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def in_channels(self) -> int:
+        return int(self.train_x.shape[1])
+
+    @property
+    def image_size(self) -> int:
+        return int(self.train_x.shape[2])
+
+    def tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalised float images and labels (long ids, or float multi-hot). Copies:
+        object-store arrays are read-only."""
+        import torch  # here, not at module level: registering and loading data needs no torch
+
+        mean = np.asarray(self.mean, dtype=np.float32).reshape(-1, 1, 1)
+        std = np.asarray(self.std, dtype=np.float32).reshape(-1, 1, 1)
+        xt = (
+            torch.from_numpy(np.array(x, dtype=np.float32)) / 255.0 - torch.from_numpy(mean)
+        ) / torch.from_numpy(std)
+        ydt = np.float32 if self.multilabel else np.int64
+        return xt, torch.from_numpy(np.array(y, dtype=ydt))
+
+    def subset(self, train: int | None = None, test: int | None = None) -> ArrayDataset:
+        """The first `train` training and `test` test samples (quick runs, tests)."""
+        if train is None and test is None:
+            return self
+
+        def cut(a: np.ndarray | None, n: int | None) -> np.ndarray | None:
+            return None if a is None else a[:n]
+
+        return replace(
+            self,
+            train_x=self.train_x[:train], train_y=self.train_y[:train],
+            test_x=self.test_x[:test], test_y=self.test_y[:test],
+            train_domains=cut(self.train_domains, train), test_domains=cut(self.test_domains, test),
+            train_groups=cut(self.train_groups, train),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """How to find, fetch and load one dataset. `load(root, **options)` receives only the
+    options its signature names (image_size, imbalance_factor, domains, ...)."""
+
+    load: Callable[..., ArrayDataset]
+    present: Callable[[str], bool]
+    where: Callable[[str], str]  # message: which files are expected where
+    download: Callable[[str], Any] | None = None  # fetch into root (network); None: manual only
+    class_names: tuple[str, ...] | None = None  # known without loading the data
+    multilabel: bool = False
+    domains: tuple[str, ...] = ()
+    standin: str = ""  # non-empty for an offline stand-in: what it stands in for
+
+
+DATASETS: Registry[DatasetEntry] = Registry("dataset")
+
+
+def _accepted(fn: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return dict(options)
+    return {k: v for k, v in options.items() if k in params}
+
+
+def check_dataset(name: str, root: str, download: bool) -> None:
+    """Fail before any work starts when a dataset is missing and may not be downloaded."""
+    entry = DATASETS.get(name)
+    if entry.present(root):
+        return
+    if not download:
+        raise ConfigError(entry.where(root))
+    if entry.download is None:
+        raise ConfigError(f"{entry.where(root)}; {name} cannot be downloaded automatically")
+
+
+def load_dataset(name: str, root: str, download: bool = False, **options: Any) -> ArrayDataset:
+    """Load a registered dataset from `root` (downloading first when allowed and possible)."""
+    entry = DATASETS.get(name)
+    root = str(Path(root).expanduser())
+    check_dataset(name, root, download)
+    if not entry.present(root) and entry.download is not None:  # (check_dataset: allowed, possible)
+        try:
+            entry.download(root)
+        except Exception as e:  # network, disk, checksum: one clear line, no traceback
+            cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise ConfigError(
+                f"could not download {name} into {root} ({cause}); {entry.where(root)}"
+            ) from None
+        if not entry.present(root):
+            raise ConfigError(entry.where(root))
+    accepted = _accepted(entry.load, options)
+    unused = [
+        k
+        for k, v in options.items()
+        if k not in accepted and k != "imbalance_factor" and v not in (None, False)
+    ]
+    if unused:  # imbalance_factor may be meant for the `longtail` partitioner instead
+        raise ConfigError(f"data.{unused[0]} does not apply to dataset {name!r}")
+    return entry.load(root, **accepted)
+
+
+def dataset_options(data: Any) -> dict[str, Any]:
+    """The loader options a `data` config section carries."""
+    domains = data.get("domains")
+    return {
+        "image_size": data.get("image_size"),
+        "imbalance_factor": float(data.get("imbalance_factor", 1.0)),
+        "domains": list(domains) if domains is not None else None,
+        "fine_grained": bool(data.get("fine_grained", False)),
+        "max_users": data.get("max_users"),
+    }
+
+
+def load_from_config(data: Any) -> ArrayDataset:
+    """Load the dataset a `data` config section names, with its options and subsets."""
+    ds = load_dataset(data.name, data.root, bool(data.download), **dataset_options(data))
+    return ds.subset(data.get("train_subset"), data.get("test_subset"))

@@ -1,0 +1,254 @@
+"""CLIP2FL: Shi et al., "CLIP-guided Federated Learning on Heterogeneous and Long-Tailed
+Data", AAAI 2024 (shared/papers/001; spec: shared/methods/fedglcl_clip2fl.md, part B).
+
+CReFF (`creff.py`) plus a frozen vision-language teacher (`teacher.py`), used twice:
+
+* client loss: CE + β·T²·KL(softmax(q/T) ‖ softmax(p/T)) (batch mean), p the student's
+  logits, q = s·cos(teacher image embedding, class text) the teacher's zero-shot logits
+  (s = `teacher_scale`, 100 in the code; T = `kd_temperature`, 3);
+* server: the federated-feature objective adds η·L_pcl, the prototype contrastive loss of the
+  code (`prototype_contrastive`: each feature against the class-text prototypes, τ =
+  `pcl_temperature`), so the student's feature space must have the text dimension: the
+  model's `feature_dim` is set to it (ResNet-8's neck).
+
+β = 0 and η = 0 is CReFF exactly (neither term is computed). `teacher=clip`: open_clip
+towers from `text=clip text.pretrained=<weights file>`; `teacher=aligned`: the stand-in
+trained on held-out images against MiniLM text (see `teacher.py`, docs/clip2fl.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..core.errors import ConfigError
+from ..core.types import StateDict
+from . import METHODS
+from .creff import CReFF, CReFFConfig, CReFFObjective, CReFFState
+from .teacher import TEACHERS, AlignedTeacherConfig, FrozenTeacher, TeacherSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CLIP2FLConfig(CReFFConfig):
+    name: str = "clip2fl"
+    beta: float = 3.0  # KD weight β (paper's best; the code's default is 1)
+    kd_temperature: float = 3.0  # T [code], the KL is multiplied by T²
+    teacher_scale: float = 100.0  # q = scale · cos(image, text) [code]
+    pcl_weight: float = 0.001  # η [code: contrast_alpha]
+    pcl_temperature: float = 0.1  # τ [code: ins_temp]
+    teacher: str = "aligned"  # aligned (stand-in, MiniLM text) | clip (text=clip text.pretrained=...)
+    templates: list[str] = field(default_factory=lambda: ["a photo of a {}."])  # [code] prompt
+    # the aligned teacher (`fl-lightning teacher build` with the same overrides builds it)
+    teacher_holdout_from: int = 55000  # it trains on training images from this index on
+    teacher_holdout_size: int | None = None  # how many (None: to the end)
+    teacher_arch: str = "resnet8"
+    teacher_model_kwargs: dict[str, Any] = field(default_factory=lambda: {"scaling": 2})
+    teacher_epochs: int = 15
+    teacher_lr: float = 0.05
+    teacher_seed: int = 0
+
+
+def aligned_config(c: CLIP2FLConfig) -> AlignedTeacherConfig:
+    return AlignedTeacherConfig(
+        holdout_from=c.teacher_holdout_from, holdout_size=c.teacher_holdout_size, arch=c.teacher_arch,
+        model_kwargs=dict(c.teacher_model_kwargs), epochs=c.teacher_epochs, lr=c.teacher_lr,
+        logit_scale=c.teacher_scale, templates=tuple(c.templates), seed=c.teacher_seed,
+    )  # fmt: skip
+
+
+def text_config(teacher: str, text: dict[str, Any]) -> dict[str, Any]:
+    """The text encoder of the class prototypes: the run's `text` (MiniLM when none is set)."""
+    if text.get("name", "none") == "none":
+        return {"name": "minilm"}
+    return dict(text)
+
+
+class CLIP2FLObjective(CReFFObjective):
+    teacher_text: Tensor  # [C, d] L2-normalised class text (non-persistent buffer)
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_classes: int,
+        beta: float = 0.0,
+        kd_temperature: float = 3.0,
+        teacher_scale: float = 100.0,
+        teacher: TeacherSpec | None = None,
+        teacher_text: Tensor | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, num_classes, **kwargs)
+        self.beta, self.kd_temperature, self.teacher_scale = beta, kd_temperature, teacher_scale
+        self.teacher = FrozenTeacher(teacher) if beta > 0 and teacher is not None else None
+        text = F.normalize(teacher_text.float(), dim=-1) if teacher_text is not None else torch.zeros(0, 0)
+        self.register_buffer("teacher_text", text, persistent=False)
+        self._logits: Tensor | None = None
+
+    def teacher_logits(self, x: Tensor) -> Tensor:
+        """q = scale · cos(teacher image embedding, class text)."""
+        assert self.teacher is not None
+        return self.teacher_scale * self.teacher(x) @ self.teacher_text.T
+
+    def task_loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        self._logits = logits
+        return super().task_loss(logits, y)
+
+    def loss_terms(self, batch: tuple[Tensor, Tensor]) -> dict[str, Tensor]:
+        terms = super().loss_terms(batch)
+        if self.beta > 0 and self.teacher is not None and self._logits is not None:
+            t = self.kd_temperature
+            p, q = self._logits, self.teacher_logits(batch[0]).to(self._logits)
+            kl = F.kl_div(F.log_softmax(p / t, dim=-1), F.softmax(q / t, dim=-1), reduction="batchmean")
+            terms["kd"] = self.beta * t * t * kl
+        return terms
+
+
+@METHODS.register("clip2fl")
+class CLIP2FL(CReFF):
+    name = "clip2fl"
+    config_cls = CLIP2FLConfig
+    objective_cls = CLIP2FLObjective
+    config: CLIP2FLConfig
+
+    @classmethod
+    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
+        """The teacher must be buildable: `clip` needs CLIP weights, `aligned` needs its
+        held-out images kept from the clients."""
+        c: CLIP2FLConfig = config
+        if c.teacher not in TEACHERS:
+            raise ConfigError(f"method.teacher={c.teacher!r}: expected one of {', '.join(TEACHERS)}")
+        if c.beta <= 0 and c.pcl_weight <= 0:
+            return  # CReFF: no teacher used
+        text, data = run.get("text") or {}, run.get("data") or {}
+        if c.teacher == "clip":
+            pre = text.get("pretrained") if text.get("name") == "clip" else None
+            if not pre:
+                raise ConfigError(
+                    "method.teacher=clip needs CLIP weights: add text=clip text.pretrained=/path/to/"
+                    "open_clip_ViT-B-32.pt (none ship with fl_lightning; method.teacher=aligned needs none)"
+                )
+            suffixes = (".pt", ".bin", ".safetensors", ".pth")
+            looks_like_path = "/" in str(pre) or "\\" in str(pre) or str(pre).endswith(suffixes)
+            if looks_like_path and not Path(str(pre)).expanduser().is_file():
+                raise ConfigError(f"method.teacher=clip: text.pretrained={pre} is not a file")
+        elif c.beta > 0:
+            sub = data.get("train_subset")
+            if sub is None or int(sub) > c.teacher_holdout_from:
+                raise ConfigError(
+                    f"method.teacher=aligned learns from training images {c.teacher_holdout_from} on "
+                    f"(method.teacher_holdout_from); keep every client off them: data.train_subset="
+                    f"{c.teacher_holdout_from} or less (got {sub})"
+                )
+
+    def __init__(self, config: CLIP2FLConfig, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        self.check_run(config, {"text": dict(self.task.text), "data": dict(self.task.data)})
+        self.text: Tensor | None = None
+        self.teacher_spec: TeacherSpec | None = None
+        self.teacher_info: dict[str, Any] = {}
+        if config.beta <= 0 and config.pcl_weight <= 0:
+            return
+        names = list(self.task.class_names)
+        if config.teacher == "clip":
+            from ..text import class_text_features
+
+            text = class_text_features(dict(self.task.text), names, templates=list(config.templates))
+            assert isinstance(text, Tensor)
+            self.text = text
+            if config.beta > 0:
+                self.teacher_spec = self._clip_spec()
+        else:
+            text_cfg = text_config(config.teacher, dict(self.task.text))
+            if config.beta > 0:
+                if not self.task.data:
+                    raise ConfigError("method.teacher=aligned needs the run's data config to find its images")
+                spec, text, info, path = _aligned(self.task.data, text_cfg, names, aligned_config(config))
+                self.teacher_spec, self.teacher_info = spec, info | {"path": str(path)}
+                log.info("aligned teacher %s: held-out accuracy %.4f", path, info["held_out_accuracy"])
+            else:
+                from ..text import class_text_features
+
+                text = class_text_features(text_cfg, names, templates=list(config.templates))
+                assert isinstance(text, Tensor)
+            self.text = text
+
+    def _clip_spec(self) -> TeacherSpec:
+        from .teacher import _load_data
+
+        ds = _load_data(self.task.data)
+        mean = ds.mean if isinstance(ds.mean, tuple) else (float(ds.mean),)
+        std = ds.std if isinstance(ds.std, tuple) else (float(ds.std),)
+        return TeacherSpec(
+            kind="clip", arch=str(self.task.text.get("arch", "ViT-B-32")),
+            pretrained=self.task.text.get("pretrained"), num_classes=self.task.num_classes,
+            data_mean=tuple(mean), data_std=tuple(std),
+        )  # fmt: skip
+
+    def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The student's feature dimension = the class-text (teacher) dimension."""
+        from ..models import feature_dim_key
+
+        key = feature_dim_key(model)
+        if self.text is None or key is None:
+            return kwargs
+        d = int(self.text.shape[1])
+        if kwargs.get(key) not in (None, d):
+            log.info("clip2fl: model.%s=%s set to the teacher's dimension %d", key, kwargs[key], d)
+        return {**kwargs, key: d}
+
+    def objective_kwargs(self) -> dict[str, Any]:
+        c = self.config
+        return super().objective_kwargs() | {
+            "beta": c.beta,
+            "kd_temperature": c.kd_temperature,
+            "teacher_scale": c.teacher_scale,
+            "teacher": self.teacher_spec,
+            "teacher_text": self.text if c.beta > 0 else None,
+        }
+
+    def init_state(self, global_params: StateDict | None) -> CReFFState:
+        state = super().init_state(global_params)
+        if self.config.pcl_weight > 0 and self.text is not None:
+            assert state.features is not None
+            if state.features.shape[1] != self.text.shape[1]:
+                raise ConfigError(
+                    f"clip2fl's contrastive term needs features of the text dimension {self.text.shape[1]}; "
+                    f"the model's are {state.features.shape[1]} (use a model with feature_dim, e.g. resnet8)"
+                )
+        return state
+
+    def contrastive(self) -> tuple[Tensor | None, float, float]:
+        if self.config.pcl_weight <= 0:
+            return None, 0.0, self.config.pcl_temperature
+        return self.text, self.config.pcl_weight, self.config.pcl_temperature
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        out.pop("teacher_model_kwargs", None)
+        if self.teacher_info:
+            out["teacher_held_out_accuracy"] = self.teacher_info["held_out_accuracy"]
+        return out
+
+    def warnings(self) -> list[str]:
+        c = self.config
+        return (
+            ["clip2fl with method.beta=0 and method.pcl_weight=0 is CReFF"]
+            if c.beta <= 0 and c.pcl_weight <= 0
+            else []
+        )
+
+
+def _aligned(
+    data: dict[str, Any], text_cfg: dict[str, Any], names: list[str], cfg: AlignedTeacherConfig
+) -> Any:
+    from .teacher import load_or_build_aligned
+
+    return load_or_build_aligned(data, text_cfg, names, cfg)

@@ -1,0 +1,160 @@
+"""Building a run before its first round: validate against the registries, load and
+partition the data, build the strategy, the client spec and the initial model, plan the
+placement. Nothing here starts Ray or writes a file (`runner.py` runs what this builds).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import clients_per_round, validate_registered
+from ..core.errors import ConfigError
+from ..core.metrics import EvalSpec
+from ..core.objective import ClientObjective
+from ..core.optim import OptimConfig
+from ..core.params import to_cpu
+from ..core.strategy import Strategy, TaskInfo
+from ..data.federated import FederatedSplit, split_from_config
+from ..data.registry import ArrayDataset, check_dataset, load_from_config
+from ..methods import METHODS
+from ..models import family
+from .host import ClientSpec, build_objective
+from .paths import resolve_output_dir
+from .placement import Placement, plan_placement
+
+
+@dataclass
+class Prepared:
+    """Everything a run needs before its first round (built without starting Ray)."""
+
+    cfg: DictConfig
+    dataset: ArrayDataset
+    split: FederatedSplit
+    strategy: Strategy
+    spec: ClientSpec
+    init_params: dict[str, torch.Tensor] | None  # the initial global weights (None: nothing shared)
+    objective: ClientObjective[Any]  # the driver's copy: initial weights, global evaluation
+    eval_spec: EvalSpec
+
+
+def new_run_dir(cfg: DictConfig) -> Path:
+    run_id = cfg.run_id or (
+        f"{cfg.method.name}_{cfg.data.name}_s{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}_{secrets.token_hex(2)}"
+    )
+    return resolve_output_dir(cfg.output_dir) / cfg.experiment / run_id
+
+
+def _mapping(node: Any) -> dict[str, Any]:
+    assert isinstance(node, dict)
+    return {str(k): v for k, v in node.items()}
+
+
+def prepare(cfg: DictConfig) -> Prepared:
+    """Validate against the registries, load data, partition, build the initial model."""
+    validate_registered(cfg)
+    d = cfg.data
+    check_dataset(d.name, d.root, d.download)
+    dataset = load_from_config(d)  # with data.image_size, domains, ... and train/test subsets
+    split = split_from_config(dataset, cfg)  # cached under <data.root>/.partitions/
+    strategy_cls = METHODS.get(cfg.method.name)
+    method_cfg = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(strategy_cls.config_cls), cfg.method)
+    )
+    train_counts: tuple[int, ...] = ()
+    if not dataset.multilabel:
+        used = (
+            np.concatenate([np.asarray(t) for t in split.train])
+            if split.train
+            else np.zeros(0, dtype=np.int64)
+        )
+        train_counts = tuple(
+            int(c) for c in np.bincount(dataset.train_y[used], minlength=dataset.num_classes)
+        )
+    task = TaskInfo(
+        num_classes=dataset.num_classes,
+        class_names=tuple(dataset.class_names),
+        dataset=cfg.data.name,
+        text=_mapping(OmegaConf.to_container(cfg.text, resolve=True)),
+        has_client_test_split=bool(split.test),
+        multilabel=bool(dataset.multilabel),
+        train_class_counts=train_counts,
+        data=_mapping(OmegaConf.to_container(cfg.data, resolve=True)),
+    )
+    strategy = strategy_cls(method_cfg, cfg.fl.num_clients, clients_per_round(cfg), cfg.seed, task)
+    if cfg.fl.bn_stats == "local":  # no one set of statistics: each client's own model is evaluated
+        strategy.personalised = True
+    ev = cfg.eval
+    eval_spec = strategy.eval_spec(
+        ev.per_class, list(ev.longtail) if ev.longtail is not None else None, ev.threshold
+    )
+    model_kwargs = {k: (list(v) if OmegaConf.is_list(v) else v) for k, v in cfg.model.items() if k != "name"}
+    spec = ClientSpec(
+        method=cfg.method.name,
+        objective_kwargs=strategy.objective_kwargs(),
+        model=cfg.model.name,
+        model_kwargs=strategy.model_kwargs(cfg.model.name, model_kwargs),
+        optim=OptimConfig(**_mapping(OmegaConf.to_container(cfg.optim, resolve=True))),
+        num_classes=dataset.num_classes,
+        in_channels=dataset.in_channels,
+        image_size=dataset.image_size,
+        local_epochs=cfg.fl.local_epochs,
+        local_steps=cfg.fl.local_steps,
+        batch_size=cfg.fl.batch_size,
+        eval_batch_size=cfg.eval.batch_size,
+        eval_spec=eval_spec,
+        bn_stats=cfg.fl.bn_stats,
+    )
+    torch.manual_seed(cfg.seed)
+    objective = build_objective(spec)  # the driver's copy: initial weights, global evaluation
+    if family(spec.model) is None:
+        spec.init_params = to_cpu(objective.model.state_dict())
+        init_params: dict[str, torch.Tensor] | None = spec.init_params
+    else:
+        # Heterogeneous clients: each starts from its own seeded model; only weights every
+        # architecture has alike (e.g. LG-FedAvg's head) can be global.
+        init_params = _family_shared_params(spec, objective) or None
+        spec.init_seed = int(cfg.seed)
+    return Prepared(cfg, dataset, split, strategy, spec, init_params, objective, eval_spec)
+
+
+def _family_shared_params(spec: ClientSpec, objective: ClientObjective[Any]) -> dict[str, torch.Tensor]:
+    """The shared (averaged) weights of a model family's members, which must agree in names
+    and shapes; the driver's objective (client 0's architecture) gives their initial values."""
+    shared = to_cpu(objective.shared_params())
+    shapes = {k: tuple(v.shape) for k, v in shared.items()}
+    fam = family(spec.model)
+    assert fam is not None
+    for cid, arch in enumerate(fam.members[1:], start=1):
+        with torch.random.fork_rng(devices=[]):
+            other = {k: tuple(v.shape) for k, v in build_objective(spec, cid).shared_params().items()}
+        if other != shapes:
+            diff = sorted(set(other) ^ set(shapes)) or sorted(k for k in shapes if shapes[k] != other[k])
+            raise ConfigError(
+                f"method {spec.method!r} averages weights that differ across the architectures of model "
+                f"family {spec.model!r} ({fam.members[0]} vs {arch}: {', '.join(diff[:3])}); with "
+                "heterogeneous clients use a method that shares no weights (local, fedproto, fedtgp, "
+                "feddistill, fedtsp) or only the head (lg_fedavg)"
+            )
+    return shared
+
+
+def placement_for(cfg: DictConfig, cpus: float, gpus: float) -> Placement:
+    rt = cfg.runtime
+    return plan_placement(
+        cfg.fl.num_clients, cpus, gpus, rt.placement, rt.accelerator, rt.num_actors,
+        rt.cpus_per_client, rt.gpus_per_client, rt.threads_per_client,
+    )  # fmt: skip
+
+
+def local_resources(cfg: DictConfig) -> tuple[float, float]:
+    gpus = cfg.runtime.num_gpus if cfg.runtime.num_gpus is not None else torch.cuda.device_count()
+    return float(cfg.runtime.num_cpus or os.cpu_count() or 1), float(gpus)

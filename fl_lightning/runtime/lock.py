@@ -1,0 +1,150 @@
+"""One writer per run directory, and run directories that are usable before any work starts.
+
+`RunLock` is an exclusive `flock` on `<run dir>/.lock`, taken by `run` (and so by each run
+of a `sweep`) right after the directory is created and by `resume` before it reads or
+writes anything, and held until the run ends. The kernel releases it when the process
+exits in any way (also `kill -9`), so a lock is never stale. The file holds the holder's
+PID and command line, which a second writer's error names (`RunDirBusy`: exit code 2).
+The file itself stays (an empty `.lock` once released); it is never deleted, since deleting
+a lock file lets two processes lock two different files of the same name.
+
+`check_output_dir` says in one line, before any data is loaded, that an `output_dir` cannot
+hold runs (a file in the way, not writable); `create_run_dir` creates a run directory
+atomically (`mkdir` of the final name: of two processes creating the same run, one gets it,
+the other a one-line error).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from ..core.errors import ConfigError
+
+LOCK_NAME = ".lock"
+
+
+class RunDirBusy(ConfigError):
+    """Another process is writing this run directory (its PID is in the message)."""
+
+
+def _holder(fd: int) -> str:
+    """What the holder wrote into the lock file: `PID <pid> (<command>)`; it writes right after
+    taking the lock, so an empty file is retried for a moment."""
+    text = ""
+    for _ in range(20):
+        try:
+            text = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        except OSError:
+            text = ""
+        if text:
+            break
+        time.sleep(0.025)
+    pid, _, command = text.partition(" ")
+    if not pid.isdigit():
+        return "PID unknown"
+    return f"PID {pid}" + (f": {command}" if command else "")
+
+
+class RunLock:
+    """`with RunLock(run_dir):` holds the run directory's lock; `RunDirBusy` if another
+    process holds it."""
+
+    def __init__(self, run_dir: Path | str) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise ConfigError(f"cannot use run directory {self.run_dir}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = _holder(fd) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else ""
+            os.close(fd)
+            if not holder:
+                raise ConfigError(f"cannot lock run directory {self.run_dir}: {e.strerror or e}") from None
+            raise RunDirBusy(
+                f"run directory {self.run_dir} is in use by another fl-lightning process ({holder}); "
+                "only one process may write a run: wait for it to end, or stop it"
+            ) from None
+        prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+        prog = "fl-lightning" if prog in ("__main__.py", "fl-lightning") else prog
+        command = " ".join([prog, *sys.argv[1:]])
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, 0)  # still held: nobody reads a PID that is gone
+        except OSError:
+            pass
+        os.close(self._fd)  # releases the lock
+        self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+def check_output_dir(path: Path | str, shown: str | None = None) -> None:
+    """ConfigError (one line, naming `shown`, default `path`) unless runs can be written under
+    `path`: its nearest existing ancestor (or itself) must be a folder, not a file, in which
+    this process can create entries (tried for real: a temporary folder, removed at once, so
+    also right for root and read-only file systems). Creates nothing that stays."""
+    target = Path(path)
+    shown = shown or str(target)
+    probe = target.absolute()
+    while True:
+        try:
+            if probe.exists():
+                break
+        except OSError as e:
+            raise ConfigError(f"output_dir {shown} is not usable ({probe}: {e.strerror or e})") from None
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"output_dir {shown} is not usable: {probe} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".fl-lightning-probe-", dir=probe))
+    except OSError as e:
+        raise ConfigError(
+            f"output_dir {shown} is not writable (cannot create a folder in {probe}: "
+            f"{e.strerror or type(e).__name__})"
+        ) from None
+
+
+def create_run_dir(run_dir: Path) -> None:
+    """Create `run_dir` atomically: its parents as needed, then the directory itself with one
+    `mkdir`, which fails if it exists (whoever made it first owns it)."""
+    try:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir()
+    except FileExistsError:
+        raise ConfigError(
+            f"run directory {run_dir} exists; continue it with `fl-lightning resume {run_dir}`"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"cannot create run directory {run_dir}: {e.strerror or e}") from None

@@ -96,6 +96,8 @@ class EvalConfig:
     #: many_/medium_/few_accuracy (ImageNet-LT: [100, 20]); null: none
     longtail: list[int] | None = None
     threshold: float = 0.5  # multi-label: decision threshold on sigmoid scores (C-P, C-R, C-F1, O-*)
+    #: write the final round's global scores and targets to <run dir>/predictions.npz
+    save_predictions: bool = False
 
 
 @dataclass
@@ -415,7 +417,9 @@ def validate_registered(cfg: DictConfig) -> None:
     # ... and a run it cannot do (CLIP2FL's teacher=clip without CLIP weights): `check_run`.
     run = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(run, dict)
-    strategy.check_run(method_cfg, {str(k): v for k, v in run.items()})
+    entry = DATASETS.get(cfg.data.name)  # what is known of the data before loading it
+    known = {"multilabel": entry.multilabel, "class_names": entry.class_names}
+    strategy.check_run(method_cfg, {str(k): v for k, v in run.items()} | {"dataset": known})
     model_kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
     check_kwargs("model", cfg.model.name, MODELS.get(cfg.model.name), model_kwargs)
     DATASETS.get(cfg.data.name)

@@ -289,9 +289,11 @@ def evaluate(
     y: torch.Tensor,
     spec: EvalSpec,
     batch_size: int = 1000,
+    scores_out: list[torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Every named evaluation of `objective` on (x, y): the metrics of `spec` and the mean
-    task loss. Restores the training mode."""
+    task loss. Restores the training mode. `scores_out`, if given, receives the main head's
+    scores (CPU, one tensor per batch): what `eval.save_predictions` writes."""
     was_training = objective.training
     objective.eval()
     device = next(objective.parameters()).device
@@ -304,6 +306,8 @@ def evaluate(
             scores = head(xb)
             loss_sums[name] += float(objective.eval_loss(scores, yb))
             metrics[name].update(scores, yb)
+            if scores_out is not None and name == "":
+                scores_out.append(scores.detach().cpu())
     objective.train(was_training)
     out: dict[str, float] = {}
     n = max(len(y), 1)

@@ -137,7 +137,8 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
     def check_run(cls, config: ConfigT, run: dict[str, Any]) -> None:
         """Refuse a run this method cannot do, with a ConfigError, before any data or model
         is touched (`config.validate_registered` calls it). `run` is the whole resolved run
-        config as plain data (`run["text"]`, `run["data"]`, ...). Default: accept."""
+        config as plain data (`run["text"]`, `run["data"]`, ...) and what the dataset
+        registry knows without loading (`run["dataset"]["multilabel"]`). Default: accept."""
 
     # --- client side, built inside hosts ---------------------------------------------
     def objective_kwargs(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from . import (  # noqa: E402,F401  (imported to register; after METHODS exists)
     fedfocal,
     fedglcl,
     fedlc,
+    fedlgt,
     fednova,
     fedper,
     fedproto,

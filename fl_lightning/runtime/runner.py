@@ -205,7 +205,24 @@ class Run:
         obj = self.p.objective.to(self._device())
         obj.client_state = {}
         obj.begin_round(broadcast, None)
-        return evaluate(obj, *self._test, spec=self.p.eval_spec, batch_size=self.cfg.eval.batch_size)
+        keep = self.cfg.eval.save_predictions and state.round == self.cfg.fl.rounds
+        scores: list[torch.Tensor] | None = [] if keep else None
+        out = evaluate(
+            obj, *self._test, spec=self.p.eval_spec, batch_size=self.cfg.eval.batch_size, scores_out=scores
+        )
+        if scores:
+            self._save_predictions(torch.cat(scores), state.round)
+        return out
+
+    def _save_predictions(self, scores: torch.Tensor, rnd: int) -> None:
+        """`eval.save_predictions`: the global model's raw scores (logits) and the targets
+        on the test set, for metrics of one's own (`np.load(run_dir / "predictions.npz")`)."""
+        import numpy as np
+
+        path = self.run_dir / "predictions.npz"
+        tmp = path.with_name(".predictions.tmp.npz")
+        np.savez_compressed(tmp, scores=scores.float().numpy(), targets=self._test[1].numpy(), round=rnd)
+        tmp.replace(path)
 
     def _client_eval(self, executor: Executor, state: ServerState) -> dict[str, float]:
         if not (self.cfg.eval.clients and self.p.split.test):

@@ -1,0 +1,220 @@
+"""FedLGT: Liu et al., "Language-Guided Transformer for Federated Multi-Label Classification",
+AAAI 2024 (shared/papers/003; spec: shared/methods/fedtsp_fedlgt_feddtr.md part 2).
+
+C-Tran (`model=ctran`) trained with FedAvg, plus two pieces:
+
+- ULE (`label_embedding=text`): the label embeddings are a frozen text encoder's features of
+  "The photo contains {class}." and the state embeddings its features of "positive" and
+  "negative" (unknown = zeros); fixed on every client, so never trained, sent or averaged.
+  `learned` is C-Tran's own (FedC-Tran); `frozen_random` keeps them fixed but random, which
+  separates "frozen" from "meaningful text".
+- CA-MLE (`ca_mle`): each local step first draws C-Tran's label-mask-training mask (`lmt`:
+  per sample, a uniform number in [0, floor(known_fraction * C)] of labels are known and
+  carry their true state), then the received global model, in eval mode with every state
+  unknown, scores the batch; labels it is unsure of (|p - threshold| <= epsilon) become
+  unknown as well. Per sample, over the whole batch (the authors' loop only calibrates the
+  first image of each batch: spec §2.3, read as a bug).
+
+Loss: binary cross-entropy on the unknown positions only, summed over the batch (the
+authors' code; `reduction=mean` averages over the unknown positions). Aggregation: FedAvg of
+every weight. Evaluation: the global model with every state unknown.
+
+`method=fedctran` is this file with `label_embedding=learned ca_mle=false`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..core.errors import ConfigError
+from ..core.messages import Broadcast, ClientPayload, ServerState
+from ..core.objective import ClientObjective
+from ..core.strategy import MethodConfig, Strategy
+from ..models.ctran import UNKNOWN, CTran
+from . import METHODS
+
+LABEL_EMBEDDINGS = ("text", "learned", "frozen_random")
+
+
+def label_mask_training(y: torch.Tensor, known_fraction: float) -> torch.Tensor:
+    """C-Tran's LMT mask [B, C] (True = known): per sample, k ~ UniformInt[0, floor(f*C)]
+    labels chosen uniformly at random are known. Draws from torch's global generator (the
+    host seeds it per client and round)."""
+    b, c = y.shape
+    k = torch.randint(0, int(known_fraction * c) + 1, (b, 1), device=y.device)
+    ranks = torch.rand(b, c, device=y.device).argsort(1).argsort(1)  # a random permutation per row
+    return ranks < k
+
+
+class LGTObjective(ClientObjective[Broadcast]):
+    def __init__(
+        self,
+        model: nn.Module,
+        label_features: torch.Tensor | None = None,
+        state_features: torch.Tensor | None = None,
+        lmt: bool = True,
+        known_fraction: float = 0.75,
+        ca_mle: bool = True,
+        epsilon: float = 0.02,
+        threshold: float = 0.5,
+        reduction: str = "sum",
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(model, CTran):
+            raise ConfigError("fedlgt / fedctran need a C-Tran model: model=ctran")
+        if label_features is not None and state_features is not None:
+            model.fix_embeddings(label_features, state_features)
+        super().__init__(model, **kwargs)
+        self.lmt, self.known_fraction, self.ca_mle = lmt, known_fraction, ca_mle
+        self.epsilon, self.threshold, self.reduction = epsilon, threshold, reduction
+        # the received global model, frozen for the round; kept out of the module tree so
+        # that it is neither trained nor part of any state dict
+        self.__dict__["global_model"] = None
+
+    def begin_round(self, broadcast: Broadcast, payload: ClientPayload | None) -> None:
+        super().begin_round(broadcast, payload)
+        if self.ca_mle and payload is not None:  # a training round (evaluation has no payload)
+            g = copy.deepcopy(self.model).eval()
+            g.requires_grad_(False)
+            self.__dict__["global_model"] = g
+
+    def known_mask(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Which labels of the batch are given to the model (True) rather than predicted."""
+        known = (
+            label_mask_training(y, self.known_fraction)
+            if self.lmt
+            else torch.zeros(y.shape, dtype=torch.bool, device=y.device)
+        )
+        g: CTran | None = self.__dict__["global_model"]
+        if self.ca_mle and g is not None:
+            with torch.no_grad():
+                p = torch.sigmoid(g.to(x.device)(x))
+            known &= (p - self.threshold).abs() > self.epsilon  # uncertain: unknown
+        return known
+
+    def loss_terms(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        x, y = batch
+        y = y.to(torch.float32)
+        known = self.known_mask(x, y)
+        states = torch.where(known, y.long(), torch.full_like(y, UNKNOWN, dtype=torch.long))
+        logits = self.model(x, states)
+        unknown = (~known).to(logits.dtype)
+        bce = (F.binary_cross_entropy_with_logits(logits, y, reduction="none") * unknown).sum()
+        if self.reduction == "mean":
+            bce = bce / unknown.sum().clamp(min=1.0)
+        return {"bce": bce}
+
+
+@dataclass
+class FedLGTConfig(MethodConfig):
+    name: str = "fedlgt"
+    label_embedding: str = "text"  # text (ULE) | learned (FedC-Tran) | frozen_random
+    prompt: str = "The photo contains {}."
+    state_words: list[str] = field(default_factory=lambda: ["positive", "negative"])
+    lmt: bool = True
+    known_fraction: float = 0.75
+    ca_mle: bool = True
+    epsilon: float = 0.02
+    threshold: float = 0.5
+    reduction: str = "sum"  # sum (authors' code) | mean over the unknown positions
+
+
+@METHODS.register("fedlgt")
+class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
+    name = "fedlgt"
+    config_cls = FedLGTConfig
+    objective_cls = LGTObjective
+    state_cls = ServerState
+    broadcast_cls = Broadcast
+
+    @classmethod
+    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
+        c: FedLGTConfig = config
+        if c.label_embedding not in LABEL_EMBEDDINGS:
+            raise ConfigError(
+                f"method.label_embedding={c.label_embedding!r} is not one of: {', '.join(LABEL_EMBEDDINGS)}"
+            )
+        if c.reduction not in ("sum", "mean"):
+            raise ConfigError(f"method.reduction={c.reduction!r} is not one of: sum, mean")
+        if not 0.0 <= c.known_fraction <= 1.0 or c.epsilon < 0:
+            raise ConfigError("method.known_fraction must lie in [0, 1] and method.epsilon be >= 0")
+        if "{}" not in c.prompt:
+            raise ConfigError(f"method.prompt={c.prompt!r} needs a {{}} where the class name goes")
+        if len(c.state_words) != 2:
+            raise ConfigError("method.state_words needs two words: the positive and the negative state")
+        data = run.get("data") or {}
+        if not (run.get("dataset") or {}).get("multilabel"):
+            raise ConfigError(
+                f"{c.name} is multi-label classification; data={data.get('name')} is single-label "
+                "(use data=fmnist_multilabel, voc2007, coco or flair)"
+            )
+        model = (run.get("model") or {}).get("name")
+        if model != "ctran":
+            raise ConfigError(f"{c.name} trains a C-Tran: model=ctran (got model={model})")
+
+    def __init__(self, config: FedLGTConfig, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        self.label_features: torch.Tensor | None = None
+        self.state_features: torch.Tensor | None = None
+        self.text_encoder = "none"
+        if config.label_embedding == "learned":
+            return
+        from ..text import class_text_features
+
+        text_cfg = dict(self.task.text)
+        if text_cfg.get("name", "none") == "none":
+            text_cfg = {"name": "minilm"}  # the default encoder (offline)
+        labels = class_text_features(text_cfg, list(self.task.class_names), templates=[config.prompt])
+        states = class_text_features(text_cfg, list(config.state_words), templates=["{}"])
+        assert isinstance(labels, torch.Tensor) and isinstance(states, torch.Tensor)
+        if config.label_embedding == "frozen_random":  # same shape and norm, no meaning
+            g = torch.Generator().manual_seed(self.seed)
+            labels = F.normalize(torch.randn(labels.shape, generator=g), dim=-1)
+            states = F.normalize(torch.randn(states.shape, generator=g), dim=-1)
+        self.label_features, self.state_features = labels, states
+        self.text_encoder = text_cfg["name"]
+
+    def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Fixed embeddings set the transformer's width to theirs."""
+        if self.label_features is None:
+            return kwargs
+        d = int(self.label_features.shape[1])
+        if kwargs.get("d_model") not in (None, d):
+            raise ConfigError(
+                f"{self.name}'s label embeddings are {self.text_encoder}'s {d}-d features: "
+                f"model.d_model must be {d} or null (got {kwargs['d_model']})"
+            )
+        return {**kwargs, "d_model": d}
+
+    def objective_kwargs(self) -> dict[str, Any]:
+        kw = super().objective_kwargs()
+        for k in ("label_embedding", "prompt", "state_words"):
+            kw.pop(k)
+        return kw | {"label_features": self.label_features, "state_features": self.state_features}
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary() | {"text_encoder": self.text_encoder}
+        if self.label_features is not None:
+            out["label_dim"] = int(self.label_features.shape[1])
+        return out
+
+
+@dataclass
+class FedCTranConfig(FedLGTConfig):
+    name: str = "fedctran"
+    label_embedding: str = "learned"
+    ca_mle: bool = False
+
+
+@METHODS.register("fedctran")
+class FedCTran(FedLGT):
+    """C-Tran with learned label and state embeddings, FedAvg (the paper's FedC-Tran)."""
+
+    name = "fedctran"
+    config_cls = FedCTranConfig

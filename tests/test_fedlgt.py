@@ -175,7 +175,7 @@ def test_fedlgt_on_local_ray_logs_multilabel_metrics_that_sklearn_recomputes(
 
 def test_label_embeddings_are_never_sent_and_fedctran_is_fedlgt_learned_bit_for_bit(tmp_path, data_root):
     def run(name: str, *extra: str) -> tuple[list[dict], Path]:
-        cfg = compose(small(tmp_path, *ML, "runtime=serial", "model.d_model=384", f"run_id={name}", *extra))
+        cfg = compose(small(tmp_path, *ML, "runtime=serial", f"run_id={name}", *extra))
         return _records(start_run(cfg, console=False)[1]), tmp_path / "default" / name
 
     ctran, ctran_dir = run("ctran", "method=fedctran")
@@ -191,7 +191,8 @@ def test_label_embeddings_are_never_sent_and_fedctran_is_fedlgt_learned_bit_for_
     a = torch.load(sorted((ctran_dir / "checkpoints").glob("round-*.pt"))[-1], weights_only=True)
     b = torch.load(sorted((learned_dir / "checkpoints").glob("round-*.pt"))[-1], weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    # FedLGT sends everything FedC-Tran sends but the embeddings: 10 labels + 2 states, 384-d float32
+    # FedLGT sends everything FedC-Tran sends but the embeddings: 10 labels + 2 states, 384-d
+    # float32 (model.d_model null: both take MiniLM's width)
     per_client = (10 + 2) * 384 * 4
     for c, g in zip(ctran, lgt, strict=True):
         assert c["bytes_up"] - g["bytes_up"] == c["clients"] * per_client

@@ -162,29 +162,35 @@ class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
         super().__init__(config, *args, **kwargs)
         self.label_features: torch.Tensor | None = None
         self.state_features: torch.Tensor | None = None
+        self.width: int | None = None  # the text width, which C-Tran's d_model follows by default
         self.text_encoder = "none"
-        if config.label_embedding == "learned":
-            return
+        text_cfg = dict(self.task.text)
+        learned = config.label_embedding == "learned"
+        if text_cfg.get("name", "none") == "none":
+            text_cfg = {"name": "minilm"}  # the default encoder (offline), for fedctran's width too
         from ..text import class_text_features
 
-        text_cfg = dict(self.task.text)
-        if text_cfg.get("name", "none") == "none":
-            text_cfg = {"name": "minilm"}  # the default encoder (offline)
         labels = class_text_features(text_cfg, list(self.task.class_names), templates=[config.prompt])
+        assert isinstance(labels, torch.Tensor)
+        self.width, self.text_encoder = int(labels.shape[1]), text_cfg["name"]
+        if learned:  # FedC-Tran next to FedLGT: the same width, learned embeddings
+            return
         states = class_text_features(text_cfg, list(config.state_words), templates=["{}"])
-        assert isinstance(labels, torch.Tensor) and isinstance(states, torch.Tensor)
+        assert isinstance(states, torch.Tensor)
         if config.label_embedding == "frozen_random":  # same shape and norm, no meaning
             g = torch.Generator().manual_seed(self.seed)
             labels = F.normalize(torch.randn(labels.shape, generator=g), dim=-1)
             states = F.normalize(torch.randn(states.shape, generator=g), dim=-1)
         self.label_features, self.state_features = labels, states
-        self.text_encoder = text_cfg["name"]
 
     def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Fixed embeddings set the transformer's width to theirs."""
-        if self.label_features is None:
+        """`model.d_model: null` becomes the text width whenever a text encoder is chosen, so
+        FedC-Tran and FedLGT compare at one width; fixed embeddings require it."""
+        if self.width is None:
             return kwargs
-        d = int(self.label_features.shape[1])
+        d = self.width
+        if self.label_features is None:  # learned: a default only
+            return kwargs if kwargs.get("d_model") is not None else {**kwargs, "d_model": d}
         if kwargs.get("d_model") not in (None, d):
             raise ConfigError(
                 f"{self.name}'s label embeddings are {self.text_encoder}'s {d}-d features: "
@@ -199,10 +205,7 @@ class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
         return kw | {"label_features": self.label_features, "state_features": self.state_features}
 
     def summary(self) -> dict[str, Any]:
-        out = super().summary() | {"text_encoder": self.text_encoder}
-        if self.label_features is not None:
-            out["label_dim"] = int(self.label_features.shape[1])
-        return out
+        return super().summary() | {"text_encoder": self.text_encoder, "text_dim": self.width}
 
 
 @dataclass

@@ -142,7 +142,7 @@ def ctran(
     dropout: float = 0.1,
     weights: str | None = None,
 ) -> CTran:
-    """`d_model` None: 512 (C-Tran's and CLIP ViT-B/16's width); FedLGT sets it to its text
-    encoder's width."""
+    """`d_model` None: 512 (C-Tran's and CLIP ViT-B/16's width); fedlgt and fedctran set it
+    to their text encoder's width."""
     del image_size  # the token count follows the image; nothing depends on it
     return CTran(num_classes, in_channels, trunk, d_model or 512, layers, heads, dropout, weights)

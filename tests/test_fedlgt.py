@@ -272,13 +272,15 @@ def _flair(root: Path) -> None:
         ("flair", _flair, ["fl.num_clients=3", "data.partition=natural"]),  # one client per user
     ],
 )
-def test_fedlgt_trains_end_to_end_on_the_papers_file_formats(tmp_path, data, build, extra):
+def test_fedlgt_trains_end_to_end_on_the_papers_file_formats(tmp_path, capsys, data, build, extra):
     build(tmp_path / "data")
     args = [f"data={data}", f"data.root={tmp_path / 'data'}", "data.image_size=16", "method=fedlgt",
             "model=ctran", "runtime=serial", "fl.rounds=2", "fl.batch_size=2", "fl.local_steps=2",
-            "logger=none", f"output_dir={tmp_path / 'runs'}", *extra]  # fmt: skip
-    summary, run_dir = start_run(compose(args), console=False)
-    recs = _records(run_dir)
+            "logger=none", f"output_dir={tmp_path / 'runs'}", "run_id=r", *extra]  # fmt: skip
+    assert main(["run", *args, "--quiet"]) == 0
+    run_dir = tmp_path / "runs" / "default" / "r"
+    summary, recs = json.loads((run_dir / "summary.json").read_text()), _records(run_dir)
+    assert capsys.readouterr().out.strip().endswith(f"final_c_ap={summary['final_c_ap']}")  # not accuracy
     assert summary["status"] == "completed" and [r["round"] for r in recs] == [1, 2]
     assert all(math.isfinite(r["c_ap"]) and 0.0 <= r["c_ap"] <= 1.0 for r in recs)
     parts = json.loads((run_dir / "partition.json").read_text())

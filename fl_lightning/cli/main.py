@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
             summary, _ = start_run(cfg, console=not args.quiet)
             if args.quiet:
-                print(f"final_accuracy={summary['final_accuracy']}")
+                metric = summary.get("primary_metric", "accuracy")  # c_ap for multi-label data
+                print(f"final_{metric}={summary.get(f'final_{metric}')}")
         elif args.cmd == "sweep":
             from .sweep import sweep_command
 

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# FedTSP's prompt-tuning ablation at the paper's server budget (issue 15 point 4;
+# docs/results_fedtsp.md): FedTSP with its method defaults (E_s = 20 prompt steps per round,
+# prompt lr 0.01 without momentum, logit scale from ln 100, clients' SGD lr 0.01 without
+# momentum, as the authors' code) against the same with frozen prompts, 3 seeds.
+# server/prototype_shift_mean|max and server/prompt_loss_before|after are in metrics.jsonl.
+set -euo pipefail
+OUT=${OUT:-runs}
+SEEDS=${SEEDS:-0 1 2}
+FLL=${FLL:-fl-lightning}
+COMMON="data=fmnist data.partition=dirichlet data.alpha=0.1 data.client_test_fraction=0.25
+        data.train_subset=12000 data.test_subset=1000 model=htfe_cnn3 fl.num_clients=20
+        fl.rounds=5 fl.local_epochs=1 fl.batch_size=32 runtime=serial logger=none
+        experiment=fedtsp_prompts output_dir=$OUT"
+for seed in $SEEDS; do
+  for spec in "tuned" "frozen method.tune_prompts=false"; do
+    set -- $spec
+    id=$1; shift
+    [ -f "$OUT/fedtsp_prompts/${id}_s${seed}/summary.json" ] && continue
+    rm -rf "$OUT/fedtsp_prompts/${id}_s${seed}"
+    $FLL run method=fedtsp "$@" $COMMON seed=$seed run_id=${id}_s${seed} --quiet
+  done
+done

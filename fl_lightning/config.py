@@ -55,6 +55,9 @@ class FLConfig:
     num_clients: int = 10
     clients_per_round: int | None = None  # overrides `fraction` when set
     fraction: float = 1.0
+    #: [lo, hi]: unstable participation, each round int(J * num_clients) clients with J drawn
+    #: uniformly, as PFLlib's random_join_ratio (the FedDTR paper's J ~ U[0.1, 1]); null: fixed
+    fraction_range: list[float] | None = None
     local_epochs: int = 1
     local_steps: int | None = None  # caps optimizer steps per fit when set
     batch_size: int = 64
@@ -297,10 +300,24 @@ def compose(overrides: list[str]) -> DictConfig:
 
 
 def clients_per_round(cfg: DictConfig) -> int:
+    """Clients sampled per round (with `fl.fraction_range`: the most in any round)."""
     fl = cfg.fl
     if fl.clients_per_round is not None:
         return int(fl.clients_per_round)
+    span = participation(cfg)
+    if span is not None:
+        return span[1]
     return max(1, int(round(fl.fraction * fl.num_clients)))
+
+
+def participation(cfg: DictConfig) -> tuple[int, int] | None:
+    """`fl.fraction_range` as (fewest, most) clients per round; None for a fixed number.
+    PFLlib's counts: int(J * num_clients) for J at either end, at least 1."""
+    fl = cfg.fl
+    if fl.fraction_range is None:
+        return None
+    lo, hi = (float(v) for v in fl.fraction_range)
+    return max(1, int(lo * fl.num_clients)), max(1, int(hi * fl.num_clients))
 
 
 def check_kwargs(kind: str, name: str, fn: Any, given: dict) -> None:
@@ -345,6 +362,12 @@ def validate(cfg: DictConfig) -> None:
         positive(f"data.{key}", data[key])
     if not 0 < fl.fraction <= 1:
         raise ConfigError(f"fl.fraction must be in (0, 1] (got {fl.fraction})")
+    fr = fl.fraction_range
+    if fr is not None:
+        if len(fr) != 2 or not 0 < fr[0] <= fr[1] <= 1:
+            raise ConfigError(f"fl.fraction_range must be [lo, hi] with 0 < lo <= hi <= 1 (got {list(fr)})")
+        if fl.clients_per_round is not None:
+            raise ConfigError("set fl.fraction_range or fl.clients_per_round, not both")
     if clients_per_round(cfg) > fl.num_clients:
         raise ConfigError(
             f"fl.clients_per_round={clients_per_round(cfg)} exceeds fl.num_clients={fl.num_clients}"

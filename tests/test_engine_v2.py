@@ -212,3 +212,21 @@ def test_build_errors_name_the_part(tmp_path, data_root):
     spec.objective_kwargs = {"mu": 1.0}
     with pytest.raises(ConfigError, match=r"method 'fedavg' takes no argument 'mu'"):
         build_objective(spec)
+
+
+# --- unstable participation (fl.fraction_range, the FedDTR paper's J ~ U[lo, 1]) ------------
+def test_fraction_range_draws_the_number_of_clients_each_round(tmp_path, data_root, capsys):
+    import numpy as np
+
+    args = small(tmp_path, "runtime=serial", "fl.num_clients=10", "fl.rounds=6", "fl.local_steps=1",
+                 "fl.fraction_range=[0.3,1.0]", "eval.every=6", "seed=4")  # fmt: skip
+    _, run_dir = start_run(compose(args), console=False)
+    counts = [r["clients"] for r in _records(run_dir)]
+    # PFLlib's rule, written out: k ~ UniformInt[int(0.3 * 10), int(1.0 * 10)], drawn first from
+    # the round's stream (seed, round, 0x5EED), then k distinct clients from the same stream
+    want = [int(np.random.default_rng([4, rnd, 0x5EED]).integers(3, 11)) for rnd in range(1, 7)]
+    assert counts == want and len(set(counts)) > 1
+    for bad in ("fl.fraction_range=[0.5,0.2]", "fl.fraction_range=[0,1]", "fl.fraction_range=[0.5]"):
+        assert main(["run", *small(tmp_path / "x", bad), "--quiet"]) == 2
+        assert "fl.fraction_range" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

@@ -113,6 +113,9 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
     #: True for methods without one global model (personal weights): they are evaluated
     #: on each client's own test split, so the data must have one.
     personalised: bool = False
+    #: (fewest, most) clients per round for unstable participation (`fl.fraction_range`);
+    #: None: always `clients_per_round`
+    participation: tuple[int, int] | None = None
 
     def __init__(
         self,
@@ -193,7 +196,10 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         return self.state_cls(round=0, global_params=global_params)
 
     def sample_clients(self, rnd: int, rng: np.random.Generator) -> list[ClientId]:
-        chosen = rng.choice(self.num_clients, size=self.clients_per_round, replace=False)
+        k = self.clients_per_round
+        if self.participation is not None:  # drawn first, from the same (seed, round) stream
+            k = int(rng.integers(self.participation[0], self.participation[1] + 1))
+        chosen = rng.choice(self.num_clients, size=k, replace=False)
         return sorted(int(c) for c in chosen)
 
     def broadcast(self, state: StateT, rnd: int) -> BroadcastT:
@@ -243,6 +249,7 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
             **dataclasses.asdict(self.config),
             "num_clients": self.num_clients,
             "clients_per_round": self.clients_per_round,
+            **({"participation": list(self.participation)} if self.participation else {}),
         }
 
     def warnings(self) -> list[str]:

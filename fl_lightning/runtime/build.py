@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import clients_per_round, validate_registered
+from ..config import clients_per_round, participation, validate_registered
 from ..core.errors import ConfigError
 from ..core.metrics import EvalSpec
 from ..core.objective import ClientObjective
@@ -90,6 +90,7 @@ def prepare(cfg: DictConfig) -> Prepared:
         data=_mapping(OmegaConf.to_container(cfg.data, resolve=True)),
     )
     strategy = strategy_cls(method_cfg, cfg.fl.num_clients, clients_per_round(cfg), cfg.seed, task)
+    strategy.participation = participation(cfg)
     if cfg.fl.bn_stats == "local":  # no one set of statistics: each client's own model is evaluated
         strategy.personalised = True
     ev = cfg.eval

@@ -54,8 +54,9 @@ def run(
     ds, train, test = data
     cls = METHODS.get(name)
     task = TaskInfo(
-        num_classes=10, class_names=tuple(ds.class_names), dataset="digits", has_client_test_split=True
-    )
+        num_classes=10, class_names=tuple(ds.class_names), dataset="digits", has_client_test_split=True,
+        rounds=rounds,
+    )  # fmt: skip
     strategy = cls(
         cls.config_cls(**method_kwargs), num_clients=3, clients_per_round=per_round, seed=0, task=task
     )

@@ -1,4 +1,4 @@
-"""More personalised-FL baselines (Per-FedAvg, pFedMe, FedAMP, FedALA) on the toy model, checked
+"""More personalised-FL baselines (Per-FedAvg, pFedMe, FedAMP, FedALA, FedPHP) on the toy model, checked
 against plain PyTorch loops with each method's formulas written out, in the pattern of
 tests/test_pfl.py: three clients, two per round for two rounds (FedALA: three; partial
 participation), the
@@ -308,3 +308,68 @@ def test_fedala_adaptive_local_aggregation_then_local_training(clients3):
         assert got["global/loss"] == pytest.approx(float(F.cross_entropy(w(x), y)), rel=1e-4)
     with pytest.raises(ConfigError, match="fedala needs"):
         run("fedala", clients3, rounds=0, rand_percent=0.0)
+
+
+# --- FedPHP ----------------------------------------------------------------------------------
+
+
+def test_fedphp_inherits_the_private_model_and_pulls_features_to_the_global(clients3):
+    """Three rounds, two clients each, so some client mixes at R = 1 and R = 2. Mutations:
+    the mix weights swapped (fails), μ_R from R = 1 (fails), the MMD's cross term `+ 2k`
+    (fails), buffers mixed like parameters (fails), λ on the cross-entropy (fails)."""
+    mu, lam, T = 0.8, 0.3, 3
+    r = run("fedphp", clients3, rounds=T, mu=mu, lam=lam)
+
+    def mmd(a, b):  # PFLlib's RBF MMD, written out pair by pair
+        def k(u, v):
+            d = ((u[:, None, :] - v[None, :, :]) ** 2).sum(-1)
+            return sum(torch.exp(-d / (2 * bw)) for bw in (10.0, 15.0, 20.0, 50.0))
+
+        return (k(a, a) + k(b, b) - 2 * k(a, b)).mean()
+
+    def ref(dt):
+        glob, local = cast(r.init, dt), {}
+        for R, plan in enumerate(r.plans):  # PFLlib's round index, from 0
+            outs = []
+            for p in plan.payloads:
+                cid = p.client_id
+                x, y = shard(clients3, cid, dt=dt)
+                m, teacher = Toy().to(dt), Toy().to(dt)
+                teacher.load_state_dict(glob)
+                teacher.train().requires_grad_(False)
+                if cid in local:
+                    w = mu * R / T
+                    names = {n for n, _ in m.named_parameters()}
+                    own = local[cid]
+                    mix = {k: (1 - w) * glob[k] + w * own[k] if k in names else own[k] for k in glob}
+                    m.load_state_dict(mix)
+                else:
+                    m.load_state_dict(glob)
+
+                def loss(model, xb, yb, teacher=teacher):
+                    z = model.features(xb)
+                    with torch.no_grad():
+                        zt = teacher.features(xb)
+                    return (1 - lam) * F.cross_entropy(model.head(z), yb) + lam * mmd(z, zt)
+
+                sgd_epochs(m, m.parameters(), loader(x, y, p.seed), 1, loss)
+                local[cid] = to_cpu(m.state_dict())
+                outs.append((local[cid], n_train(clients3, cid)))
+            glob = weighted_mean([s for s, _ in outs], [n for _, n in outs])
+        return glob, local
+
+    glob, local = both(ref)
+    mixed = [p.client_id for plan in r.plans[1:] for p in plan.payloads]
+    assert len(mixed) > len(set(mixed)) or set(mixed) & {p.client_id for p in r.plans[0].payloads}
+    check(r, glob, local, "fedphp/local")
+    cid = r.plans[-1].client_ids[0]
+    x, y = shard(clients3, cid, "test")
+    m, g = Toy(), Toy()
+    m.load_state_dict(local[cid][0])
+    g.load_state_dict(glob[0])
+    m.eval(), g.eval()
+    got = personal_eval(r, cid).metrics
+    assert got["accuracy"] == pytest.approx(accuracy(m(x), y))
+    assert got["global/accuracy"] == pytest.approx(accuracy(g(x), y))
+    with pytest.raises(ConfigError, match="fedphp"):
+        run("fedphp", clients3, rounds=1, mu=1.5)

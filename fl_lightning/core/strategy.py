@@ -50,6 +50,8 @@ class TaskInfo:
         train_class_counts: training examples per class over all clients (long-tail groups).
         data: the data config (`cfg.data` as a plain mapping; empty when unknown), for methods
             that read the dataset themselves (CLIP2FL's aligned teacher, on held-out images).
+        rounds: the run's planned rounds (`fl.rounds`; 0 when unknown), for schedules over
+            the run (FedPHP's inheritance weight).
     """
 
     num_classes: int
@@ -60,6 +62,7 @@ class TaskInfo:
     multilabel: bool = False
     train_class_counts: tuple[int, ...] = ()
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    rounds: int = 0
 
 
 @dataclass(frozen=True)

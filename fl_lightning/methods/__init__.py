@@ -29,6 +29,7 @@ from . import (  # noqa: E402,F401  (imported to register; after METHODS exists)
     fedlgt,
     fednova,
     fedper,
+    fedphp,
     fedproto,
     fedprox,
     fedrep,

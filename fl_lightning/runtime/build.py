@@ -88,6 +88,7 @@ def prepare(cfg: DictConfig) -> Prepared:
         multilabel=bool(dataset.multilabel),
         train_class_counts=train_counts,
         data=_mapping(OmegaConf.to_container(cfg.data, resolve=True)),
+        rounds=int(cfg.fl.rounds),
     )
     strategy = strategy_cls(method_cfg, cfg.fl.num_clients, clients_per_round(cfg), cfg.seed, task)
     strategy.participation = participation(cfg)

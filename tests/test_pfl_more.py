@@ -373,3 +373,79 @@ def test_fedphp_inherits_the_private_model_and_pulls_features_to_the_global(clie
     assert got["global/accuracy"] == pytest.approx(accuracy(g(x), y))
     with pytest.raises(ConfigError, match="fedphp"):
         run("fedphp", clients3, rounds=1, mu=1.5)
+
+
+# --- FedFomo ---------------------------------------------------------------------------------
+
+
+def test_fedfomo_weighs_received_models_by_validation_gain_per_distance(clients3):
+    """Three rounds of two clients, M = 2: round 1 receives nothing, later rounds the top of
+    each affinity row. Mutations: the gain's sign flipped (fails), the distance not divided
+    (fails), negative weights kept (fails), the affinity not accumulated (fails), θ_old the
+    trained model instead of the pre-training one (fails)."""
+    M, vf = 2, 0.25
+    r = run("fedfomo", clients3, rounds=3, m=M, val_fraction=vf)
+
+    def ref(dt):
+        init = cast(r.init, dt)
+        models, pers, old, uploaded = {}, {}, {}, []
+        P = torch.eye(3, dtype=torch.float64)
+        for plan in r.plans:
+            outs = []
+            for p in plan.payloads:
+                cid = p.client_id
+                ids = sorted(range(3), key=lambda j, cid=cid: (-float(P[cid, j]), j))[: min(M, len(uploaded))]
+                x, y = shard(clients3, cid, dt=dt)
+                m = Toy().to(dt)
+                m.load_state_dict(pers.get(cid, init))
+                theta_old = old.get(cid, pers.get(cid, init))
+                nv = int(vf * len(y))
+                xv, yv = x[-nv:], y[-nv:]
+
+                def vloss(sd, xv=xv, yv=yv):
+                    t = Toy().to(dt)
+                    t.load_state_dict(sd)
+                    t.eval()
+                    with torch.no_grad():
+                        return float(F.cross_entropy(t(xv), yv))
+
+                ws = []
+                if ids:
+                    names = [n for n, _ in m.named_parameters()]
+                    base = vloss(theta_old)
+                    for j in ids:
+                        th = models.get(j, init)
+                        sq = sum(((th[n].double() - theta_old[n].double()) ** 2).sum() for n in names)
+                        dist = float(sq) ** 0.5
+                        ws.append((base - vloss(th)) / (dist + 1e-5))
+                    pos = [max(w, 0.0) for w in ws]
+                    if sum(pos) > 0:
+                        new = dict(m.state_dict())  # buffers: the client's own
+                        for n in names:
+                            terms = zip(pos, ids, strict=True)
+                            new[n] = sum(w / sum(pos) * models.get(j, init)[n] for w, j in terms)
+                        m.load_state_dict(new)
+                old[cid] = to_cpu(m.state_dict())
+                sgd_epochs(m, m.parameters(), loader(x, y, p.seed), 1, ce)
+                pers[cid] = to_cpu(m.state_dict())
+                outs.append((cid, ids, ws))
+            for cid, ids, ws in outs:
+                models[cid] = pers[cid]
+                for j, w in zip(ids, ws, strict=True):
+                    P[cid, j] += w
+            uploaded = [c for c, _, _ in outs]
+        return pers, P
+
+    (p32, P32), (p64, P64) = twin(ref)
+    assert any(len(u.ids) == M for ups in r.updates[1:] for u in ups) and not any(u.ids for u in r.updates[0])
+    assert not torch.equal(P64, torch.eye(3, dtype=torch.float64))
+    for c in p64:
+        match(r.host.states[c]["fedfomo/personal"], (p32[c], p64[c]))
+    # the weights are loss differences (float32 losses ~2, so ~1e-6 apart) over distances ~1
+    torch.testing.assert_close(r.state.affinity, P32, rtol=0, atol=1e-4)
+    cid = r.plans[-1].client_ids[0]
+    x, y = shard(clients3, cid, "test")
+    m = Toy()
+    m.load_state_dict(p64[cid])
+    m.eval()
+    assert personal_eval(r, cid).metrics["accuracy"] == pytest.approx(accuracy(m.float()(x), y))

@@ -24,6 +24,7 @@ from . import (  # noqa: E402,F401  (imported to register; after METHODS exists)
     feddistill,
     feddtr,
     fedfocal,
+    fedfomo,
     fedglcl,
     fedlc,
     fedlgt,

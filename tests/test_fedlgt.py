@@ -265,10 +265,31 @@ def _flair(root: Path) -> None:
         f["/metadata/label_counter"] = json.dumps({"animal": 3, "plant": 4, "food": 4, "art": 3})
 
 
+def _coco(root: Path) -> None:
+    from PIL import Image
+
+    d = root / "coco"
+    (d / "annotations").mkdir(parents=True)
+    cats = [{"id": 1, "name": "person"}, {"id": 3, "name": "car"}, {"id": 10, "name": "traffic light"}]
+    rng = np.random.default_rng(0)
+    for split, ids in (("train2014", range(1, 9)), ("val2014", range(20, 24))):
+        images = [{"id": i, "file_name": f"COCO_{split}_{i:012d}.jpg"} for i in ids]
+        pairs = [(i, cats[(i + k) % 3]["id"]) for i in ids for k in range(1 + i % 2)]  # 1-2 labels
+        anns = [{"image_id": i, "category_id": c} for i, c in pairs]
+        (d / "annotations" / f"instances_{split}.json").write_text(
+            json.dumps({"images": images, "annotations": anns, "categories": cats})
+        )
+        (d / split).mkdir()
+        for im in images:
+            pixels = rng.integers(0, 255, (18, 22, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(d / split / im["file_name"])
+
+
 @pytest.mark.parametrize(
     ("data", "build", "extra"),
     [
         ("voc2007", _voc, ["fl.num_clients=2", "data.min_size=1"]),
+        ("coco", _coco, ["fl.num_clients=2", "data.min_size=1"]),
         ("flair", _flair, ["fl.num_clients=3", "data.partition=natural"]),  # one client per user
     ],
 )

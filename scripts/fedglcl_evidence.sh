@@ -24,8 +24,12 @@ for p in $PARTS; do
   esac
   for method in $METHODS; do
     for seed in $SEEDS; do
-      [ -f "$OUT/$exp/${method}_s${seed}/summary.json" ] && continue
-      rm -rf "$OUT/$exp/${method}_s${seed}"
+      dir="$OUT/$exp/${method}_s${seed}"
+      [ -f "$dir/summary.json" ] && continue
+      if [ -e "$dir/.lock" ] && ! flock -n "$dir/.lock" true; then
+        echo "skipping $dir: a run holds it" >&2; continue  # never wipe a run in progress
+      fi
+      rm -rf "$dir"
       $FLL run method=$method $part seed=$seed experiment=$exp run_id=${method}_s${seed} \
         $COMMON --quiet
     done

@@ -19,6 +19,9 @@ for run in $RUNS; do
   for seed in $SEEDS; do
     dir="$OUT/fedlgt_fmnist_multilabel/${run}_s${seed}"
     [ -f "$dir/summary.json" ] && continue
+    if [ -e "$dir/.lock" ] && ! flock -n "$dir/.lock" true; then
+      echo "skipping $dir: a run holds it" >&2; continue  # never wipe a run in progress
+    fi
     rm -rf "$dir"
     $FLL run +experiment=fedlgt_fmnist_multilabel $args seed=$seed run_id=${run}_s${seed} \
       runtime=serial logger=none output_dir=$OUT --quiet

@@ -16,8 +16,12 @@ for seed in $SEEDS; do
   for spec in "tuned" "frozen method.tune_prompts=false"; do
     set -- $spec
     id=$1; shift
-    [ -f "$OUT/fedtsp_prompts/${id}_s${seed}/summary.json" ] && continue
-    rm -rf "$OUT/fedtsp_prompts/${id}_s${seed}"
+    dir="$OUT/fedtsp_prompts/${id}_s${seed}"
+    [ -f "$dir/summary.json" ] && continue
+    if [ -e "$dir/.lock" ] && ! flock -n "$dir/.lock" true; then
+      echo "skipping $dir: a run holds it" >&2; continue  # never wipe a run in progress
+    fi
+    rm -rf "$dir"
     $FLL run method=fedtsp "$@" $COMMON seed=$seed run_id=${id}_s${seed} --quiet
   done
 done

@@ -79,7 +79,8 @@ class LGTObjective(ClientObjective[Broadcast]):
 
     def begin_round(self, broadcast: Broadcast, payload: ClientPayload | None) -> None:
         super().begin_round(broadcast, payload)
-        if self.ca_mle and payload is not None:  # a training round (evaluation has no payload)
+        # a fit (or a client-side evaluation, which never reads it; the driver's has no payload)
+        if self.ca_mle and payload is not None:
             g = copy.deepcopy(self.model).eval()
             g.requires_grad_(False)
             self.__dict__["global_model"] = g

@@ -477,8 +477,12 @@ def test_ctrl_c_while_a_checkpoint_is_written_ends_the_run_interrupted(tmp_path,
     run_dir = tmp_path / "default" / "k"
     monkeypatch.setattr(checkpoint, "_atomic_write", interrupted_in_round_2)
     args = small(tmp_path, *TINY, "runtime=serial", "fl.rounds=4", "run_id=k")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert main(["run", *args, "--quiet"]) == 130
+    # as in a terminal (CI may run the suite with SIGINT ignored, as a background job)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert main(["run", *args, "--quiet"]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert len(sent) > 3, "the checkpoint write was never reached"
     assert "interrupted" in _one_line(capsys.readouterr().err)
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"

@@ -1,11 +1,12 @@
 """Driver memory with resident client state: the driver's peak RSS as the number of clients grows.
 
 Method LG-FedAvg (every parameter but the head stays with its client, so each client that
-has trained keeps a personal state), FedAvg's CNN with `model.hidden=64`, Fashion-MNIST
+has trained keeps a personal state) or, with `--method ditto`, Ditto (each client keeps a
+whole personal model), FedAvg's CNN with `model.hidden=64`, Fashion-MNIST
 IID with a 25% client test split, `runtime=ray` (local Ray on loopback, as the CLI starts
 it). Each client count runs in its own fresh process through the CLI:
 
-    fl-lightning run method=lg_fedavg data=fmnist data.partition=iid data.client_test_fraction=0.25
+    fl-lightning run method=<lg_fedavg|ditto> data=fmnist data.partition=iid data.client_test_fraction=0.25
         model.hidden=64 fl.num_clients=N fl.clients_per_round=max(N//10, 10) fl.rounds=3
         fl.batch_size=8 eval.every=3 logger=none runtime.threads_per_client=1
         data.train_subset=min(N*per_client, 60000) output_dir=<tmp> --quiet
@@ -47,7 +48,7 @@ def cli() -> list[str]:
 
 def overrides(n: int, args: argparse.Namespace, rounds: int, out: str) -> list[str]:
     return [
-        "method=lg_fedavg", "data=fmnist", "data.partition=iid",
+        f"method={args.method}", "data=fmnist", "data.partition=iid",
         f"data.client_test_fraction={args.test_fraction}", f"model.hidden={args.hidden}",
         f"fl.num_clients={n}", f"fl.clients_per_round={max(n // 10, 10)}",
         f"fl.rounds={rounds}", f"fl.batch_size={args.batch_size}", f"eval.every={rounds}", "logger=none",
@@ -64,8 +65,9 @@ def personal_state_bytes(args: argparse.Namespace) -> dict[str, int]:
     from fl_lightning.models import build_client_model
 
     model = build_client_model("cnn", 0, 10, 1, 28, channels=[32, 64], hidden=args.hidden)
-    objective = METHODS.get("lg_fedavg").build_objective(model, OptimConfig())
-    personal = objective.personal_params()
+    objective = METHODS.get(args.method).build_objective(model, OptimConfig())
+    # LG-FedAvg keeps its personal parameters; Ditto a whole personal model (all parameters)
+    personal = objective.personal_params() if args.method != "ditto" else dict(model.named_parameters())
     return {
         "params_total": sum(p.numel() for p in model.parameters()),
         "personal_tensors_numel": sum(v.numel() for v in personal.values()),
@@ -184,6 +186,7 @@ def machine() -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", default="20,200,1000", help="comma-separated client counts")
+    ap.add_argument("--method", default="lg_fedavg", choices=("lg_fedavg", "ditto"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument(
         "--rounds-for", action="append", default=[], metavar="N=R",
@@ -197,8 +200,11 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "driver_memory.json")
+    ap.add_argument("--out", type=Path, default=None, help="default: results/driver_memory[_<method>].json")
     args = ap.parse_args()
+    if args.out is None:
+        name = "driver_memory" + ("" if args.method == "lg_fedavg" else f"_{args.method}")
+        args.out = REPO / "benchmarks" / "results" / f"{name}.json"
     counts = [int(c) for c in args.clients.split(",") if c.strip()]
     rounds_for = {int(k): int(v) for k, v in (s.split("=", 1) for s in args.rounds_for)}
 

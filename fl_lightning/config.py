@@ -81,6 +81,8 @@ class DataConfig:
     client_test_fraction: float = 0.0
     train_subset: int | None = None  # first N training samples (quick runs, tests)
     test_subset: int | None = None
+    #: FedDF / FedBE: N training images held out of every client as the server's unlabeled set
+    server_subset: int | None = None
     image_size: int | None = None  # folder/HDF5 datasets: resize to this square size (default per dataset)
     domains: list[str] | None = None  # domain datasets: which domains to load (default: all)
     fine_grained: bool = False  # flair: the 1,628 fine-grained labels instead of the 17 coarse ones
@@ -93,6 +95,11 @@ class EvalConfig:
     every: int = 1
     batch_size: int = 1000
     clients: bool = True  # also evaluate on each client's own test split, when it has one
+    #: which model of each client is evaluated on its own test split: `received` (the model it
+    #: would start the next round from: the round's aggregate plus its personal parts; PFLlib's
+    #: point, all clients) or `trained` (the model right after its local training, before it
+    #: uploads; FedDTR's code; the round's participants only)
+    timing: str = "received"
     device: str = "auto"  # where the driver evaluates the global model: auto (cuda if any) | cpu | cuda
     per_class: bool = False  # single-label: also class_accuracy/<c> for every class
     #: long-tail groups by training-set class counts: [many_above, few_below] gives
@@ -358,7 +365,7 @@ def validate(cfg: DictConfig) -> None:
             "eval.longtail must be [many_above, few_below] with many_above >= few_below >= 0 "
             f"(got {list(lt)})"
         )
-    for key in ("train_subset", "test_subset"):
+    for key in ("train_subset", "test_subset", "server_subset"):
         positive(f"data.{key}", data[key])
     if not 0 < fl.fraction <= 1:
         raise ConfigError(f"fl.fraction must be in (0, 1] (got {fl.fraction})")
@@ -401,6 +408,7 @@ def validate(cfg: DictConfig) -> None:
         "optim.name": (cfg.optim.name, OPTIMIZERS),
         "fl.bn_stats": (cfg.fl.bn_stats, ("averaged", "recompute", "local")),
         "eval.device": (cfg.eval.device, ("auto", "cpu", "cuda")),
+        "eval.timing": (cfg.eval.timing, ("received", "trained")),
     }
     for key, (value, valid) in enums.items():
         if value not in valid:

@@ -7,7 +7,10 @@ declares fake GPUs, and the real placement + RayExecutor code creating the clien
 
 usage: python tests/gpu_placement_probe.py <num_gpus> '<json list of cases>'
 a case is [num_clients, gpus_per_client, placement] or ["busy", num_clients, timeout_s]
-(3 of the GPUs held by another placement group, then ask for one GPU per client).
+(3 of the GPUs held by another placement group, then ask for one GPU per client) or
+["reuse", num_clients, gpus_per_client, other_num_clients] (inside `reuse_actors`: the same
+placement twice, then another number of clients; prints each executor's worker pids, GPUs and reused
+count, and the placement groups left after the block).
 """
 from __future__ import annotations
 
@@ -27,7 +30,38 @@ def main() -> None:
     from fl_lightning.runtime.build import placement_for, prepare
     from fl_lightning.runtime.ray_executor import RayExecutor
 
+    def executor(n, gpus, where="auto", timeout=60):
+        cfg = compose([
+            "data=digits", "runtime=gpu", f"fl.num_clients={n}", f"runtime.gpus_per_client={gpus}",
+            f"runtime.placement={where}", f"runtime.schedule_timeout_s={timeout}", "logger=none",
+        ])  # fmt: skip
+        p = prepare(cfg)
+        res = ray.cluster_resources()
+        placement = placement_for(cfg, res.get("CPU", 0.0), res.get("GPU", 0.0))
+        p.spec.accelerator, p.spec.threads = placement.accelerator, placement.threads
+        ex = RayExecutor(
+            p.spec, p.dataset, p.split.train, p.split.test, placement, 0,
+            cfg.runtime.placement_strategy, cfg.runtime.schedule_timeout_s, check_cuda=False,
+        )  # fmt: skip
+        return ex, placement
+
     for case in cases:
+        if case[0] == "reuse":
+            from fl_lightning.runtime.ray_executor import reuse_actors
+
+            runs = []
+            with reuse_actors():
+                for n in (case[1], case[1], case[3]):
+                    ex, _ = executor(n, case[2])
+                    infos = ex.ready()
+                    runs.append({"reused": ex.reused, "pids": [i["pid"] for i in infos],
+                                 "gpu_ids": [i["gpu_ids"] for i in infos]})  # fmt: skip
+                    ex.close(reuse=True)
+            from ray.util import placement_group_table
+
+            left = [t for t in placement_group_table().values() if t["state"] != "REMOVED"]
+            print(json.dumps({"case": case, "runs": runs, "placement_groups_left": len(left)}), flush=True)
+            continue
         busy = None
         if case[0] == "busy":
             from ray.util.placement_group import placement_group
@@ -37,19 +71,8 @@ def main() -> None:
             n, gpus, where, timeout = case[1], 1.0, "per_client", case[2]
         else:
             (n, gpus, where), timeout = case, 60
-        cfg = compose([
-            "data=digits", "runtime=gpu", f"fl.num_clients={n}", f"runtime.gpus_per_client={gpus}",
-            f"runtime.placement={where}", f"runtime.schedule_timeout_s={timeout}", "logger=none",
-        ])  # fmt: skip
-        p = prepare(cfg)
-        res = ray.cluster_resources()
         try:
-            placement = placement_for(cfg, res.get("CPU", 0.0), res.get("GPU", 0.0))
-            p.spec.accelerator, p.spec.threads = placement.accelerator, placement.threads
-            ex = RayExecutor(
-                p.spec, p.dataset, p.split.train, p.split.test, placement, 0,
-                cfg.runtime.placement_strategy, cfg.runtime.schedule_timeout_s, check_cuda=False,
-            )  # fmt: skip
+            ex, placement = executor(n, gpus, where, timeout)
         except ConfigError as e:
             print(json.dumps({"case": case, "error": str(e)}), flush=True)
         else:

@@ -121,10 +121,13 @@ def test_ray_places_client_actors_evenly_on_declared_gpus():
     Trainer's `devices=1`.
 
     4 x 1 GPU: one each. 4 x 0.25: still one per GPU (Ray alone would stack all four on GPU
-    0). 8 x 0.5: two per GPU. Each actor costs ~7 CPU-seconds (it imports Lightning), so
+    0). 8 x 0.5: two per GPU. Inside `reuse_actors` (a sequential sweep) a second run with the
+    same layout gets the same workers on the same GPUs; another layout new ones. Each actor
+    costs ~7 CPU-seconds (it imports Lightning), so
     16 x 0.25 (four per GPU: the same round-robin as 8 x 0.5) runs only with
     FL_LIGHTNING_GPU_TEST_FULL=1."""
     cases = [[4, 1.0, "per_client"], [4, 0.25, "auto"], [8, 0.5, "auto"], ["busy", 4, 3]]
+    cases.append(["reuse", 4, 1.0, 2])  # 4 x 1 GPU twice (a sweep's runs), then 2 clients
     if os.environ.get("FL_LIGHTNING_GPU_TEST_FULL") == "1":
         cases.append([16, 0.25, "auto"])
     probe = [sys.executable, str(REPO / "tests" / "gpu_placement_probe.py"), "4", json.dumps(cases)]
@@ -133,6 +136,13 @@ def test_ray_places_client_actors_evenly_on_declared_gpus():
     out = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     assert [o["case"] for o in out] == cases
     for o in out:
+        if o["case"][0] == "reuse":  # a sweep's next run on the same GPUs: the same workers
+            first, again, other = o["runs"]
+            assert [r["reused"] for r in o["runs"]] == [0, 4, 0]
+            assert again["pids"] == first["pids"] and again["gpu_ids"] == first["gpu_ids"]
+            assert not set(other["pids"]) & set(first["pids"])  # another layout: new workers
+            assert o["placement_groups_left"] == 0
+            continue
         if o["case"][0] == "busy":  # 3 of the 4 GPUs held by another placement group
             assert "could not reserve 4 GPU bundles" in o["error"] and "within 3s" in o["error"]
             continue

@@ -136,3 +136,42 @@ def test_wandb_run_has_partition_statistics_and_seed_tag(tmp_path):
     assert [row[2:] for row in table["data"]] == stats["train_class_histogram"]
     accs = [h["accuracy"] for h in logged["history"] if "accuracy" in h]  # rounds still at steps 1..
     assert len(accs) == 2
+
+
+def _live_client_actors() -> int:
+    import ray
+
+    return sum(
+        a["State"] == "ALIVE" and "ClientActor" in a["ActorClassName"]
+        for a in ray._private.state.actors().values()  # GCS's actor table (no dashboard needed)
+    )
+
+
+def test_sequential_ray_sweep_sets_up_the_same_workers_again(tmp_path, capsys, ray_session):
+    """Runs one after another share one Ray and the finished run's client workers (their
+    process start and imports paid once); a reused worker leaves no trace in the numbers."""
+    ray_tiny = [o for o in TINY if o != "runtime=serial"] + ["runtime=ray", "fl.num_clients=4"]
+    before = _live_client_actors()
+    out = tmp_path / "runs"
+    # moon seed 1 follows moon seed 0 on the same workers: MOON keeps per-client state there
+    rc = main(["sweep", "method=fedavg,moon", "seed=0,1", *ray_tiny, f"output_dir={out}",
+               "experiment=warm", "--no-plots"])  # fmt: skip
+    assert rc == 0, capsys.readouterr().out
+    sums = {(s["seed"], s["method"]): s for s in _summaries(out / "warm")}
+    assert [sums[k]["actors_reused"] for k in [(0, "fedavg"), (1, "fedavg"), (0, "moon"), (1, "moon")]] == [
+        0, 2, 2, 2]  # fmt: skip
+    assert all(s["num_actors"] == 2 and s["startup_s"] > 0 for s in sums.values())
+    assert _live_client_actors() == before  # the sweep ends its workers
+
+    # the same run on fresh workers (no sweep): bit for bit the same numbers
+    rc = main(["run", "seed=1", "method=moon", *ray_tiny, f"output_dir={out}", "experiment=fresh",
+               "run_id=moon1", "--quiet"])  # fmt: skip
+    assert rc == 0
+    fresh = json.loads((out / "fresh" / "moon1" / "summary.json").read_text())
+    assert fresh["actors_reused"] == 0
+    swept = next((out / "warm").glob("moon_*s1_*/metrics.jsonl")).read_text().splitlines()
+    again = (out / "fresh" / "moon1" / "metrics.jsonl").read_text().splitlines()
+    keys = ("accuracy", "loss", "train_loss", "bytes_up")
+    assert [{k: json.loads(r).get(k) for k in keys} for r in swept] == [
+        {k: json.loads(r).get(k) for k in keys} for r in again]  # fmt: skip
+    assert json.loads(swept[-1])["accuracy"] is not None

@@ -50,9 +50,10 @@ def digits3(digits):
     return ds, {**shards, 2: np.flatnonzero(ds.train_y % 2 == 0)[100:140]}
 
 
-def run_rounds(name: str, data, rounds: int, per_round: int = 2, **method_kwargs):
+def run_rounds(name: str, data, rounds: int, per_round: int = 2, server_images=None, **method_kwargs):
     """`rounds` rounds of method `name` on the toy model; (strategy, init, objective, history)
-    with history = [(plan, updates, state after the round, server metrics)]."""
+    with history = [(plan, updates, state after the round, server metrics)]. `server_images`:
+    the server's unlabeled images (`ServerContext.unlabeled`)."""
     ds, shards = data
     cls = METHODS.get(name)
     task = TaskInfo(num_classes=10, class_names=tuple(ds.class_names), dataset="digits")
@@ -65,9 +66,8 @@ def run_rounds(name: str, data, rounds: int, per_round: int = 2, **method_kwargs
     for rnd in range(1, rounds + 1):
         plan = strategy.configure_round(state, rnd, round_rng(0, rnd))
         updates = sorted((host.fit(plan.broadcast, p) for p in plan.payloads), key=lambda u: u.client_id)
-        state, metrics = strategy.server_update(
-            strategy.aggregate(state, updates), updates, ctx(strategy, rnd)
-        )
+        c = dataclasses.replace(ctx(strategy, rnd), unlabeled=server_images)
+        state, metrics = strategy.server_update(strategy.aggregate(state, updates), updates, c)
         state = dataclasses.replace(state, round=rnd)
         history.append((plan, updates, state, metrics))
     return strategy, init, obj, history

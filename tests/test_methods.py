@@ -502,6 +502,8 @@ def test_fedglcl_random_and_orthogonal_class_vectors(digits):
 SMOKE = {
     "ccvr": ["method.retrain_epochs=1", "model.hidden=64"],  # defaults: 300 epochs, 512-d covariances
     "fedbn": ["model=cnn_bn", "data.client_test_fraction=0.25"],
+    # server distillation on held-out unlabeled images (tests/test_server_distill.py)
+    **{m: ["data.server_subset=100", "method.distill_steps=3"] for m in ("feddf", "fedbe")},
     "fedproto": ["data.client_test_fraction=0.25"],
     # personalised-FL methods: personal models, evaluated on each client's test split (tests/test_pfl.py)
     **{m: ["data.client_test_fraction=0.25"] for m in ("fedper", "fedrep", "ditto", "fedrod", "feddtr")},

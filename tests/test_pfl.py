@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -47,10 +48,18 @@ def clients3():
 
 
 def run(
-    name: str, data, rounds: int = 2, per_round: int = 2, bs: int = BS, momentum: float = MOM, **method_kwargs
+    name: str,
+    data,
+    rounds: int = 2,
+    per_round: int = 2,
+    bs: int = BS,
+    momentum: float = MOM,
+    evaluate: bool = False,
+    **method_kwargs,
 ):
     """`rounds` rounds of `name` on the three clients, `per_round` of them each round, with
-    the engine's own host and strategy (no Ray): what the references are checked against."""
+    the engine's own host and strategy (no Ray): what the references are checked against.
+    `evaluate`: each payload asks for its trained model's evaluation (`eval.timing=trained`)."""
     ds, train, test = data
     cls = METHODS.get(name)
     task = TaskInfo(
@@ -69,6 +78,9 @@ def run(
     plans, updates = [], []
     for rnd in range(1, rounds + 1):
         plan = strategy.configure_round(state, rnd, round_rng(0, rnd))
+        if evaluate:
+            asks = [dataclasses.replace(p, evaluate=True) for p in plan.payloads]
+            plan = dataclasses.replace(plan, payloads=asks)
         ups = sorted((host.fit(plan.broadcast, p) for p in plan.payloads), key=lambda u: u.client_id)
         state, _ = strategy.server_update(strategy.aggregate(state, ups), ups, ctx(strategy, rnd))
         state = dataclasses.replace(state, round=rnd)
@@ -185,6 +197,51 @@ def test_fedper_averages_the_body_and_keeps_each_head(clients3):
     m.eval()
     x, y = shard(clients3, cid, "test")
     assert personal_eval(r, cid).metrics["accuracy"] == pytest.approx(accuracy(m(x), y))
+
+
+def test_eval_timing_trained_scores_the_model_local_training_left(clients3):
+    """`eval.timing=trained` (FedDTR's code): each participant evaluates, on its own test
+    split, the model its local training produced (FedPer: the trained body with its own
+    head, before the body is averaged), not the one it received. Written out over two rounds
+    of two clients out of three; checked on the test loss (a model off by one round's
+    training, or the received one, moves it by ~1e-1) and the accuracy."""
+    r = run("fedper", clients3, evaluate=True)
+
+    def trained_evals(dt):
+        glob, pers, out = cast(r.init, dt), {}, {}
+        for plan in r.plans:
+            outs = []
+            for p in plan.payloads:
+                m = Toy().to(dt)
+                m.load_state_dict({**glob, **pers.get(p.client_id, {})})
+                sgd_epochs(m, m.parameters(), loader(*shard(clients3, p.client_id, dt=dt), p.seed), 1, ce)
+                m.eval()
+                x, y = shard(clients3, p.client_id, "test", dt)
+                with torch.no_grad():
+                    scores = m(x)
+                out[plan.round, p.client_id] = (float(F.cross_entropy(scores, y)), accuracy(scores, y))
+                shared, own = split(to_cpu(m.state_dict()), lambda k: k.startswith("head."))
+                pers[p.client_id] = own
+                outs.append((shared, n_train(clients3, p.client_id)))
+            glob = {**glob, **weighted_mean([s for s, _ in outs], [n for _, n in outs])}
+        return out
+
+    ref32, ref64 = twin(trained_evals)
+    got = {(plan.round, u.client_id): u.evaluation
+           for plan, ups in zip(r.plans, r.updates, strict=True) for u in ups}  # fmt: skip
+    assert sorted(got) == sorted(ref64) and len(got) == 4  # the participants only
+    for key, ev in got.items():
+        assert ev is not None and ev.num_examples == len(clients3[2][key[1]])
+        (l32, _), (l64, a64) = ref32[key], ref64[key]
+        # as `match`: 16x the float32 twin's own error + 4 ulps
+        tol = 16 * abs(l32 - l64) + 4 * np.finfo(np.float32).eps * abs(l64)
+        assert abs(ev.metrics["loss"] - l64) <= tol, (key, ev.metrics["loss"], l64, tol)
+        assert ev.metrics["accuracy"] == pytest.approx(a64)
+    # the received model of the last round's participants (the default timing) is another one
+    last = r.plans[-1].client_ids[0]
+    assert abs(personal_eval(r, last).metrics["loss"] - got[2, last].metrics["loss"]) > 1e-3
+    no_eval = run("fedper", clients3)
+    assert all(u.evaluation is None for ups in no_eval.updates for u in ups)
 
 
 # --- FedRep ----------------------------------------------------------------------------------
@@ -396,7 +453,8 @@ def test_feddtr_never_uploads_the_prior(clients3):
         assert set(u.params) == set(r.init)  # ω, θ (text.*) and h_i (head.*): nothing else
         sent = sum(v.numel() * v.element_size() for v in u.params.values())
         assert u.upload_nbytes() == sent
-        assert set(dataclasses.asdict(u)) == {"client_id", "num_examples", "params", "metrics"}
+        fields = {"client_id", "num_examples", "params", "metrics", "evaluation"}
+        assert set(dataclasses.asdict(u)) == fields and u.evaluation is None  # not asked for
     # without the global head, h_i stays home too
     r2 = run("feddtr", clients3, rounds=1, global_head=False)
     for u in r2.updates[0]:
@@ -426,3 +484,27 @@ def test_pfl_method_runs_one_round_with_client_metrics(method, tmp_path, data_ro
     summary, _ = start_run(cfg, console=False)
     assert summary["rounds_completed"] == 1 and summary["primary_metric"] == "client_accuracy"
     assert 0.0 <= summary["final_client_accuracy"] <= 1.0
+
+
+def test_eval_timing_through_the_cli(tmp_path, data_root, capsys):
+    from fl_lightning.cli.main import main
+
+    base = [*small(tmp_path, "method=fedper", "runtime=serial", "fl.num_clients=3", "fl.clients_per_round=2",
+                   "data.train_subset=400", "data.test_subset=200")]  # fmt: skip
+    rc = main(["run", *base, "data.client_test_fraction=0.25", "eval.timing=trained", "run_id=t", "--quiet"])
+    assert rc == 0
+    recs = _records(tmp_path / "default" / "t")
+    assert [r["clients_evaluated"] for r in recs] == [2, 2]  # the round's participants
+    assert all(0.0 <= r["client_accuracy"] <= 1.0 for r in recs)
+    rc = main(["run", *base, "data.client_test_fraction=0.25", "run_id=r", "--quiet"])
+    recs = _records(tmp_path / "default" / "r")
+    assert rc == 0 and [r["clients_evaluated"] for r in recs] == [3, 3]  # received: every client
+    capsys.readouterr()
+    assert main(["run", *base, "eval.timing=trained", "run_id=n"]) == 2  # no client test split
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data.client_test_fraction" in err[0]
+    assert not (tmp_path / "default" / "n").exists()
+
+
+def _records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from fl_lightning.core.errors import ConfigError
+from fl_lightning.core.messages import ClientPayload
 from fl_lightning.core.params import to_cpu, weighted_mean
 
 from . import test_pfl
@@ -164,6 +165,9 @@ def test_fedamp_cloud_models_by_attention_and_proximal_personal_training(clients
     client's own (fails)."""
     ak, lam, sigma = 0.5, 0.5, 4.0
     r = run("fedamp", clients3, alpha_k=ak, lam=lam, sigma=sigma)
+    # evaluation sends no models: plain payloads (Strategy.plain_eval_payloads)
+    assert all(type(q) is ClientPayload for q in r.strategy.configure_evaluate(r.state, [0, 1, 2]).payloads)
+    assert type(r.plans[-1].payloads[0]) is not ClientPayload  # training's carry the models
     weights = [n for n, _ in Toy().named_parameters()]  # what the attention compares: not BN statistics
 
     def cloud(models, cid, init):
@@ -385,6 +389,9 @@ def test_fedfomo_weighs_received_models_by_validation_gain_per_distance(clients3
     trained model instead of the pre-training one (fails)."""
     M, vf = 2, 0.25
     r = run("fedfomo", clients3, rounds=3, m=M, val_fraction=vf)
+    # evaluation sends no models: plain payloads (Strategy.plain_eval_payloads)
+    assert all(type(q) is ClientPayload for q in r.strategy.configure_evaluate(r.state, [0, 1, 2]).payloads)
+    assert type(r.plans[-1].payloads[0]) is not ClientPayload  # training's carry the models
 
     def ref(dt):
         init = cast(r.init, dt)

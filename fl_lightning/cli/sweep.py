@@ -7,11 +7,14 @@ share one experiment name, so they land in one runs folder
 names one `sweep_<timestamp>`. Every configuration is composed and validated before
 the first run starts.
 
-Runs go one after another in this process by default. `--parallel N` runs N at a time,
+Runs go one after another in this process by default, on one Ray: it starts once, and a
+finished run's client workers (processes that have imported Lightning) are set up again
+for the next run when it asks for the same CPUs and GPUs per worker (on GPUs: the same
+placement-group layout, kept reserved between the runs). `--parallel N` runs N at a time,
 each in its own `fl-lightning run` subprocess (its output in
-`<experiment dir>/sweep_logs/`); on a private local Ray each then gets
-`cpu_count / N` CPUs (`runtime.num_cpus`) unless set, while runs that join a cluster
-(`runtime.address`, or `$RAY_ADDRESS` inside a Ray job) share the cluster's resources.
+`<experiment dir>/sweep_logs/`); on a private local Ray each then gets `cpu_count / N` CPUs
+(`runtime.num_cpus`) unless set, while runs that join a cluster (`runtime.address`, or
+`$RAY_ADDRESS` inside a Ray job) share the cluster's resources.
 At the end the sweep prints the comparison table of its runs and writes the plots
 (`tracking/compare.py`), grouped by the swept keys other than `seed`.
 
@@ -22,6 +25,7 @@ listed as FAILED with its one-line reason and the sweep goes on with the next.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import subprocess
@@ -158,6 +162,19 @@ def _run_inline(run: SweepRun) -> None:
         run.status, run.message = "failed", f"diverged: {why}" if isinstance(e, DivergedError) else why
 
 
+def _shared_ray(runs: Sequence[SweepRun]) -> contextlib.AbstractContextManager[None]:
+    """One Ray, and warm client workers, for all runs one after another, when every Ray run
+    asks for the same Ray (address, CPUs, GPUs); else each run starts its own as `run` does."""
+    wants = {
+        (rt.address, rt.num_cpus, rt.num_gpus) for rt in (r.cfg.runtime for r in runs) if rt.executor == "ray"
+    }
+    if len(wants) != 1:
+        return contextlib.nullcontext()
+    from ..runtime.runner import shared_ray
+
+    return shared_ray()
+
+
 def _local_cpus(run: SweepRun, parallel: int) -> list[str]:
     """On a private local Ray (or serial), N concurrent runs share the machine's CPUs."""
     from ..runtime.local_ray import cluster_address
@@ -237,10 +254,11 @@ def sweep_command(
         return 0
     with RoundMonitor(sys.stdout) as monitor:  # a line per round of every run: never silent
         if parallel == 1:
-            for r in runs:
-                label = f"[{r.index + 1}/{len(runs)}] {r.label(swept)}"
-                monitored(monitor, r.run_dir, label, int(r.cfg.fl.rounds), partial(_run_inline, r))
-                print(_result_line(r, len(runs), swept), flush=True)
+            with _shared_ray(runs):
+                for r in runs:
+                    label = f"[{r.index + 1}/{len(runs)}] {r.label(swept)}"
+                    monitored(monitor, r.run_dir, label, int(r.cfg.fl.rounds), partial(_run_inline, r))
+                    print(_result_line(r, len(runs), swept), flush=True)
         else:
             _run_parallel(runs, parallel, out / "sweep_logs", len(runs), swept, monitor)
     done = [r for r in runs if r.status == "ok"]

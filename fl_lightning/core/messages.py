@@ -67,11 +67,23 @@ class ClientPayload:
         client_id: which client to run.
         round: the round being run.
         seed: seeds this client's local training (derived from run seed, round, client id).
+        evaluate: also evaluate the trained model on the client's own test split before it
+            uploads (`eval.timing=trained`; set by the runner on evaluation rounds).
     """
 
     client_id: ClientId
     round: int
     seed: int
+    evaluate: bool = False
+
+
+@dataclass
+class ClientEval:
+    """A client's evaluation of the model it would use, on its own test split."""
+
+    client_id: ClientId
+    num_examples: int
+    metrics: Metrics = field(default_factory=dict)
 
 
 @dataclass
@@ -83,26 +95,20 @@ class ClientUpdate:
         num_examples: local training examples (FedAvg weight).
         params: updated shared weights, or None for methods that share none.
         metrics: local training metrics (loss terms, time); aggregated as `client/<name>`.
+        evaluation: the trained model on the client's own test split, when the payload
+            asked for it (`evaluate`); else None.
     """
 
     client_id: ClientId
     num_examples: int
     params: StateDict | None = None
     metrics: Metrics = field(default_factory=dict)
+    evaluation: ClientEval | None = None
 
     def upload_nbytes(self) -> int:
         """Bytes this update sends over a real network: every tensor in it (the client's
         own state stays in its host and is never part of an update)."""
         return tensor_nbytes(self)
-
-
-@dataclass
-class ClientEval:
-    """A client's evaluation of the model it would use, on its own test split."""
-
-    client_id: ClientId
-    num_examples: int
-    metrics: Metrics = field(default_factory=dict)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import lightning as L
 import torch
@@ -280,6 +280,35 @@ class ClientObjective(L.LightningModule, Generic[BroadcastT]):
         """Named ways to score inputs; each is evaluated and logged under its name
         (`""`: the plain keys `accuracy`, `loss`; `"fedavg_head"`: `fedavg_head/accuracy`)."""
         return {"": self.forward}
+
+
+class OwnModelObjective(ClientObjective[BroadcastT]):
+    """A client that keeps its whole own model between rounds (`client_state[own_key]`) and
+    blends in the received global one (FedPHP, FedALA). After `begin_round` the model holds
+    the client's own weights (what its evaluation scores; a client seen for the first time:
+    the global ones) and `global_params` the round's global model, evaluated beside it as the
+    `global` head; `end_round` keeps the trained model as the client's own."""
+
+    own_key = "own_model"  # the client_state entry; each method names its own
+
+    def __init__(self, model: nn.Module, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self.global_params: StateDict = {}
+
+    def begin_round(self, broadcast: BroadcastT, payload: ClientPayload | None) -> None:
+        super().begin_round(broadcast, payload)  # the model holds the global weights
+        self.global_params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        own = self.client_state.get(self.own_key)
+        if own is not None:
+            self.load_params(own)
+
+    def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
+        self.client_state[self.own_key] = to_cpu(self.model.state_dict())
+        return super().end_round(payload, num_examples)
+
+    def eval_heads(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+        """`""`: the client's own model; `"global"`: the round's global model."""
+        return {"": self.forward, "global": with_params(self.model, self.global_params)}
 
 
 @torch.no_grad()

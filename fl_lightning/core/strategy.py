@@ -77,6 +77,8 @@ class ServerContext:
         task: the task.
         build_model: a fresh backbone of client 0's architecture (random weights; seed the
             global RNG or load weights yourself).
+        unlabeled: the server's unlabeled images (`data.server_subset`, held out of every
+            client's data), normalised, on the CPU; None without one.
     """
 
     round: int
@@ -84,6 +86,7 @@ class ServerContext:
     rng: np.random.Generator
     task: TaskInfo
     build_model: Callable[[], nn.Module]
+    unlabeled: torch.Tensor | None = None
 
 
 def client_seed(run_seed: int, rnd: int, client_id: ClientId) -> int:
@@ -116,6 +119,9 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
     #: True for methods without one global model (personal weights): they are evaluated
     #: on each client's own test split, so the data must have one.
     personalised: bool = False
+    #: True when `payload` carries what only training needs (other clients' models: FedFomo,
+    #: FedAMP): evaluation then gets the plain payload
+    plain_eval_payloads: bool = False
     #: (fewest, most) clients per round for unstable participation (`fl.fraction_range`);
     #: None: always `clients_per_round`
     participation: tuple[int, int] | None = None
@@ -238,11 +244,13 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         return self.broadcast(state, state.round)
 
     def configure_evaluate(self, state: StateT, client_ids: Sequence[ClientId]) -> RoundPlan:
-        """Plan for evaluating each client's model on its own test split."""
+        """Plan for evaluating each client's model on its own test split (payloads without a
+        method's per-client extras when `plain_eval_payloads`)."""
+        payload = Strategy.payload if self.plain_eval_payloads else type(self).payload
         return RoundPlan(
             state.round,
             self.broadcast(state, state.round),
-            [self.payload(state, state.round, c) for c in client_ids],
+            [payload(self, state, state.round, c) for c in client_ids],
         )
 
     def summary(self) -> dict[str, Any]:

@@ -93,6 +93,25 @@ class ArrayDataset:
         )  # fmt: skip
 
 
+    def hold_out(self, n: int) -> tuple[ArrayDataset, np.ndarray]:
+        """`n` training images taken out of the training set for the server (unlabeled; the
+        same ones whatever the run's seed), and the dataset without them (`data.server_subset`)."""
+        total = len(self.train_y)
+        if not 0 < n < total:
+            raise ConfigError(f"data.server_subset={n} must leave training images: 0 < n < {total}")
+        pick = np.sort(np.random.default_rng(0x5E12FE12).choice(total, n, replace=False))
+        keep = np.setdiff1d(np.arange(total), pick)
+
+        def take(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a[keep]
+
+        rest = replace(
+            self, train_x=self.train_x[keep], train_y=self.train_y[keep],
+            train_domains=take(self.train_domains), train_groups=take(self.train_groups),
+        )  # fmt: skip
+        return rest, self.train_x[pick]
+
+
 @dataclass(frozen=True)
 class DatasetEntry:
     """How to find, fetch and load one dataset. `load(root, **options)` receives only the

@@ -24,7 +24,6 @@ Defaults (PFLlib, the paper's): η = 1, s = 80%, layer_idx = 2, threshold 0.1, n
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +34,9 @@ from torch import nn
 
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate
-from ..core.objective import ClientObjective, with_params
+from ..core.objective import OwnModelObjective
 from ..core.params import to_cpu
 from ..core.strategy import FedAvgStrategy, MethodConfig
-from ..core.types import StateDict
 from . import METHODS
 
 #: client-state components: the local model θ (whole state dict) and the ALA weights W
@@ -46,7 +44,9 @@ LOCAL_MODEL = "fedala/local"
 ALA_WEIGHTS = "fedala/weights"
 
 
-class FedALAObjective(ClientObjective[Broadcast]):
+class FedALAObjective(OwnModelObjective[Broadcast]):
+    own_key = LOCAL_MODEL  # θ; `global_params` holds θ_g
+
     def __init__(self, model: nn.Module, eta: float = 1.0, rand_percent: float = 80.0, layer_idx: int = 2,
                  threshold: float = 0.1, num_pre_loss: int = 10, ala_batch_size: int = 10,
                  start_max_epochs: int = 100, **kwargs: Any) -> None:  # fmt: skip
@@ -54,31 +54,23 @@ class FedALAObjective(ClientObjective[Broadcast]):
         self.eta, self.rand_percent, self.layer_idx = eta, rand_percent, layer_idx
         self.threshold, self.num_pre_loss = threshold, num_pre_loss
         self.ala_batch_size, self.start_max_epochs = ala_batch_size, start_max_epochs
-        self._global: StateDict = {}
         #: epochs of weight learning in the latest ALA (0: skipped)
         self.ala_epochs = 0
-
-    def begin_round(self, broadcast: Broadcast, payload: ClientPayload | None) -> None:
-        super().begin_round(broadcast, payload)  # the model holds θ_g
-        self._global = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        local = self.client_state.get(LOCAL_MODEL)
-        if local is not None:  # the model holds θ: what evaluation scores, what ALA starts from
-            self.load_params(local)
 
     def before_fit(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.ala_epochs = 0
         if LOCAL_MODEL not in self.client_state:
-            self.load_params(self._global)  # the first fit starts from the global model
+            self.load_params(self.global_params)  # the first fit starts from the global model
             return
         dev = next(self.model.parameters()).device
         named = list(self.model.named_parameters())
         lower, higher = named[: -self.layer_idx], named[-self.layer_idx :]
         with torch.no_grad():
             for n, p in lower:
-                p.copy_(self._global[n])
+                p.copy_(self.global_params[n])
         buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         local = [p.detach().clone() for _, p in higher]
-        diff = [self._global[n].to(dev) - t for (n, _), t in zip(higher, local, strict=True)]
+        diff = [self.global_params[n].to(dev) - t for (n, _), t in zip(higher, local, strict=True)]
         weights = self.client_state.get(ALA_WEIGHTS)
         start = weights is None
         w = [torch.ones_like(p) if weights is None else weights[n].to(dev) for n, p in higher]
@@ -118,14 +110,10 @@ class FedALAObjective(ClientObjective[Broadcast]):
                 b.copy_(buffers[n])
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
-        self.client_state[LOCAL_MODEL] = to_cpu(self.model.state_dict())
         update = super().end_round(payload, num_examples)
         update.metrics["ala_epochs"] = float(self.ala_epochs)
         return update
 
-    def eval_heads(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-        """`""`: the client's local model; `"global"`: the round's global model."""
-        return {"": self.forward, "global": with_params(self.model, self._global)}
 
 
 @dataclass

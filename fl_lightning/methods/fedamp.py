@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..core.errors import ConfigError
-from ..core.messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState
+from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
 from ..core.objective import BN_STAT_KEYS, ClientObjective
 from ..core.params import to_cpu
 from ..core.strategy import MethodConfig, Strategy
@@ -111,6 +111,7 @@ class FedAMP(Strategy[FedAMPConfig, FedAMPServerState, Broadcast]):
     state_cls = FedAMPServerState
     broadcast_cls = Broadcast
     personalised = True
+    plain_eval_payloads = True  # evaluation scores w_i alone: no cloud models to compute
 
     def __init__(self, config: FedAMPConfig, *args: Any, **kwargs: Any) -> None:
         if config.alpha_k <= 0 or config.lam < 0 or config.sigma <= 0:
@@ -143,11 +144,6 @@ class FedAMP(Strategy[FedAMPConfig, FedAMPServerState, Broadcast]):
     def payload(self, state: FedAMPServerState, rnd: int, client_id: ClientId) -> ClientPayload:
         base = super().payload(state, rnd, client_id)
         return FedAMPPayload(**dataclasses.asdict(base), cloud=self.cloud_model(state, client_id))
-
-    def configure_evaluate(self, state: FedAMPServerState, client_ids: Sequence[ClientId]) -> RoundPlan:
-        # evaluation scores w_i alone: plain payloads, no cloud models to compute
-        return RoundPlan(state.round, self.broadcast(state, state.round),
-                         [Strategy.payload(self, state, state.round, c) for c in client_ids])  # fmt: skip
 
     def aggregate(self, state: FedAMPServerState, updates: Sequence[ClientUpdate]) -> FedAMPServerState:
         models = dict(state.client_models)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.errors import ConfigError
-from ..core.messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState, extend
+from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
 from ..core.params import to_cpu
 from ..core.strategy import MethodConfig, Strategy
@@ -141,6 +141,7 @@ class FedFomo(Strategy[FedFomoConfig, FedFomoServerState, Broadcast]):
     state_cls = FedFomoServerState
     broadcast_cls = Broadcast
     personalised = True
+    plain_eval_payloads = True  # evaluation scores each client's own model: no models to send
 
     def __init__(self, config: FedFomoConfig, *args: Any, **kwargs: Any) -> None:
         if config.m < 1 or not 0 < config.val_fraction < 1:
@@ -164,11 +165,6 @@ class FedFomo(Strategy[FedFomoConfig, FedFomoServerState, Broadcast]):
         order = np.argsort(-state.affinity[client_id].numpy(), kind="stable")[:m]
         received = [(int(j), state.client_models.get(int(j), state.global_params)) for j in order]
         return FedFomoPayload(**dataclasses.asdict(base), received=received)
-
-    def configure_evaluate(self, state: FedFomoServerState, client_ids: Sequence[ClientId]) -> RoundPlan:
-        # evaluation scores each client's own model: no models to send
-        return RoundPlan(state.round, self.broadcast(state, state.round),
-                         [Strategy.payload(self, state, state.round, c) for c in client_ids])  # fmt: skip
 
     def aggregate(self, state: FedFomoServerState, updates: Sequence[ClientUpdate]) -> FedFomoServerState:
         assert state.affinity is not None

@@ -19,7 +19,6 @@ and the inheritance altogether; FedDTR does not give its settings).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.errors import ConfigError
-from ..core.messages import Broadcast, ClientPayload, ClientUpdate
-from ..core.objective import ClientObjective, with_params
-from ..core.params import to_cpu
+from ..core.messages import Broadcast, ClientPayload
+from ..core.objective import OwnModelObjective
 from ..core.strategy import FedAvgStrategy, MethodConfig
-from ..core.types import StateDict
 from . import METHODS
 
 LOCAL_MODEL = "fedphp/local"
@@ -49,41 +46,38 @@ def mmd_rbf(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return k.mean()
 
 
-class FedPHPObjective(ClientObjective[Broadcast]):
+class FedPHPObjective(OwnModelObjective[Broadcast]):
+    own_key = LOCAL_MODEL  # θ; `global_params` holds w
+
     def __init__(
         self, model: nn.Module, mu: float = 0.9, lam: float = 0.5, rounds: int = 1, **kwargs: Any
     ) -> None:
         super().__init__(model, **kwargs)
         self.mu, self.lam, self.rounds = mu, lam, rounds
-        self._global: StateDict = {}
         self._round = 0
         self.__dict__["teacher"] = None  # outside the module tree: never trained or sent
 
     def begin_round(self, broadcast: Broadcast, payload: ClientPayload | None) -> None:
-        super().begin_round(broadcast, payload)  # the model holds w
-        self._global = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        super().begin_round(broadcast, payload)
         self._round = payload.round if payload is not None else 0
-        local = self.client_state.get(LOCAL_MODEL)
-        if local is not None:  # what evaluation on the client's test split scores
-            self.load_params(local)
 
     def before_fit(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Training only: the teacher is w; the model starts from the mix of w and θ."""
         dev = next(self.model.parameters()).device
         teacher = copy.deepcopy(self.model).train()  # PFLlib's model_s, whose mode is never set
-        teacher.load_state_dict(self._global)
+        teacher.load_state_dict(self.global_params)
         teacher.requires_grad_(False)
         self.__dict__["teacher"] = teacher
         local = self.client_state.get(LOCAL_MODEL)
         if local is None:  # the first fit starts from w
-            self.load_params(self._global)
+            self.load_params(self.global_params)
             return
         mu = self.mu * (self._round - 1) / self.rounds  # PFLlib counts rounds from 0
         params = dict(self.model.named_parameters())
         with torch.no_grad():
             for k, v in self.model.state_dict().items():
                 if k in params:
-                    v.copy_((1 - mu) * self._global[k].to(dev) + mu * local[k].to(dev))
+                    v.copy_((1 - mu) * self.global_params[k].to(dev) + mu * local[k].to(dev))
                 else:  # buffers (batch-norm statistics): the client's own, as PFLlib
                     v.copy_(local[k].to(dev))
 
@@ -98,13 +92,6 @@ class FedPHPObjective(ClientObjective[Broadcast]):
             "mmd": self.lam * mmd_rbf(z, zt),
         }
 
-    def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
-        self.client_state[LOCAL_MODEL] = to_cpu(self.model.state_dict())
-        return super().end_round(payload, num_examples)
-
-    def eval_heads(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-        """`""`: the client's own model; `"global"`: the round's global model."""
-        return {"": self.forward, "global": with_params(self.model, self._global)}
 
 
 @dataclass

@@ -44,6 +44,7 @@ class Prepared:
     init_params: dict[str, torch.Tensor] | None  # the initial global weights (None: nothing shared)
     objective: ClientObjective[Any]  # the driver's copy: initial weights, global evaluation
     eval_spec: EvalSpec
+    server_x: np.ndarray | None = None  # `data.server_subset`: unlabeled images for the server
 
 
 def new_run_dir(cfg: DictConfig) -> Path:
@@ -64,7 +65,15 @@ def prepare(cfg: DictConfig) -> Prepared:
     d = cfg.data
     check_dataset(d.name, d.root, d.download)
     dataset = load_from_config(d)  # with data.image_size, domains, ... and train/test subsets
+    server_x = None
+    if d.server_subset:  # the server's unlabeled images: out of the training set, before the split
+        dataset, server_x = dataset.hold_out(int(d.server_subset))
     split = split_from_config(dataset, cfg)  # cached under <data.root>/.partitions/
+    if cfg.eval.timing == "trained" and not (split.test and cfg.eval.clients):
+        raise ConfigError(
+            "eval.timing=trained evaluates each client's trained model on its own test split: "
+            "set data.client_test_fraction (and eval.clients=true)"
+        )
     strategy_cls = METHODS.get(cfg.method.name)
     method_cfg = OmegaConf.to_object(
         OmegaConf.merge(OmegaConf.structured(strategy_cls.config_cls), cfg.method)
@@ -125,7 +134,7 @@ def prepare(cfg: DictConfig) -> Prepared:
         # architecture has alike (e.g. LG-FedAvg's head) can be global.
         init_params = _family_shared_params(spec, objective) or None
         spec.init_seed = int(cfg.seed)
-    return Prepared(cfg, dataset, split, strategy, spec, init_params, objective, eval_spec)
+    return Prepared(cfg, dataset, split, strategy, spec, init_params, objective, eval_spec, server_x)
 
 
 def _family_shared_params(spec: ClientSpec, objective: ClientObjective[Any]) -> dict[str, torch.Tensor]:

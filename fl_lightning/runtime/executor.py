@@ -34,7 +34,9 @@ class Executor(Protocol):
 
     def restore_states(self, states: Iterable[tuple[ClientId, ClientState]]) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, reuse: bool = False) -> None:
+        """Free the clients' workers (`reuse`: a finished run's may stay warm for the next)."""
+        ...
 
 
 class SerialExecutor:
@@ -66,5 +68,5 @@ class SerialExecutor:
         for c, st in states:
             self.host.set_states({c: st})
 
-    def close(self) -> None:
+    def close(self, reuse: bool = False) -> None:
         pass

@@ -265,20 +265,24 @@ class ClientHost:
                 obj.phase = phase
                 with trainable_only(obj.model, phase.trainable):
                     _fit(self._trainer(phase), obj, loader)
+            # eval.timing=trained: the model as local training left it, before it uploads
+            evaluation = self._evaluate(obj, cid) if payload.evaluate and cid in self.test else None
             update = obj.end_round(payload, num_examples=len(y))
         if state or cid in self.states:
             self.states[cid] = state
         update.metrics["fit_time_s"] = time.perf_counter() - start
+        update.evaluation = evaluation
         return update
 
     def evaluate(self, broadcast: Broadcast, payload: ClientPayload) -> ClientEval:
         cid = payload.client_id
-        x, y = self.test[cid]
         with torch_threads(self.spec.threads):
-            obj = self._begin(broadcast, payload, dict(self.states.get(cid, {})))
-            spec = obj.eval_spec or EvalSpec(num_classes=self.spec.num_classes)
-            metrics = evaluate(obj, x, y, spec, self.spec.eval_batch_size)
-        return ClientEval(client_id=cid, num_examples=len(y), metrics=metrics)
+            return self._evaluate(self._begin(broadcast, payload, dict(self.states.get(cid, {}))), cid)
+
+    def _evaluate(self, obj: ClientObjective[Any], cid: ClientId) -> ClientEval:
+        x, y = self.test[cid]
+        spec = obj.eval_spec or EvalSpec(num_classes=self.spec.num_classes)
+        return ClientEval(cid, len(y), evaluate(obj, x, y, spec, self.spec.eval_batch_size))
 
     def bn_stats(self, broadcast: Broadcast, payload: ClientPayload) -> BNStats:
         """Sums of the batch-norm layers' inputs over this client's training data under the

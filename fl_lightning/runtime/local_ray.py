@@ -171,6 +171,32 @@ def stop_local_ray(wait_s: float = 10.0) -> None:
         wd.wait(timeout=wait_s)
 
 
+_keep = 0  # open `keep_ray()` blocks
+
+
+@contextlib.contextmanager
+def keep_ray() -> Iterator[None]:
+    """While open, a Ray that a run starts or joins stays up for the next run of this
+    process (a sequential sweep starts Ray once); shut down, and a local one's leftovers
+    ended, on exit. A Ray that was up before is left as it was."""
+    global _keep
+    was_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    _keep += 1
+    try:
+        yield
+    finally:
+        _keep -= 1
+        ray = sys.modules.get("ray")
+        if not was_up and not _keep and ray is not None and ray.is_initialized():
+            ray.shutdown()
+            stop_local_ray()
+
+
+def ray_kept() -> bool:
+    """Whether a run should leave the Ray it started up (inside `keep_ray`)."""
+    return _keep > 0
+
+
 def cluster_address(address: str | None) -> str | None:
     """The cluster to join, or None for a private local Ray (see the module docstring)."""
     if address == "local":

@@ -16,8 +16,10 @@ Trainer's `devices=1` trains on exactly that GPU.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,29 +39,48 @@ log = logging.getLogger(__name__)
 
 class ClientActor:
     """A stateful worker hosting one or more clients (a worker is not a client: the
-    client's identity arrives as data in each payload)."""
+    client's identity arrives as data in each payload). Built bare, then `setup` gives it
+    a run's clients; between the runs of a sequential sweep a worker is kept warm
+    (`reuse_actors`) and set up again instead of paying a new process and its imports."""
 
-    def __init__(
-        self,
-        spec: ClientSpec,
-        dataset: ArrayDataset,
-        train: dict[ClientId, np.ndarray],
-        test: dict[ClientId, np.ndarray],
-        check_cuda: bool = True,
-    ) -> None:
+    def __init__(self, accelerator: str, check_cuda: bool = True) -> None:
         import os
 
         import torch
 
-        if spec.accelerator == "gpu" and check_cuda and not torch.cuda.is_available():
+        if accelerator == "gpu" and check_cuda and not torch.cuda.is_available():
             raise RuntimeError(
                 f"Ray gave this actor GPU {[str(g) for g in ray.get_gpu_ids()]} but CUDA is not usable in it "
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
                 "a GPU declared with num_gpus needs a real device, or use runtime.accelerator=cpu"
             )
+        self._host: ClientHost | None = None
+
+    def setup(
+        self,
+        spec: ClientSpec,
+        dataset: ArrayDataset,
+        train: dict[ClientId, np.ndarray],
+        test: dict[ClientId, np.ndarray],
+    ) -> None:
+        import torch
+
         if spec.threads:
             torch.set_num_threads(spec.threads)
-        self.host = ClientHost(spec, dataset, train, test)
+        self._host = None  # the previous run's clients go before the next run's arrive
+        self._host = ClientHost(spec, dataset, train, test)
+
+    def release(self) -> None:
+        """Drop the run's clients (state, shards, objective); the worker stays warm."""
+        import gc
+
+        self._host = None
+        gc.collect()
+
+    @property
+    def host(self) -> ClientHost:
+        assert self._host is not None, "setup() first"
+        return self._host
 
     def fit(self, broadcast: Broadcast, payload: ClientPayload) -> ClientUpdate:
         return self.host.fit(broadcast, payload)
@@ -77,11 +98,14 @@ class ClientActor:
         self.host.set_states(states)
 
     def info(self) -> dict[str, Any]:
+        import os
+
         ctx = ray.get_runtime_context()
         return {
             "node_ip": ray.util.get_node_ip_address(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "clients": self.host.client_ids,
+            "pid": os.getpid(),
             "actor_id": ctx.get_actor_id(),
         }
 
@@ -102,36 +126,55 @@ class RayExecutor:
     ) -> None:
         self.placement = placement
         self.max_client_failures = max_client_failures
-        self.pg = None
-        if placement.gpu_bundles:
-            self.pg = reserve_gpu_bundles(placement, placement_strategy, schedule_timeout_s)
-        self._dataset_ref = ray.put(dataset)  # once; actors read it zero-copy
         self._spec = spec
-        self._train, self._test = train, test
         self._check_cuda = check_cuda
-        self._actor_cls = ray.remote(ClientActor)
         self._options = dict(num_cpus=placement.cpus_per_actor, num_gpus=placement.gpus_per_actor)
+        self._strategy = placement_strategy
         self._restore = restore
-        self.actors = [self._start(a) for a in range(placement.num_actors)]
         self.failures: list[str] = []
         self.retries: list[str] = []
+        # warm workers of a sweep's previous run that asked for the same (with their placement
+        # group, on GPUs); any other idle worker is ended so its CPUs and GPUs are free for ours
+        n = placement.num_actors
+        warm = _pool.take(self._pool_key(), n) if _pool is not None else None
+        self.pg = warm.pg if warm is not None else None
+        if self.pg is None and placement.gpu_bundles:
+            self.pg = reserve_gpu_bundles(placement, placement_strategy, schedule_timeout_s)
+        self._dataset_ref = ray.put(dataset)  # once; actors read it zero-copy
+        self._train, self._test = train, test
+        handles = warm.actors if warm is not None else []
+        self.reused = len(handles)
+        self.actors = [self._start(a, handles[a] if a < len(handles) else None) for a in range(n)]
 
-    def _start(self, actor: int):
+    def _pool_key(self) -> tuple[Any, ...]:
+        """Workers are interchangeable when they hold the same resources; inside a placement
+        group, when the whole layout (bundles, which actor on which) is the same."""
+        opts, pl = self._options, self.placement
+        layout = None
+        if pl.gpu_bundles:
+            bundles = tuple(tuple(sorted(b.items())) for b in pl.bundles())
+            layout = (bundles, tuple(pl.bundle_of(a) for a in range(pl.num_actors)), self._strategy)
+        return (opts["num_cpus"], opts["num_gpus"], self._spec.accelerator, self._check_cuda, layout)
+
+    def _start(self, actor: int, handle: Any = None) -> Any:
+        """Actor `actor` (a new worker, or a warm one from the pool) set up with its clients."""
         clients = self.placement.clients_of(actor)
-        options: dict[str, Any] = dict(self._options)
-        if self.pg is not None:  # same bundle (same GPU) when an actor is restarted
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        if handle is None:
+            options: dict[str, Any] = dict(self._options)
+            if self.pg is not None:  # same bundle (same GPU) when an actor is restarted
+                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=self.placement.bundle_of(actor)
-            )
-        return self._actor_cls.options(**options).remote(
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group=self.pg, placement_group_bundle_index=self.placement.bundle_of(actor)
+                )
+            handle = _ACTOR.options(**options).remote(self._spec.accelerator, self._check_cuda)
+        handle.setup.remote(  # actor tasks run in order: every later call sees this
             self._spec,
             self._dataset_ref,
             {c: self._train[c] for c in clients},
             {c: self._test[c] for c in clients} if self._test else {},
-            self._check_cuda,
         )
+        return handle
 
     def ready(self) -> list[dict[str, Any]]:
         """Wait until every actor is up; returns where each one runs."""
@@ -204,15 +247,83 @@ class RayExecutor:
     def bn_stats(self, plan: RoundPlan) -> Iterator[Any]:
         return self._run(plan, "bn_stats")
 
-    def close(self) -> None:
-        for a in self.actors:
-            ray.kill(a)
-        self.actors = []
-        if self.pg is not None:
-            from ray.util.placement_group import remove_placement_group
+    def close(self, reuse: bool = False) -> None:
+        """End the actors (and the placement group), or (`reuse`, inside `reuse_actors`)
+        keep them warm, their clients dropped, for the next run."""
+        if reuse and _pool is not None:
+            for a in self.actors:
+                a.release.remote()
+            _pool.put(self._pool_key(), _Idle(self.actors, self.pg))
+        else:
+            _end(_Idle(self.actors, self.pg))
+        self.actors, self.pg = [], None
 
-            remove_placement_group(self.pg)
-            self.pg = None
+
+_ACTOR = ray.remote(ClientActor)
+
+
+@dataclass
+class _Idle:
+    actors: list[Any]
+    pg: Any = None  # their placement group (GPU runs), reserved as long as they are kept
+
+
+def _end(idle: _Idle) -> None:
+    for a in idle.actors:
+        ray.kill(a)
+    if idle.pg is not None:
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(idle.pg)
+
+
+class ActorPool:
+    """Idle, warm client workers between the runs of one process, by what they hold."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[Any, ...], _Idle] = {}
+
+    def take(self, key: tuple[Any, ...], n: int) -> _Idle | None:
+        """Up to `n` workers for `key` (all of them, or none, inside a placement group);
+        every other idle worker is ended (it holds CPUs or GPUs the new run may need)."""
+        mine = self._idle.pop(key, None)
+        self.clear()
+        if mine is None:
+            return None
+        if mine.pg is not None and len(mine.actors) != n:
+            _end(mine)
+            return None
+        for a in mine.actors[n:]:
+            ray.kill(a)
+        return _Idle(mine.actors[:n], mine.pg)
+
+    def put(self, key: tuple[Any, ...], idle: _Idle) -> None:
+        if key in self._idle:  # not expected (one executor per run); keep one set
+            _end(self._idle.pop(key))
+        self._idle[key] = idle
+
+    def clear(self) -> None:
+        for idle in self._idle.values():
+            _end(idle)
+        self._idle = {}
+
+
+_pool: ActorPool | None = None
+
+
+@contextlib.contextmanager
+def reuse_actors() -> Iterator[None]:
+    """While open, a finished run's client workers stay up for the next run (same CPUs and
+    GPUs per worker): a sequential sweep pays each worker's process start and imports
+    (Lightning, torchmetrics: seconds per worker) once. Workers are ended on exit."""
+    global _pool
+    outer, _pool = _pool, ActorPool()
+    try:
+        yield
+    finally:
+        pool, _pool = _pool, outer
+        if ray.is_initialized():
+            pool.clear()
 
 
 def reserve_gpu_bundles(placement: Placement, strategy: str = "PACK", timeout_s: float | None = 120.0):

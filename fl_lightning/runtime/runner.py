@@ -13,6 +13,7 @@ what the uninterrupted run would do. `build.py` builds what this runs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -40,6 +41,7 @@ from . import checkpoint, signals
 from .build import Prepared, local_resources, new_run_dir, placement_for, prepare
 from .executor import Executor, SerialExecutor
 from .host import ClientHost
+from .local_ray import ray_kept
 from .paths import run_dir_message
 from .placement import Placement
 
@@ -107,13 +109,26 @@ def _finite(record: dict[str, Any]) -> dict[str, Any]:
 class Run:
     """One federated run in a run directory: start, resume, or continue."""
 
-    def __init__(self, prepared: Prepared, run_dir: Path, resume: bool = False, console: bool = True) -> None:
+    def __init__(
+        self,
+        prepared: Prepared,
+        run_dir: Path,
+        resume: bool = False,
+        console: bool = True,
+        started_at: float | None = None,
+    ) -> None:
         self.p = prepared
+        #: `time.perf_counter()` when the run began (before `prepare`): start-up is measured from it
+        self.started_at = time.perf_counter() if started_at is None else started_at
+        self.startup_s: float | None = None
+        self.actors_reused = 0
         self.cfg = prepared.cfg
         self.run_dir = Path(run_dir)
         self.resume = resume
         self.console = console
         self._test = prepared.dataset.tensors(prepared.dataset.test_x, prepared.dataset.test_y)
+        sx = prepared.server_x
+        self._unlabeled = None if sx is None else prepared.dataset.tensors(sx, np.zeros(len(sx)))[0]
         #: client id -> round of its newest state file in the last committed checkpoint
         self.client_index: dict[ClientId, int] = {}
         #: clients that trained since the last checkpoint (their resident state changed)
@@ -165,6 +180,7 @@ class Run:
                 restore=self._saved_states,
             )  # fmt: skip
             ex.ready()
+            self.actors_reused = ex.reused
         except BaseException:
             if started:
                 ray.shutdown()
@@ -224,15 +240,21 @@ class Run:
         np.savez_compressed(tmp, scores=scores.float().numpy(), targets=self._test[1].numpy(), round=rnd)
         tmp.replace(path)
 
-    def _client_eval(self, executor: Executor, state: ServerState) -> dict[str, float]:
+    def _client_eval(
+        self, executor: Executor, state: ServerState, updates: Sequence[ClientUpdate]
+    ) -> dict[str, float]:
         if not (self.cfg.eval.clients and self.p.split.test):
             return {}
-        plan = self.p.strategy.configure_evaluate(state, range(self.p.split.num_clients))
-        evals = sorted(executor.evaluate(plan), key=lambda e: e.client_id)
+        if self.cfg.eval.timing == "trained":  # measured by the clients before they uploaded
+            evals = [u.evaluation for u in updates if u.evaluation is not None]
+        else:
+            plan = self.p.strategy.configure_evaluate(state, range(self.p.split.num_clients))
+            evals = sorted(executor.evaluate(plan), key=lambda e: e.client_id)
         if not evals:
             return {}
         primary = self.p.strategy.primary_metric().removeprefix("client_")
-        return client_metrics(evals, primary if primary in evals[0].metrics else next(iter(evals[0].metrics)))
+        out = client_metrics(evals, primary if primary in evals[0].metrics else next(iter(evals[0].metrics)))
+        return {**out, "clients_evaluated": len(evals)}
 
     def _context(self, rnd: int) -> ServerContext:
         spec = self.p.spec
@@ -243,8 +265,9 @@ class Run:
             )
 
         return ServerContext(
-            rnd, self._device(), server_rng(self.cfg.seed, rnd), self.p.strategy.task, build_model
-        )
+            rnd, self._device(), server_rng(self.cfg.seed, rnd), self.p.strategy.task, build_model,
+            unlabeled=self._unlabeled,
+        )  # fmt: skip
 
     # --- checkpoints ----------------------------------------------------------------------
     def _checkpoint(self, executor: Executor, state: ServerState, meta: dict[str, Any]) -> None:
@@ -285,6 +308,7 @@ class Run:
             loggers = self._loggers(meta)
             meta = {"wandb_id": loggers[0].id} if loggers else {}
             start = time.perf_counter()
+            self.startup_s = start - self.started_at
             for rnd in range(state.round + 1, cfg.fl.rounds + 1):
                 try:
                     state, record = self._round(executor, state, rnd)
@@ -307,8 +331,8 @@ class Run:
             raise
         finally:
             progress.close()
-            executor.close()
-            if started_ray:
+            executor.close(reuse=status == "completed")
+            if started_ray and not ray_kept():
                 import ray
 
                 ray.shutdown()
@@ -325,6 +349,11 @@ class Run:
         strategy = self.p.strategy
         t0 = time.perf_counter()
         plan = strategy.configure_round(state, rnd, round_rng(self.cfg.seed, rnd))
+        evaluating = rnd % self.cfg.eval.every == 0 or rnd == self.cfg.fl.rounds
+        if evaluating and self.cfg.eval.timing == "trained":  # clients evaluate before they upload
+            plan = dataclasses.replace(
+                plan, payloads=[dataclasses.replace(p, evaluate=True) for p in plan.payloads]
+            )
         failed_before, retried_before = len(executor.failures), len(executor.retries)
         updates = sorted(executor.fit(plan), key=lambda u: u.client_id)
         failures = executor.failures[failed_before:]
@@ -364,9 +393,9 @@ class Run:
         if self.cfg.fl.bn_stats == "recompute" and state.global_params is not None:
             state, bn_up, bn_down = self._recompute_bn(executor, state, plan, updates)
         t2 = time.perf_counter()
-        if rnd % self.cfg.eval.every == 0 or rnd == self.cfg.fl.rounds:
+        if evaluating:
             record.update(self._global_eval(state))
-            record.update(self._client_eval(executor, state))
+            record.update(self._client_eval(executor, state, updates))
         t3 = time.perf_counter()
         record.update(
             bytes_down=plan.broadcast.nbytes() * len(plan.payloads) + bn_down,
@@ -426,6 +455,8 @@ class Run:
             "driver_peak_rss_mb": driver_memory_mb().get("driver_peak_rss_mb"),
             "driver_anon_max_mb": max((r.get("driver_anon_mb", 0.0) for r in records), default=None),
             "num_actors": placement.num_actors,
+            "actors_reused": self.actors_reused,  # warm workers of a sweep's previous run
+            "startup_s": None if self.startup_s is None else round(self.startup_s, 3),
             "threads_per_client": placement.threads,
         }
         single_label = primary in ("accuracy", "client_accuracy")
@@ -452,12 +483,24 @@ class Run:
         return out
 
 
+@contextlib.contextmanager
+def shared_ray() -> Iterator[None]:
+    """For several `start_run`s in a row (a sequential sweep): Ray is started once and the
+    client workers of a finished run are set up again for the next (`reuse_actors`)."""
+    from .local_ray import keep_ray
+    from .ray_executor import reuse_actors
+
+    with keep_ray(), reuse_actors():
+        yield
+
+
 def start_run(cfg: DictConfig, console: bool = True) -> tuple[dict[str, Any], Path]:
     """A new run: check where it goes, prepare (fails before writing anything), then create
     its directory atomically and hold its lock (`lock.py`) while anything is written."""
     from .local_ray import cluster_address, stop_local_ray
     from .lock import RunLock, check_output_dir, create_run_dir
 
+    t0 = time.perf_counter()
     run_dir = new_run_dir(cfg)
     check_output_dir(run_dir.parent, str(cfg.output_dir))  # a file in the way, not writable: no data yet
     if run_dir.exists():
@@ -471,7 +514,7 @@ def start_run(cfg: DictConfig, console: bool = True) -> tuple[dict[str, Any], Pa
             (run_dir / "config.yaml").write_text(to_yaml(cfg))
             if console:
                 print(run_dir_message(run_dir), file=sys.stderr)
-            return Run(prepared, run_dir, console=console).execute(), run_dir
+            return Run(prepared, run_dir, console=console, started_at=t0).execute(), run_dir
     finally:
         stop_local_ray()  # what a local Ray this run started left behind (a no-op otherwise)
 
@@ -490,6 +533,7 @@ def resume_run(run_dir: Path, cfg: DictConfig, console: bool = True) -> dict[str
     from .local_ray import stop_local_ray
     from .lock import RunLock
 
+    t0 = time.perf_counter()
     run_dir = Path(run_dir)
     try:
         with RunLock(run_dir):
@@ -502,6 +546,6 @@ def resume_run(run_dir: Path, cfg: DictConfig, console: bool = True) -> dict[str
                     summary = {}
                 return summary if isinstance(summary, dict) else {}
             prepared = prepare(cfg)
-            return Run(prepared, run_dir, resume=True, console=console).execute()
+            return Run(prepared, run_dir, resume=True, console=console, started_at=t0).execute()
     finally:
         stop_local_ray()

@@ -143,6 +143,7 @@ class RayExecutor:
         self._dataset_ref = ray.put(dataset)  # once; actors read it zero-copy
         self._train, self._test = train, test
         handles = warm.actors if warm is not None else []
+        self._setup: dict[int, Any] = {}
         self.reused = len(handles)
         self.actors = [self._start(a, handles[a] if a < len(handles) else None) for a in range(n)]
 
@@ -168,7 +169,7 @@ class RayExecutor:
                     placement_group=self.pg, placement_group_bundle_index=self.placement.bundle_of(actor)
                 )
             handle = _ACTOR.options(**options).remote(self._spec.accelerator, self._check_cuda)
-        handle.setup.remote(  # actor tasks run in order: every later call sees this
+        self._setup[actor] = handle.setup.remote(  # actor tasks run in order: later calls see it
             self._spec,
             self._dataset_ref,
             {c: self._train[c] for c in clients},
@@ -177,8 +178,9 @@ class RayExecutor:
         return handle
 
     def ready(self) -> list[dict[str, Any]]:
-        """Wait until every actor is up; returns where each one runs."""
+        """Wait until every actor is up and set up; returns where each one runs."""
         try:
+            ray.get(list(self._setup.values()))  # a failed setup names its own cause
             return ray.get([a.info.remote() for a in self.actors])
         except (RayTaskError, RayActorError) as e:
             self.close()  # its actors and placement group, also on a cluster we only joined

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -167,27 +166,27 @@ def test_fedbe_gaussian_ensemble_soft_labels_and_swa(digits3):
     assert history[-1][3]["ensemble_size"] == 1 + 2 + S
 
 
-@pytest.mark.parametrize("method", ["feddf", "fedbe"])
-def test_server_subset_is_held_out_and_required(method, tmp_path, data_root, capsys):
+def test_server_subset_is_held_out_and_required(tmp_path, data_root, capsys):
     """The server's images are taken out before the split (in no client's shard, the same
-    for every seed); a run without `data.server_subset` is one line, exit 2, nothing written."""
+    for every seed); a run without `data.server_subset` is one line, exit 2, nothing written
+    (the methods' one-round runs: tests/test_methods.py)."""
     from fl_lightning.cli.main import main
     from fl_lightning.config import compose
     from fl_lightning.runtime.build import prepare
 
     from .conftest import small
 
-    base = small(tmp_path, f"method={method}", "runtime=serial", "fl.rounds=1", "data.train_subset=600",
-                 "data.test_subset=200", f"method.distill_steps={STEPS}",
-                 f"method.distill_batch_size={BATCH}")  # fmt: skip
+    base = small(tmp_path, "method=feddf", "runtime=serial", "fl.rounds=1", "data.train_subset=600",
+                 "data.test_subset=200")  # fmt: skip
     p = prepare(compose([*base, "data.server_subset=100"]))
     assert p.server_x is not None and len(p.server_x) == 100 and len(p.dataset.train_y) == 500
-    full = prepare(compose([*base, "data.server_subset=100", "seed=1"]))
-    np.testing.assert_array_equal(full.server_x, p.server_x)  # the same images for every seed
+    again = prepare(compose([*base, "data.server_subset=100", "seed=1"]))
+    np.testing.assert_array_equal(again.server_x, p.server_x)  # the same images for every seed
     seen = {p.dataset.train_x[i].tobytes() for part in p.split.train for i in part}
     assert not seen & {img.tobytes() for img in p.server_x}
-    assert main(["run", *base, "data.server_subset=100", "run_id=ok", "--quiet"]) == 0
-    capsys.readouterr()
-    assert main(["run", *base, "run_id=no"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "data.server_subset" in err[0] and not (tmp_path / "default" / "no").exists()
+    for method in ("feddf", "fedbe"):
+        capsys.readouterr()
+        assert main(["run", *base, f"method={method}", f"run_id={method}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "data.server_subset" in err[0]
+        assert not (tmp_path / "default" / method).exists()

@@ -41,6 +41,12 @@ PERSONAL = "personal"
 BN_STAT_KEYS = ("running_mean", "running_var", "num_batches_tracked")
 
 
+def is_weight(key: str, value: torch.Tensor) -> bool:
+    """A learned weight: a floating tensor that is not a batch-norm statistic (what server
+    momentum, mixing and sampling act on; the statistics take the plain average)."""
+    return value.is_floating_point() and not key.endswith(BN_STAT_KEYS)
+
+
 class Backbone(Protocol):
     """The backbone contract of `models/`: features, then the head on them."""
 

@@ -32,7 +32,7 @@ from torch import nn
 
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
-from ..core.objective import BN_STAT_KEYS, ClientObjective
+from ..core.objective import ClientObjective, is_weight
 from ..core.params import to_cpu
 from ..core.strategy import MethodConfig, Strategy
 from ..core.types import ClientId, StateDict
@@ -40,11 +40,6 @@ from . import METHODS
 
 #: the client-state component holding the personal model w_i
 PERSONAL_MODEL = "fedamp/personal"
-
-
-def is_weight(key: str, value: torch.Tensor) -> bool:
-    """What the attention compares and combines: floating tensors but batch-norm statistics."""
-    return value.is_floating_point() and not key.endswith(BN_STAT_KEYS)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientUpdate, ServerState
-from ..core.objective import BN_STAT_KEYS
+from ..core.objective import is_weight
 from ..core.strategy import MethodConfig, Strategy
 from ..core.types import StateDict
 from . import METHODS
@@ -36,7 +36,7 @@ class FedAvgMState(ServerState):
 
 def momentum_keys(params: StateDict) -> list[str]:
     """The keys the server momentum moves: floating tensors that are not BN statistics."""
-    return [k for k, v in params.items() if v.is_floating_point() and not k.endswith(BN_STAT_KEYS)]
+    return [k for k, v in params.items() if is_weight(k, v)]
 
 
 def momentum_step(

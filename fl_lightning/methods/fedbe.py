@@ -25,7 +25,7 @@ import torch
 
 from ..core.errors import ConfigError
 from ..core.messages import ClientUpdate
-from ..core.objective import BN_STAT_KEYS
+from ..core.objective import is_weight
 from ..core.strategy import MethodConfig, ServerContext
 from ..core.types import Metrics, StateDict
 from ..server_steps.distill import batch_indices, distill, ensemble_mean, model_from
@@ -52,7 +52,7 @@ def gaussian_samples(
     p = p / p.sum()
     std = {}
     for k, v in mean.items():
-        if v.is_floating_point() and not k.endswith(BN_STAT_KEYS):
+        if is_weight(k, v):
             var = sum(float(pk) * (c[k] - v) ** 2 for pk, c in zip(p, clients, strict=True))
             std[k] = torch.as_tensor(var).sqrt()
     out = []

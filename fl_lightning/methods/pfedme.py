@@ -33,7 +33,7 @@ from torch import nn
 
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
-from ..core.objective import BN_STAT_KEYS, ClientObjective, with_params
+from ..core.objective import ClientObjective, is_weight, with_params
 from ..core.params import to_cpu
 from ..core.strategy import MethodConfig, Strategy
 from ..core.types import StateDict
@@ -134,7 +134,7 @@ class PFedMe(Strategy[PFedMeConfig, ServerState, Broadcast]):
             return new
         b = self.config.beta
         mixed = {
-            k: (1 - b) * prev[k] + b * v if v.is_floating_point() and not k.endswith(BN_STAT_KEYS) else v
+            k: (1 - b) * prev[k] + b * v if is_weight(k, v) else v
             for k, v in new.global_params.items()
         }
         return dataclasses.replace(new, global_params=mixed)

@@ -39,6 +39,7 @@ bench: data bench-deps
 	$(PY) benchmarks/engine_overhead.py --out benchmarks/results/engine_overhead.json
 	$(PY) benchmarks/vs_flower.py --out benchmarks/results/vs_flower.json
 	$(PY) benchmarks/sweep_startup.py --out benchmarks/results/sweep_startup.json
+	$(PY) benchmarks/round_path.py --out benchmarks/results/round_path.json
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -108,6 +108,9 @@ class EvalConfig:
     threshold: float = 0.5  # multi-label: decision threshold on sigmoid scores (C-P, C-R, C-F1, O-*)
     #: write the final round's global scores and targets to <run dir>/predictions.npz
     save_predictions: bool = False
+    #: run round r's global evaluation on a driver thread while round r + 1 trains (same numbers;
+    #: the last round waits for its own); false: evaluate before the next round starts
+    overlap: bool = True
 
 
 @dataclass
@@ -130,6 +133,10 @@ class RuntimeConfig:
     accelerator: str = "auto"  # auto | cpu | gpu
     placement_strategy: str = "PACK"  # GPU placement group: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
     schedule_timeout_s: float | None = 120.0  # wait this long for the GPU bundles; null: forever
+    #: clients' batches drawn by index from their shard on the fit's device (the shard is copied
+    #: there once per fit); false: a torch DataLoader. Same batches, same numbers either way.
+    resident_shards: bool = True
+    precision: str = "32"  # Lightning's: 32 | bf16-mixed | 16-mixed (local training only)
 
 
 @dataclass
@@ -409,6 +416,7 @@ def validate(cfg: DictConfig) -> None:
         "fl.bn_stats": (cfg.fl.bn_stats, ("averaged", "recompute", "local")),
         "eval.device": (cfg.eval.device, ("auto", "cpu", "cuda")),
         "eval.timing": (cfg.eval.timing, ("received", "trained")),
+        "runtime.precision": (str(rt.precision), ("32", "bf16-mixed", "16-mixed")),
     }
     for key, (value, valid) in enums.items():
         if value not in valid:

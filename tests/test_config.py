@@ -2,8 +2,10 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from fl_lightning.cli.main import main
 from fl_lightning.config import clients_per_round, compose
@@ -15,6 +17,7 @@ BAD = [
     (["model=resnet999"], "unknown model 'resnet999'; valid: alexnet_bn, cnn, cnn_bn"),
     (["method.mu=0.1"], "unknown config key 'method.mu'"),
     (["model.hiden=3"], "unknown config key 'model.hiden'"),
+    (["runtime.precision=64"], "runtime.precision='64' is not one of: 32, bf16-mixed, 16-mixed"),
     (["data.alpha=0"], "data.alpha must be > 0"),
     (["data.alpha=-0.5"], "data.alpha must be > 0"),
     (["fl.num_clients=5", "fl.clients_per_round=6"], "fl.clients_per_round=6 exceeds fl.num_clients=5"),
@@ -71,3 +74,25 @@ def test_resume_refuses_to_change_the_experiment(tmp_path, capsys):
     assert "cannot change 'data.alpha' on resume" in capsys.readouterr().err
     assert main(["resume", str(tmp_path / "nope")]) == 2
     assert "is not a run directory" in capsys.readouterr().err
+
+
+PRESETS = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_composes(name):
+    """A pinned paper set-up that no longer composes (a renamed key, a removed option) fails here,
+    not on a user's GPU machine."""
+    cfg = compose([f"+experiment={name}"])
+    assert cfg.experiment == name
+
+
+def test_clip2fl_imagenet_lt_student_neck_is_a_plain_linear_to_the_text_dimension():
+    from fl_lightning.models import build_model
+
+    cfg = compose(["+experiment=clip2fl_imagenet_lt"])
+    assert cfg.data.name == "imagenet_lt" and cfg.model.neck == "linear"
+    assert list(cfg.eval.longtail) == [100, 20]
+    net = build_model("resnet50", num_classes=1000, in_channels=3, image_size=32, hidden=512, neck="linear")
+    assert isinstance(net.neck, torch.nn.Linear) and net.neck.in_features == 2048
+    assert net.forward_features(torch.zeros(2, 3, 32, 32)).shape == (2, 512)

@@ -25,7 +25,8 @@ from fl_lightning.data.registry import DATASETS, check_dataset, load_dataset
 
 EXPECTED = {
     "fmnist", "digits", "mnist", "cifar10", "cifar100", "cifar10_lt", "cifar100_lt", "tiny_imagenet",
-    "office_caltech", "domainnet", "pacs", "voc2007", "coco", "flair", "fmnist_domains", "fmnist_multilabel",
+    "imagenet_lt", "office_caltech", "domainnet", "pacs", "voc2007", "coco", "flair", "fmnist_domains",
+    "fmnist_multilabel",
 }  # fmt: skip
 
 
@@ -76,6 +77,7 @@ MISSING = {
     "cifar10_lt": "cifar-10-batches-py",
     "cifar100_lt": "cifar-100-python",
     "tiny_imagenet": "tiny-imagenet-200/wnids.txt",
+    "imagenet_lt": "ImageNet_LT/ImageNet_LT_train.txt",
     "office_caltech": "office_caltech_10/<domain>_train.pkl",
     "domainnet": "DomainNet/<domain>/<class>",
     "pacs": "art_painting, cartoon, photo, sketch",
@@ -224,6 +226,27 @@ def test_tiny_imagenet_folder(tmp_path):
     assert list((tmp_path / ".cache").glob("tiny_imagenet-train-16px-*.npz"))  # decoded once
     again = load_dataset("tiny_imagenet", str(tmp_path), image_size=16)
     assert np.array_equal(again.train_x, ds.train_x)
+
+
+def test_imagenet_lt_split_files(tmp_path):
+    """OLTR's split files name images relative to the ImageNet root; labels are ImageNet's
+    sorted-wnid indices, so the class texts are the CLIP/open_clip ImageNet names."""
+    lt, img = tmp_path / "ImageNet_LT", tmp_path / "imagenet"
+    lt.mkdir()
+    train = [("train/n01440764/a.JPEG", 0, (250, 0, 0)), ("train/n01440764/b.JPEG", 0, (240, 0, 0)),
+             ("train/n01443537/c.JPEG", 1, (0, 0, 250))]  # fmt: skip
+    for rel, _, color in train:
+        _image(img / rel, color)
+    _image(lt / "val/n01443537/v.JPEG", (0, 250, 0))  # the images may sit beside the split files too
+    (lt / "ImageNet_LT_train.txt").write_text("".join(f"{r} {y}\n" for r, y, _ in train))
+    (lt / "ImageNet_LT_test.txt").write_text("val/n01443537/v.JPEG 1\n")
+    ds = load_dataset("imagenet_lt", str(tmp_path), image_size=8)
+    assert ds.num_classes == 1000 and ds.class_names[:2] == ["tench", "goldfish"]
+    assert ds.train_x.shape == (3, 3, 8, 8) and ds.train_y.tolist() == [0, 0, 1]
+    assert ds.test_y.tolist() == [1] and ds.test_x[0, 1].min() >= 240  # green stays green
+    (lt / "ImageNet_LT_test.txt").write_text("val/n01443537/missing.JPEG 1\n")
+    with pytest.raises(ConfigError, match="missing val/n01443537/missing.JPEG"):
+        load_dataset("imagenet_lt", str(tmp_path), image_size=8)
 
 
 def test_office_caltech_folders_and_fedbn_split_files(tmp_path):

@@ -123,3 +123,40 @@ def test_only_weights_and_metrics_leave_a_client(tmp_path, data_root):
     assert update.num_examples == len(p.split.train[0]) and host.states == {}  # FedAvg keeps nothing
     assert all(isinstance(v, float) for v in update.metrics.values())
     assert not any(torch.equal(update.params[k], p.init_params[k]) for k in update.params if "weight" in k)
+
+
+def test_overlapped_evaluation_writes_the_same_lines_and_checkpoints(tmp_path, data_root):
+    """`eval.overlap` (round r's global evaluation on a driver thread during round r + 1) changes
+    timings only: every other key of every line, and every committed checkpoint, are the same."""
+    args = small(tmp_path, "fl.rounds=3", "runtime=serial", "fl.num_clients=3",
+                 "data.client_test_fraction=0.25")  # fmt: skip
+    _, on = start_run(compose([*args, "run_id=on"]), console=False)
+    _, off = start_run(compose([*args, "eval.overlap=false", "run_id=off"]), console=False)
+
+    def lines(run_dir):
+        return [{k: v for k, v in r.items() if not (k.endswith("_s") or k.startswith("driver_"))}
+                for r in _records(run_dir)]  # fmt: skip
+
+    assert lines(on) == lines(off) and [r["round"] for r in lines(on)] == [1, 2, 3]
+    assert {"accuracy", "client_accuracy"} <= set(lines(on)[0])
+    for name in ("round-000002", "round-000003"):
+        a, b = (torch.load(d / "checkpoints" / f"{name}.pt", weights_only=True) for d in (on, off))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resident_shards_give_the_dataloaders_numbers_and_bf16_runs(tmp_path, data_root):
+    """`runtime.resident_shards` (batches by index from the shard on the fit's device) draws the
+    same batches as a torch DataLoader for the same seed: 2 local epochs (the loader's RNG goes
+    on from epoch to epoch) and FedRep's two fits per round over one loader. Then
+    `runtime.precision=bf16-mixed` trains (Lightning's CPU autocast) to finite numbers."""
+    args = small(tmp_path, "fl.rounds=2", "runtime=serial", "fl.num_clients=2", "fl.local_epochs=2",
+                 "method=fedrep", "data.client_test_fraction=0.25", "fl.batch_size=24")  # fmt: skip
+    _, on = start_run(compose([*args, "run_id=resident"]), console=False)
+    _, off = start_run(compose([*args, "runtime.resident_shards=false", "run_id=loader"]), console=False)
+    keys = ("train_loss", "client_accuracy", "client_loss")
+    assert [[r[k] for k in keys] for r in _records(on)] == [[r[k] for k in keys] for r in _records(off)]
+    summary, bf16 = start_run(
+        compose([*small(tmp_path, "fl.rounds=1", "runtime=serial", "fl.num_clients=2"),
+                 "runtime.precision=bf16-mixed", "run_id=bf16"]), console=False,
+    )  # fmt: skip
+    assert summary["status"] == "completed" and 0.0 < _records(bf16)[0]["train_loss"] < 10.0

@@ -30,8 +30,13 @@ def test_killed_run_resumes_to_the_same_result(tmp_path, data_root):
     while not marker.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
     assert marker.exists(), proc.stderr.read().decode() if proc.poll() is not None else "no checkpoint"
+    proc.send_signal(signal.SIGSTOP)
+    # eval.overlap: round 2's checkpoint is committed before its line, which waits for round 3's
+    # fit; killed in between, the resume evaluates round 2's state again to write that line
+    lines_at_kill = len((killed_dir / "metrics.jsonl").read_text().splitlines())
     proc.send_signal(signal.SIGKILL)  # no chance to clean up
     proc.wait()
+    assert lines_at_kill == 1, "killed after round 2's line: the backfill path was not reached"
     done = json.loads(
         (
             killed_dir

@@ -106,6 +106,28 @@ def with_params(model: nn.Module, params: StateDict) -> Callable[[torch.Tensor],
     return forward
 
 
+def on_shared_features(
+    represent: Callable[[torch.Tensor], torch.Tensor],
+    heads: dict[str, Callable[[torch.Tensor], torch.Tensor]],
+) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """Evaluation heads over one representation: `evaluate` calls every head on the same batch
+    object in turn, so the backbone runs once per batch, not once per head (CReFF and CCVR
+    score the FedAvg head and their re-trained one on the same features)."""
+    last: list[torch.Tensor | None] = [None, None]
+
+    def on(head: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        def scores(x: torch.Tensor) -> torch.Tensor:
+            if last[0] is not x:
+                last[0], last[1] = x, represent(x)
+            z = last[1]
+            assert z is not None
+            return head(z)
+
+        return scores
+
+    return {name: on(head) for name, head in heads.items()}
+
+
 def build_optimizer(params: list[nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
     if optim.name == "sgd":
         return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)

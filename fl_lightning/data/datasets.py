@@ -11,6 +11,7 @@ the other loaders register the rest of the table:
 | cifar10, cifar10_lt | `cifar-10-batches-py/` (python pickles) | torchvision |
 | cifar100, cifar100_lt | `cifar-100-python/` | torchvision |
 | tiny_imagenet | `tiny-imagenet-200/` (wnids.txt, train/, val/) | no |
+| imagenet_lt | `ImageNet_LT/ImageNet_LT_{train,test}.txt` + the images under `imagenet/` | no |
 | office_caltech, domainnet, pacs | `<dir>/<domain>/<class>/*` or FedBN split files | no |
 | voc2007 | `VOCdevkit/VOC2007/` | torchvision |
 | coco | `coco/{train,val}2014/` + `coco/annotations/instances_*.json` | no |

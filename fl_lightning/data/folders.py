@@ -1,4 +1,4 @@
-"""Image-folder datasets: Tiny-ImageNet, and the feature-skew sets Office-Caltech-10,
+"""Image-folder datasets: Tiny-ImageNet, ImageNet-LT, and the feature-skew sets Office-Caltech-10,
 DomainNet (10-class subset) and PACS, one domain id per sample.
 
 Images are decoded once with PIL, resized to `image_size` x `image_size` (squashed, as the
@@ -90,6 +90,65 @@ def _load_tiny(root: str, image_size: int | None = None) -> ArrayDataset:
 
 
 DATASETS.register("tiny_imagenet")(DatasetEntry(load=_load_tiny, present=_tiny_present, where=_tiny_where))
+
+
+# --- ImageNet-LT (Liu et al. 2019, OLTR's split files) ----------------------------------
+LT_DIR = "ImageNet_LT"
+
+
+def _imagenet_lt_where(root: str) -> str:
+    d = Path(root) / LT_DIR
+    return (
+        f"ImageNet-LT not found: expected {d}/ImageNet_LT_train.txt and {d}/ImageNet_LT_test.txt "
+        f"(OLTR's split files, 'train/<wnid>/<file>.JPEG <label>' lines) with the ImageNet images they "
+        f"name under {Path(root) / 'imagenet'} (or {d}); not downloaded automatically"
+    )
+
+
+def _imagenet_lt_present(root: str) -> bool:
+    d = Path(root) / LT_DIR
+    return (d / "ImageNet_LT_train.txt").is_file() and (d / "ImageNet_LT_test.txt").is_file()
+
+
+def _imagenet_lt_split(root: str, name: str) -> tuple[list[Path], np.ndarray]:
+    d = Path(root) / LT_DIR
+    bases = [Path(root) / "imagenet", d]
+    paths, labels = [], []
+    for line in (d / name).read_text().splitlines():
+        if not line.strip():
+            continue
+        rel, label = line.rsplit(maxsplit=1)
+        hit = next((b / rel for b in bases if (b / rel).is_file()), None)
+        if hit is None:
+            raise ConfigError(f"{_imagenet_lt_where(root)} (missing {rel}, listed in {d / name})")
+        paths.append(hit)
+        labels.append(int(label))
+    return paths, np.asarray(labels, dtype=np.int64)
+
+
+def _load_imagenet_lt(root: str, image_size: int | None = None) -> ArrayDataset:
+    """115,846 training images of 1,000 classes (1,280 down to 5 per class) and a balanced test
+    set of 50 per class from ImageNet's validation images, decoded at `image_size` (default
+    112: 4.4 GB for the training set). Labels are ImageNet's usual sorted-wnid indices, so
+    the class texts are open_clip's ImageNet class names."""
+    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES  # the open_clip/CLIP wording
+
+    size = image_size or 112
+    train_paths, train_y = _imagenet_lt_split(root, "ImageNet_LT_train.txt")
+    test_paths, test_y = _imagenet_lt_split(root, "ImageNet_LT_test.txt")
+    if not train_paths or not test_paths:
+        raise ConfigError(_imagenet_lt_where(root) + " (the split files list no images)")
+    return ArrayDataset(
+        "imagenet_lt",
+        cached_images(root, "imagenet_lt-train", train_paths, size), train_y,
+        cached_images(root, "imagenet_lt-test", test_paths, size), test_y,
+        [text_name(n) for n in IMAGENET_CLASSNAMES], mean=IMAGENET_MEAN, std=IMAGENET_STD,
+    )  # fmt: skip
+
+
+DATASETS.register("imagenet_lt")(
+    DatasetEntry(load=_load_imagenet_lt, present=_imagenet_lt_present, where=_imagenet_lt_where)
+)
 
 
 # --- domain datasets (feature skew): Office-Caltech-10, DomainNet, PACS --------------------

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState, extend
-from ..core.objective import ClientObjective
+from ..core.objective import ClientObjective, on_shared_features
 from ..core.params import to_cpu
 from ..core.strategy import MethodConfig, ServerContext, Strategy
 from ..core.types import ClientId, Metrics, StateDict
@@ -173,16 +173,17 @@ class CCVRObjective(ClientObjective[CCVRBroadcast]):
         means, covs, counts = self._stats
         return extend(update, ClassStatsUpdate, means=means, covs=covs, counts=counts)
 
-    def calibrated_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def calibrated(self, z: torch.Tensor) -> torch.Tensor:
+        """Logits of the server's calibrated head on the model's features `z`."""
         assert self._head is not None
         head = self.model.get_submodule("head")
-        params = {k.removeprefix(HEAD): v.to(x.device) for k, v in self._head.items()}
-        return torch.func.functional_call(head, params, (self.represent(x),))
+        params = {k.removeprefix(HEAD): v.to(z.device) for k, v in self._head.items()}
+        return torch.func.functional_call(head, params, (z,))
 
     def eval_heads(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
         if self._head is None:  # before the first calibration: the FedAvg head alone
             return super().eval_heads()
-        return {"": self.calibrated_forward, "fedavg_head": self.forward}
+        return on_shared_features(self.represent, {"": self.calibrated, "fedavg_head": self.classify})
 
 
 @METHODS.register("ccvr")

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
-from ..core.objective import ClientObjective
+from ..core.objective import ClientObjective, on_shared_features
 from ..core.strategy import MethodConfig, ServerContext, Strategy
 from ..core.types import Metrics, StateDict
 from ..data.dsa import dsa
@@ -152,17 +152,16 @@ class CReFFObjective(ClientObjective[CReFFBroadcast]):
         counts, gw, gb = self._grads
         return extend(update, CReFFUpdate, class_counts=counts, grad_weight=gw, grad_bias=gb)
 
-    def retrained(self, x: Tensor) -> Tensor:
-        """Logits of the server's re-trained classifier on the model's features."""
+    def retrained(self, z: Tensor) -> Tensor:
+        """Logits of the server's re-trained classifier on the model's features `z`."""
         assert self._clf is not None
-        z = self.represent(x)
         w, b = self._clf
         return F.linear(z, w.to(z), b.to(z))
 
     def eval_heads(self) -> dict[str, Callable[[Tensor], Tensor]]:
         if self._clf is None:
             return super().eval_heads()
-        return {"": self.retrained, "fedavg_head": self.forward}
+        return on_shared_features(self.represent, {"": self.retrained, "fedavg_head": self.classify})
 
 
 def aggregate_class_gradients(

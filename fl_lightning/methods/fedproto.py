@@ -73,10 +73,9 @@ class LocalClassMeans(ClientObjective[BroadcastT]):
         sums: torch.Tensor | None = None
         n = torch.zeros(self.num_classes, dtype=torch.long)
         with torch.no_grad():
-            train = self.trainer.train_dataloader
-            assert isinstance(train, DataLoader)
+            train = self.trainer.train_dataloader  # a DataLoader or the host's ResidentBatches
             # every training example once, in order (the fit's loader shuffles, may drop one)
-            for x, y in DataLoader(train.dataset, batch_size=train.batch_size or 256):
+            for x, y in DataLoader(train.dataset, batch_size=train.batch_size or 256):  # type: ignore[union-attr]
                 z = self.class_mean_inputs(x.to(self.device)).float().cpu()
                 if sums is None:
                     sums = torch.zeros(self.num_classes, z.shape[1], dtype=torch.float64)

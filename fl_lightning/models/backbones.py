@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torchvision.models import resnet50 as tv_resnet50
 
+from ..core.errors import ConfigError
 from . import MODELS
 
 
@@ -70,9 +71,14 @@ def vgg11(num_classes: int, in_channels: int = 3, image_size: int = 32, hidden: 
 
 
 @MODELS.register("resnet50")
-def resnet50(num_classes: int, in_channels: int = 3, image_size: int = 32, hidden: int = 2048) -> Backbone:
+def resnet50(
+    num_classes: int, in_channels: int = 3, image_size: int = 32, hidden: int = 2048, neck: str = "fc_bn_relu"
+) -> Backbone:
     """ResNet-50 (torchvision, no pre-training) with a CIFAR stem for small images (3×3
-    conv, no max-pool) and the FC(2048, 2048) neck of FedGLCL's Table 8."""
+    conv, no max-pool) and the FC(2048, 2048) neck of FedGLCL's Table 8 (`neck=fc_bn_relu`),
+    or CLIP2FL's plain Linear(2048, hidden) to the teacher's dimension (`neck=linear`)."""
+    if neck not in ("fc_bn_relu", "linear"):
+        raise ConfigError(f"model.neck must be fc_bn_relu or linear (got {neck!r})")
     net = tv_resnet50(weights=None)
     if image_size <= 64:
         net.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
@@ -80,4 +86,5 @@ def resnet50(num_classes: int, in_channels: int = 3, image_size: int = 32, hidde
     elif in_channels != 3:
         net.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
     trunk = nn.Sequential(*(m for name, m in net.named_children() if name != "fc"))
-    return Backbone(trunk, _fc(2048, hidden), nn.Linear(hidden, num_classes), hidden)
+    proj = _fc(2048, hidden) if neck == "fc_bn_relu" else nn.Linear(2048, hidden)
+    return Backbone(trunk, proj, nn.Linear(hidden, num_classes), hidden)

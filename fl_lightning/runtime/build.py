@@ -123,6 +123,8 @@ def prepare(cfg: DictConfig) -> Prepared:
         eval_batch_size=cfg.eval.batch_size,
         eval_spec=eval_spec,
         bn_stats=cfg.fl.bn_stats,
+        resident_shards=bool(cfg.runtime.resident_shards),
+        precision=str(cfg.runtime.precision),
     )
     torch.manual_seed(cfg.seed)
     objective = build_objective(spec)  # the driver's copy: initial weights, global evaluation

@@ -67,6 +67,44 @@ class ClientSpec:
     #: client seen for the first time starts from its own model initialised with a seed
     #: derived from (init_seed, client id): the same in every executor
     init_seed: int | None = None
+    #: runtime.resident_shards: batches by index from the shard on the fit's device (no loader)
+    resident_shards: bool = True
+    precision: str = "32"  # runtime.precision, Lightning's: 32 | bf16-mixed | 16-mixed
+
+
+class ResidentBatches:
+    """A client's shard on the fit's device, batched by index: the same batches, in the same
+    order, as `DataLoader(TensorDataset(x, y), batch_size, shuffle=True, generator=g,
+    drop_last=...)` gives on the CPU (per epoch: one int64 drawn for the loader's base seed,
+    `randperm(n)`, and RandomSampler's second, unused `randperm(n)` at the same point),
+    without a per-sample collate or a host-to-device copy per step. `dataset` and
+    `batch_size` are the loader's, for hooks that read them (FedProto)."""
+
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, batch_size: int, generator: torch.Generator,
+        drop_last: bool, device: torch.device,
+    ) -> None:  # fmt: skip
+        self.dataset = TensorDataset(x, y)  # on the CPU, as the host holds it
+        self.batch_size, self.generator, self.drop_last = batch_size, generator, drop_last
+        self.x, self.y = x.to(device), y.to(device)  # once per fit
+
+    def __len__(self) -> int:
+        n = len(self.y)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        n, bs, g = len(self.y), self.batch_size, self.generator
+        torch.empty((), dtype=torch.int64).random_(generator=g)  # the loader's base seed
+        order = torch.randperm(n, generator=g).to(self.x.device)
+        for i in range(n // bs):
+            idx = order[i * bs : (i + 1) * bs]
+            yield self.x[idx], self.y[idx]
+        # RandomSampler's second, unused randperm runs when its indices run out: before the
+        # last, partial batch, or on the call after the last full one (as a lazy BatchSampler)
+        torch.randperm(n, generator=g)
+        if n % bs and not self.drop_last:
+            idx = order[(n // bs) * bs :]
+            yield self.x[idx], self.y[idx]
 
 
 def build_objective(spec: ClientSpec, client_id: ClientId = 0) -> ClientObjective[Any]:
@@ -141,7 +179,7 @@ def quiet_lightning() -> None:
 
 
 
-def _fit(trainer: L.Trainer, obj: ClientObjective, loader: DataLoader) -> None:
+def _fit(trainer: L.Trainer, obj: ClientObjective, loader: DataLoader | ResidentBatches) -> None:
     """`trainer.fit`, with Ctrl-C kept a Ctrl-C: Lightning answers a KeyboardInterrupt in a fit
     by ignoring SIGINT from then on and calling `sys.exit(1)`, so a serial run would end
     "failed" with exit 1 instead of "interrupted" (exit 130, resumable), and every process it
@@ -229,6 +267,7 @@ class ClientHost:
             max_steps=steps if steps is not None else -1,
             gradient_clip_val=clip,
             gradient_clip_algorithm="norm" if clip is not None else None,
+            precision=s.precision,  # type: ignore[arg-type]  # checked in config.py
             logger=False,
             enable_progress_bar=False,
             enable_checkpointing=False,
@@ -240,6 +279,13 @@ class ClientHost:
     def _device(self) -> torch.device:
         return torch.device("cuda" if self.spec.accelerator == "gpu" else "cpu")
 
+    def _loader(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> DataLoader | ResidentBatches:
+        bs, g = self.spec.batch_size, torch.Generator().manual_seed(seed)
+        drop_last = len(y) % bs == 1 and len(y) > 1  # a last batch of one sample breaks batch norm
+        if self.spec.resident_shards:
+            return ResidentBatches(x, y, bs, g, drop_last, self._device())
+        return DataLoader(TensorDataset(x, y), batch_size=bs, shuffle=True, generator=g, drop_last=drop_last)
+
     def fit(self, broadcast: Broadcast, payload: ClientPayload) -> ClientUpdate:
         cid = payload.client_id
         x, y = self.train[cid]
@@ -249,14 +295,7 @@ class ClientHost:
         with torch_threads(self.spec.threads):
             torch.manual_seed(payload.seed)
             obj = self._begin(broadcast, payload, state)
-            loader = DataLoader(
-                TensorDataset(x, y),
-                batch_size=self.spec.batch_size,
-                shuffle=True,
-                generator=torch.Generator().manual_seed(payload.seed),
-                # a last batch of one sample breaks batch norm in training mode; drop it
-                drop_last=len(y) % self.spec.batch_size == 1 and len(y) > 1,
-            )
+            loader = self._loader(x, y, payload.seed)
             phases = obj.phases()
             if type(obj).before_fit is not ClientObjective.before_fit:
                 obj.to(self._device())

@@ -14,13 +14,15 @@ what the uninterrupted run would do. `build.py` builds what this runs.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import logging
 import math
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,19 @@ from .placement import Placement
 log = logging.getLogger("fl_lightning")
 
 __all__ = ["Prepared", "Run", "client_metrics", "prepare", "resume_run", "start_run"]
+
+#: a global evaluation's metrics, its own duration and when it ended (perf_counter)
+EvalResult = tuple[dict[str, float], float, float]
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A round done but not yet written: its line waits for its overlapped evaluation."""
+
+    rnd: int
+    record: dict[str, Any]
+    future: Future[EvalResult] | None
+    done: float  # perf_counter when the round's own work ended
 
 
 def client_metrics(evals: Sequence[ClientEval], primary: str = "accuracy") -> dict[str, float]:
@@ -133,6 +148,7 @@ class Run:
         self.client_index: dict[ClientId, int] = {}
         #: clients that trained since the last checkpoint (their resident state changed)
         self._dirty: set[ClientId] = set()
+        self._pool: ThreadPoolExecutor | None = None
 
     # --- setup -------------------------------------------------------------------------
     def _initial_state(self) -> tuple[ServerState, dict[str, Any]]:
@@ -214,21 +230,29 @@ class Run:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         return torch.device(device)
 
-    def _global_eval(self, state: ServerState) -> dict[str, float]:
+    def _global_eval(self, state: ServerState) -> Callable[[], EvalResult] | None:
+        """The global evaluation of `state`, ready to run: the driver's objective takes a copy
+        of the round's weights here, so the returned job may run on the evaluation thread
+        while the next round trains and aggregates (`eval.overlap`)."""
         broadcast = self.p.strategy.eval_broadcast(state)
         if broadcast is None:
-            return {}
+            return None
         obj = self.p.objective.to(self._device())
         obj.client_state = {}
-        obj.begin_round(broadcast, None)
+        obj.begin_round(copy.deepcopy(broadcast), None)  # nothing the next round changes in place
         keep = self.cfg.eval.save_predictions and state.round == self.cfg.fl.rounds
-        scores: list[torch.Tensor] | None = [] if keep else None
-        out = evaluate(
-            obj, *self._test, spec=self.p.eval_spec, batch_size=self.cfg.eval.batch_size, scores_out=scores
-        )
-        if scores:
-            self._save_predictions(torch.cat(scores), state.round)
-        return out
+        rnd, batch = state.round, self.cfg.eval.batch_size
+
+        def job() -> EvalResult:
+            t = time.perf_counter()
+            scores: list[torch.Tensor] | None = [] if keep else None
+            out = evaluate(obj, *self._test, spec=self.p.eval_spec, batch_size=batch, scores_out=scores)
+            if scores:
+                self._save_predictions(torch.cat(scores), rnd)
+            end = time.perf_counter()
+            return out, end - t, end
+
+        return job
 
     def _save_predictions(self, scores: torch.Tensor, rnd: int) -> None:
         """`eval.save_predictions`: the global model's raw scores (logits) and the targets
@@ -290,7 +314,8 @@ class Run:
         state, meta = self._initial_state()
         files = RunFiles(self.run_dir, keep_until_round=state.round if self.resume else None)
         prior = files.records()
-        wall_offset = float(prior[-1].get("wall_time_s", 0.0)) if prior else 0.0
+        backfill = meta.get("pending_line") if not prior or prior[-1]["round"] < state.round else None
+        wall_offset = float((backfill or (prior[-1] if prior else {})).get("wall_time_s", 0.0))
         stats = self.p.split.stats(self.p.dataset)
         (self.run_dir / "partition.json").write_text(json.dumps(stats) + "\n")
         save_partition_plot(stats, self.run_dir / "partition.png")
@@ -302,34 +327,74 @@ class Run:
         progress = Progress(
             cfg.fl.rounds, initial=state.round, enabled=self.console, metric=strategy.primary_metric()
         )
+        # eval.overlap: round r's global evaluation runs here while round r + 1 trains
+        pool = ThreadPoolExecutor(1, thread_name_prefix="fl-eval") if cfg.eval.overlap else None
+        self._pool = pool
+        pending: _Pending | None = None
         try:
             if self.client_index:  # resume: the clients' state goes back to their hosts
                 executor.restore_states(self._saved_states(sorted(self.client_index)))
             loggers = self._loggers(meta)
             meta = {"wandb_id": loggers[0].id} if loggers else {}
+            if backfill is not None:  # killed after the checkpoint, before its evaluation ended
+                job = self._global_eval(state)
+                line = {**backfill, **(job()[0] if job else {})}
+                files.log_round(state.round, _finite(line))
+                for lg in loggers:
+                    lg.log_round(state.round, line)
             start = time.perf_counter()
             self.startup_s = start - self.started_at
+
+            def finish(p: _Pending) -> None:
+                """Round `p.rnd`'s line, then its loggers and progress."""
+                files.log_round(p.rnd, _finite(p.record))
+                for lg in loggers:
+                    lg.log_round(p.rnd, p.record)
+                progress.update(p.rnd, p.record)
+
+            def settle() -> None:
+                """Wait for the previous round's overlapped evaluation and finish that round."""
+                nonlocal pending
+                if pending is None or pending.future is None:
+                    return
+                p, pending = pending, None
+                assert p.future is not None
+                metrics, eval_s, eval_end = p.future.result()
+                p.record.update(metrics)
+                p.record["time_eval_s"] += eval_s
+                p.record["wall_time_s"] = wall_offset + max(p.done, eval_end) - start
+                finish(p)
+
             for rnd in range(state.round + 1, cfg.fl.rounds + 1):
                 try:
-                    state, record = self._round(executor, state, rnd)
+                    state, record, future = self._round(executor, state, rnd, settle)
                 except DivergedError as e:
                     status = "diverged"
                     files.log_round(
                         rnd, _finite({**e.record, "wall_time_s": wall_offset + time.perf_counter() - start})
                     )
                     raise
-                record["wall_time_s"] = wall_offset + time.perf_counter() - start
-                files.log_round(rnd, _finite(record))
+                done = time.perf_counter()
+                record["wall_time_s"] = wall_offset + done - start
                 if rnd % cfg.checkpoint.every == 0 or rnd == cfg.fl.rounds:
-                    self._checkpoint(executor, state, meta)
-                for lg in loggers:
-                    lg.log_round(rnd, record)
-                progress.update(rnd, record)
+                    # before the line when the evaluation is still running: the checkpoint carries
+                    # the line without it, and a resume evaluates the same state again (_backfill)
+                    self._checkpoint(executor, state, {**meta, "pending_line": record} if future else meta)
+                pending = _Pending(rnd, record, future, done)
+                if future is None:
+                    p, pending = pending, None
+                    finish(p)
+            settle()
             status = "completed"
-        except KeyboardInterrupt:
-            status = "interrupted"  # a partial run: `resume` continues it
+        except BaseException as e:
+            if isinstance(e, KeyboardInterrupt):
+                status = "interrupted"  # a partial run: `resume` continues it
+            with contextlib.suppress(Exception):  # the finished round before it gets its line
+                settle()
             raise
         finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
             progress.close()
             executor.close(reuse=status == "completed")
             if started_ray and not ray_kept():
@@ -345,7 +410,11 @@ class Run:
             print_table(files.records(), summary, self.run_dir)
         return summary
 
-    def _round(self, executor: Executor, state: ServerState, rnd: int) -> tuple[ServerState, dict[str, Any]]:
+    def _round(
+        self, executor: Executor, state: ServerState, rnd: int, settle: Callable[[], None] = lambda: None
+    ) -> tuple[ServerState, dict[str, Any], Future[EvalResult] | None]:
+        """One round. `settle` finishes the previous round once this one's clients have
+        trained. Returns the future of this round's overlapped global evaluation, if any."""
         strategy = self.p.strategy
         t0 = time.perf_counter()
         plan = strategy.configure_round(state, rnd, round_rng(self.cfg.seed, rnd))
@@ -356,6 +425,8 @@ class Run:
             )
         failed_before, retried_before = len(executor.failures), len(executor.retries)
         updates = sorted(executor.fit(plan), key=lambda u: u.client_id)
+        tf = time.perf_counter()
+        settle()
         failures = executor.failures[failed_before:]
         retries = executor.retries[retried_before:]
         if not updates:
@@ -393,20 +464,26 @@ class Run:
         if self.cfg.fl.bn_stats == "recompute" and state.global_params is not None:
             state, bn_up, bn_down = self._recompute_bn(executor, state, plan, updates)
         t2 = time.perf_counter()
+        future: Future[EvalResult] | None = None
+        job = self._global_eval(state) if evaluating else None
+        if job is not None and self._pool is not None and rnd < self.cfg.fl.rounds:
+            future = self._pool.submit(job)  # the last round waits for its evaluation
+        elif job is not None:
+            record.update(job()[0])
         if evaluating:
-            record.update(self._global_eval(state))
             record.update(self._client_eval(executor, state, updates))
         t3 = time.perf_counter()
         record.update(
             bytes_down=plan.broadcast.nbytes() * len(plan.payloads) + bn_down,
             bytes_up=sum(u.upload_nbytes() for u in updates) + bn_up,
-            time_fit_s=t1 - t0,
+            time_fit_s=tf - t0,
+            time_eval_wait_s=t1 - tf,  # the previous round's overlapped evaluation, if it was not done
             time_server_s=t2 - t1,
-            time_eval_s=t3 - t2,
+            time_eval_s=t3 - t2,  # + the overlapped global evaluation's own time, when it is in
             round_time_s=t3 - t0,
         )
         record.update(driver_memory_mb())
-        return state, record
+        return state, record, future
 
     def _recompute_bn(
         self, executor: Executor, state: ServerState, plan: RoundPlan, updates: Sequence[ClientUpdate]
@@ -526,6 +603,15 @@ def finished_message(run_dir: Path, rounds_done: int) -> str:
     )
 
 
+def _last_line_round(run_dir: Path) -> int:
+    """The round of metrics.jsonl's last whole line (0 if none)."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        return int(json.loads(lines[-1])["round"]) if lines else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
 def resume_run(run_dir: Path, cfg: DictConfig, console: bool = True) -> dict[str, Any]:
     """Continue a run from its newest intact checkpoint (`checkpoint.recover`), holding the run
     directory's lock from before anything is read or written. A finished run returns at once,
@@ -538,7 +624,7 @@ def resume_run(run_dir: Path, cfg: DictConfig, console: bool = True) -> dict[str
     try:
         with RunLock(run_dir):
             done = checkpoint.recover(run_dir)  # newer broken checkpoints are set aside, with a warning
-            if done >= int(cfg.fl.rounds):
+            if done >= int(cfg.fl.rounds) and _last_line_round(run_dir) >= done:
                 print(finished_message(run_dir, done), file=sys.stderr)
                 try:
                     summary = json.loads((run_dir / "summary.json").read_text())

@@ -345,9 +345,13 @@ class Run:
             start = time.perf_counter()
             self.startup_s = start - self.started_at
 
-            def finish(p: _Pending) -> None:
-                """Round `p.rnd`'s line, then its loggers and progress."""
+            def finish(p: _Pending, checkpoint_first: dict[str, Any] | None = None) -> None:
+                """Round `p.rnd`'s line, its checkpoint if `checkpoint_first` (the meta) is given,
+                then its loggers and progress (a run killed in between repeats the round and
+                logs it to W&B once)."""
                 files.log_round(p.rnd, _finite(p.record))
+                if checkpoint_first is not None:
+                    self._checkpoint(executor, state, checkpoint_first)
                 for lg in loggers:
                     lg.log_round(p.rnd, p.record)
                 progress.update(p.rnd, p.record)
@@ -376,14 +380,14 @@ class Run:
                     raise
                 done = time.perf_counter()
                 record["wall_time_s"] = wall_offset + done - start
-                if rnd % cfg.checkpoint.every == 0 or rnd == cfg.fl.rounds:
-                    # before the line when the evaluation is still running: the checkpoint carries
-                    # the line without it, and a resume evaluates the same state again (_backfill)
-                    self._checkpoint(executor, state, {**meta, "pending_line": record} if future else meta)
-                pending = _Pending(rnd, record, future, done)
+                due = rnd % cfg.checkpoint.every == 0 or rnd == cfg.fl.rounds
                 if future is None:
-                    p, pending = pending, None
-                    finish(p)
+                    finish(_Pending(rnd, record, None, done), meta if due else None)
+                    continue
+                if due:  # before the line, which waits for the evaluation: the checkpoint carries
+                    # the line without it, and a resume evaluates the same state again (backfill above)
+                    self._checkpoint(executor, state, {**meta, "pending_line": record})
+                pending = _Pending(rnd, record, future, done)
             settle()
             status = "completed"
         except BaseException as e:
@@ -479,7 +483,7 @@ class Run:
             time_fit_s=tf - t0,
             time_eval_wait_s=t1 - tf,  # the previous round's overlapped evaluation, if it was not done
             time_server_s=t2 - t1,
-            time_eval_s=t3 - t2,  # + the overlapped global evaluation's own time, when it is in
+            time_eval_s=t3 - t2,  # an overlapped global evaluation adds its own time when it ends
             round_time_s=t3 - t0,
         )
         record.update(driver_memory_mb())

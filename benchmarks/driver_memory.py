@@ -7,7 +7,7 @@ IID with a 25% client test split, `runtime=ray` (local Ray on loopback, as the C
 it). Each client count runs in its own fresh process through the CLI:
 
     fl-lightning run method=<lg_fedavg|ditto> data=fmnist data.partition=iid data.client_test_fraction=0.25
-        model.hidden=64 fl.num_clients=N fl.clients_per_round=max(N//10, 10) fl.rounds=3
+        model.hidden=64 fl.num_clients=N fl.clients_per_round=max(N//10, 10) (or --per-round) fl.rounds=3
         fl.batch_size=8 eval.every=3 logger=none runtime.threads_per_client=1
         data.train_subset=min(N*per_client, 60000) output_dir=<tmp> --quiet
 
@@ -46,11 +46,16 @@ def cli() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "fl_lightning"]
 
 
+def per_round(n: int, args: argparse.Namespace) -> int:
+    """Clients per round: `--per-round` (at most n), else 10% of n and at least 10."""
+    return min(args.per_round, n) if args.per_round else max(n // 10, 10)
+
+
 def overrides(n: int, args: argparse.Namespace, rounds: int, out: str) -> list[str]:
     return [
         f"method={args.method}", "data=fmnist", "data.partition=iid",
         f"data.client_test_fraction={args.test_fraction}", f"model.hidden={args.hidden}",
-        f"fl.num_clients={n}", f"fl.clients_per_round={max(n // 10, 10)}",
+        f"fl.num_clients={n}", f"fl.clients_per_round={per_round(n, args)}",
         f"fl.rounds={rounds}", f"fl.batch_size={args.batch_size}", f"eval.every={rounds}", "logger=none",
         f"runtime.threads_per_client={args.threads}", f"data.train_subset={min(n * args.per_client, 60000)}",
         f"seed={args.seed}", f"output_dir={out}", "experiment=driver_memory", f"run_id=n{n}",
@@ -107,7 +112,7 @@ def run_one(n: int, rounds: int, args: argparse.Namespace, per_client_bytes: int
         run_dir = Path(out) / "driver_memory" / f"n{n}"
         result: dict[str, Any] = {
             "clients": n,
-            "clients_per_round": max(n // 10, 10),
+            "clients_per_round": per_round(n, args),
             "rounds": rounds,
             "train_subset": min(n * args.per_client, 60000),
             "command": "fl-lightning run " + " ".join(overrides(n, args, rounds, "<tmp>")) + " --quiet",
@@ -195,6 +200,9 @@ def main() -> None:
     ap.add_argument(
         "--per-client", type=int, default=16, help="training images per client before the client test split"
     )
+    ap.add_argument("--per-round", type=int, default=None,
+                    help="clients per round for every N (default: max(N // 10, 10)); a scaling table "
+                         "at fixed participation: --clients 10,100,1000,10000 --per-round 100")  # fmt: skip
     ap.add_argument("--test-fraction", type=float, default=0.25)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=8)

@@ -136,7 +136,8 @@ class RuntimeConfig:
     #: clients' batches drawn by index from their shard on the fit's device (the shard is copied
     #: there once per fit); false: a torch DataLoader. Same batches, same numbers either way.
     resident_shards: bool = True
-    precision: str = "32"  # Lightning's: 32 | bf16-mixed | 16-mixed (local training only)
+    #: local training, Lightning's: 32 | bf16-mixed | 16-mixed (on a CPU Lightning makes 16-mixed bf16)
+    precision: str = "32"
 
 
 @dataclass

@@ -174,3 +174,18 @@ def test_sequential_ray_sweep_sets_up_the_same_workers_again(tmp_path, capsys, r
     assert [{k: json.loads(r).get(k) for k in keys} for r in swept] == [
         {k: json.loads(r).get(k) for k in keys} for r in again]  # fmt: skip
     assert json.loads(swept[-1])["accuracy"] is not None
+
+
+def test_compare_of_different_primary_metrics_uses_one_every_run_reports(tmp_path):
+    """FedAvg's primary metric is the global `accuracy`, FedPer's `client_accuracy`: one table
+    must not show FedAvg's global accuracy under FedPer's header."""
+    from fl_lightning.tracking.compare import compare
+
+    for method in ("fedavg", "fedper"):
+        assert main(["run", f"method={method}", *TINY, "data.client_test_fraction=0.25",
+                     f"output_dir={tmp_path}", "experiment=mixed", "--quiet"]) == 0  # fmt: skip
+    _, written = compare([tmp_path / "mixed"], plots=False)
+    rows = {g["group"]: g for g in json.loads(written[-1].read_text())["groups"]}
+    (metric,) = {r["metric"] for r in rows.values()}  # one metric for the whole table
+    for s in _summaries(tmp_path / "mixed"):
+        assert rows[s["method"]]["final"]["mean"] == s[f"final_{metric}"]

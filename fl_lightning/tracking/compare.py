@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,6 +186,17 @@ def group_runs(runs: Sequence[RunResult], by: Sequence[str], metric: str | None 
     ]
 
 
+def common_metric(runs: Sequence[RunResult]) -> str | None:
+    """None when every run has the same primary metric; otherwise the most common primary
+    metric that every run logged, so that no row of one table shows another metric under its
+    header; None if there is none."""
+    primary = Counter(r.metric_key(None) for r in runs)
+    if len(primary) < 2:
+        return None
+    reported = [m for m, _ in primary.most_common() if all(r.curve(m) for r in runs)]
+    return reported[0] if reported else None
+
+
 def default_by(runs: Sequence[RunResult]) -> list[str]:
     """`method`, or `dataset method` when the runs span several datasets."""
     datasets = {r.summary.get("dataset") for r in runs}
@@ -309,6 +321,8 @@ def compare(
     if not runs:
         raise ConfigError(f"no runs (no summary.json) under {', '.join(str(p) for p in paths or [])}")
     by = list(by) if by else default_by(runs)
+    if metric is None:  # runs of different primary metrics (FedAvg beside personalised methods)
+        metric = common_metric(runs)
     groups = group_runs(runs, by, metric)
     table = format_compare(groups, by)
     written: list[Path] = []

@@ -7,6 +7,7 @@
 # Runs with a summary.json are skipped; seeds go outermost so a cut-short sweep stays balanced.
 #   SEEDS="0 1 2"  OUT=runs  RUNS="fedavg creff clip2fl"
 set -euo pipefail
+source "$(dirname "$0")/evidence_lib.sh"
 OUT=${OUT:-runs}
 SEEDS=${SEEDS:-0 1 2}
 RUNS=${RUNS:-fedavg creff clip2fl}
@@ -22,11 +23,7 @@ for seed in $SEEDS; do
       *) echo "unknown run $run" >&2; exit 2 ;;
     esac
     dir="$OUT/clip2fl_fmnist_lt/${run}_s${seed}"
-    [ -f "$dir/summary.json" ] && continue
-    if [ -e "$dir/.lock" ] && ! flock -n "$dir/.lock" true; then
-      echo "skipping $dir: a run holds it" >&2; continue  # never wipe a run in progress
-    fi
-    rm -rf "$dir"
+    claim "$dir" || continue  # done, or held by a live run
     $FLL run +experiment=clip2fl_fmnist_lt method=$run seed=$seed run_id=${run}_s${seed} \
       fl.rounds=$ROUNDS fl.local_epochs=$EPOCHS eval.every=2 optim.lr=$LR \
       runtime=serial logger=none output_dir=$OUT --quiet

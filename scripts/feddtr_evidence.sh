@@ -6,6 +6,7 @@
 # Runs with a summary.json are skipped; seeds go outermost so a cut-short sweep stays balanced.
 #   SEEDS="0 1 2"  OUT=runs  RUNS="fedavg fedper fedrep ditto fedrod feddtr feddtr_noprior"
 set -euo pipefail
+source "$(dirname "$0")/evidence_lib.sh"
 OUT=${OUT:-runs}
 SEEDS=${SEEDS:-0 1 2}
 RUNS=${RUNS:-fedavg fedper fedrep ditto fedrod feddtr feddtr_noprior}
@@ -20,11 +21,7 @@ for seed in $SEEDS; do
       *) echo "unknown run $run" >&2; exit 2 ;;
     esac
     dir="$OUT/feddtr_fmnist/${run}_s${seed}"
-    [ -f "$dir/summary.json" ] && continue
-    if [ -e "$dir/.lock" ] && ! flock -n "$dir/.lock" true; then
-      echo "skipping $dir: a run holds it" >&2; continue  # never wipe a run in progress
-    fi
-    rm -rf "$dir"
+    claim "$dir" || continue  # done, or held by a live run
     $FLL run +experiment=feddtr_fmnist $args seed=$seed run_id=${run}_s${seed} \
       data.train_subset=$TRAIN fl.rounds=$ROUNDS runtime=serial logger=none output_dir=$OUT --quiet
   done

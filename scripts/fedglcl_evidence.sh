@@ -6,6 +6,7 @@
 # Runs that already have a summary.json are skipped; an interrupted one starts over.
 # About 4-6 minutes per run on 2 CPU cores.
 set -euo pipefail
+source "$(dirname "$0")/evidence_lib.sh"
 OUT=${OUT:-runs}
 PARTS=${PARTS:-shards dirichlet}
 METHODS=${METHODS:-fedavg fedglcl fedprox moon}
@@ -25,11 +26,7 @@ for p in $PARTS; do
   for method in $METHODS; do
     for seed in $SEEDS; do
       dir="$OUT/$exp/${method}_s${seed}"
-      [ -f "$dir/summary.json" ] && continue
-      if [ -e "$dir/.lock" ] && ! flock -n "$dir/.lock" true; then
-        echo "skipping $dir: a run holds it" >&2; continue  # never wipe a run in progress
-      fi
-      rm -rf "$dir"
+      claim "$dir" || continue  # done, or held by a live run
       $FLL run method=$method $part seed=$seed experiment=$exp run_id=${method}_s${seed} \
         $COMMON --quiet
     done

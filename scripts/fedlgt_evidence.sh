@@ -4,6 +4,7 @@
 # conf/experiment/fedlgt_fmnist_multilabel.yaml. Runs with a summary.json are skipped.
 #   SEEDS="0 1 2"  OUT=runs  RUNS="fedavg fedctran fedlgt frozen"
 set -euo pipefail
+source "$(dirname "$0")/evidence_lib.sh"
 OUT=${OUT:-runs}
 SEEDS=${SEEDS:-0 1 2}
 RUNS=${RUNS:-fedavg fedctran fedlgt frozen}
@@ -18,11 +19,7 @@ for run in $RUNS; do
   esac
   for seed in $SEEDS; do
     dir="$OUT/fedlgt_fmnist_multilabel/${run}_s${seed}"
-    [ -f "$dir/summary.json" ] && continue
-    if [ -e "$dir/.lock" ] && ! flock -n "$dir/.lock" true; then
-      echo "skipping $dir: a run holds it" >&2; continue  # never wipe a run in progress
-    fi
-    rm -rf "$dir"
+    claim "$dir" || continue  # done, or held by a live run
     $FLL run +experiment=fedlgt_fmnist_multilabel $args seed=$seed run_id=${run}_s${seed} \
       runtime=serial logger=none output_dir=$OUT --quiet
   done

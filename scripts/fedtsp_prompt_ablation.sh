@@ -5,6 +5,7 @@
 # momentum, as the authors' code) against the same with frozen prompts, 3 seeds.
 # server/prototype_shift_mean|max and server/prompt_loss_before|after are in metrics.jsonl.
 set -euo pipefail
+source "$(dirname "$0")/evidence_lib.sh"
 OUT=${OUT:-runs}
 SEEDS=${SEEDS:-0 1 2}
 FLL=${FLL:-fl-lightning}
@@ -17,11 +18,7 @@ for seed in $SEEDS; do
     set -- $spec
     id=$1; shift
     dir="$OUT/fedtsp_prompts/${id}_s${seed}"
-    [ -f "$dir/summary.json" ] && continue
-    if [ -e "$dir/.lock" ] && ! flock -n "$dir/.lock" true; then
-      echo "skipping $dir: a run holds it" >&2; continue  # never wipe a run in progress
-    fi
-    rm -rf "$dir"
+    claim "$dir" || continue  # done, or held by a live run
     $FLL run method=fedtsp "$@" $COMMON seed=$seed run_id=${id}_s${seed} --quiet
   done
 done

@@ -40,6 +40,8 @@ bench: data bench-deps
 	$(PY) benchmarks/vs_flower.py --out benchmarks/results/vs_flower.json
 	$(PY) benchmarks/sweep_startup.py --out benchmarks/results/sweep_startup.json
 	$(PY) benchmarks/round_path.py --out benchmarks/results/round_path.json
+	$(PY) benchmarks/driver_memory.py --clients 10,100,1000,10000 --per-round 100 --train-images 60000 \
+	    --batch-size 32 --out benchmarks/results/driver_scaling.json
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

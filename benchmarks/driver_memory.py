@@ -22,7 +22,10 @@ private (RssAnon) and file-backed/shared pages (RssFile, RssShmem: Ray's object 
 shared memory mapped into the driver).
 
 Run: `python benchmarks/driver_memory.py --clients 20,200,1000`
-(writes `benchmarks/results/driver_memory.json`).
+(writes `benchmarks/results/driver_memory.json`). The scaling table of issue 18 (fixed data
+and participation, only the number of clients grows):
+`python benchmarks/driver_memory.py --clients 10,100,1000,10000 --per-round 100
+--train-images 60000 --out benchmarks/results/driver_scaling.json`.
 """
 
 from __future__ import annotations
@@ -51,13 +54,18 @@ def per_round(n: int, args: argparse.Namespace) -> int:
     return min(args.per_round, n) if args.per_round else max(n // 10, 10)
 
 
+def train_subset(n: int, args: argparse.Namespace) -> int:
+    """Training images: `--train-images` for every N (a fixed dataset), else N × `--per-client`."""
+    return args.train_images if args.train_images else min(n * args.per_client, 60000)
+
+
 def overrides(n: int, args: argparse.Namespace, rounds: int, out: str) -> list[str]:
     return [
         f"method={args.method}", "data=fmnist", "data.partition=iid",
         f"data.client_test_fraction={args.test_fraction}", f"model.hidden={args.hidden}",
         f"fl.num_clients={n}", f"fl.clients_per_round={per_round(n, args)}",
         f"fl.rounds={rounds}", f"fl.batch_size={args.batch_size}", f"eval.every={rounds}", "logger=none",
-        f"runtime.threads_per_client={args.threads}", f"data.train_subset={min(n * args.per_client, 60000)}",
+        f"runtime.threads_per_client={args.threads}", f"data.train_subset={train_subset(n, args)}",
         f"seed={args.seed}", f"output_dir={out}", "experiment=driver_memory", f"run_id=n{n}",
     ]  # fmt: skip
 
@@ -114,7 +122,7 @@ def run_one(n: int, rounds: int, args: argparse.Namespace, per_client_bytes: int
             "clients": n,
             "clients_per_round": per_round(n, args),
             "rounds": rounds,
-            "train_subset": min(n * args.per_client, 60000),
+            "train_subset": train_subset(n, args),
             "command": "fl-lightning run " + " ".join(overrides(n, args, rounds, "<tmp>")) + " --quiet",
             "exit_code": proc.returncode,
             "process_wall_s": wall,
@@ -200,6 +208,9 @@ def main() -> None:
     ap.add_argument(
         "--per-client", type=int, default=16, help="training images per client before the client test split"
     )
+    ap.add_argument("--train-images", type=int, default=None,
+                    help="the same training set at every N (overrides --per-client), so the table "
+                         "varies only the number of clients: --train-images 60000")  # fmt: skip
     ap.add_argument("--per-round", type=int, default=None,
                     help="clients per round for every N (default: max(N // 10, 10)); a scaling table "
                          "at fixed participation: --clients 10,100,1000,10000 --per-round 100")  # fmt: skip

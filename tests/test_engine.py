@@ -49,14 +49,18 @@ def test_issue_example_learns_well_above_chance(tmp_path, data_root):
     assert sum(stats["train_sizes"]) == 6000 and len(stats["train_class_histogram"]) == 10
 
 
-def test_serial_and_ray_give_identical_metrics(tmp_path, data_root, ray_session):
-    """Same config and seed, both executors (Ray with per-client actors and with a pool)."""
+def test_serial_and_ray_give_identical_metrics(tmp_path, data_root, ray_session, monkeypatch):
+    """Same config and seed, both executors (Ray with per-client actors and with a pool; the
+    pool's actor gets one client at a time, so its next ones are submitted as each returns)."""
+    from fl_lightning.runtime import ray_executor
+
     # 3 clients: one actor each, then all three in one pooled actor (actors are the cost here)
     args = small(tmp_path, "fl.rounds=2", "fl.num_clients=3", "runtime.threads_per_client=1")
     serial, sdir = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False)
     ray_pc, pdir = start_run(
         compose([*args, "runtime=ray", "runtime.placement=per_client", "run_id=per_client"]), console=False
     )
+    monkeypatch.setattr(ray_executor, "_WINDOW", 1)
     ray_pool, odir = start_run(
         compose([*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=1", "run_id=pool"]),
         console=False,

@@ -65,7 +65,10 @@ def save_partition_plot(stats: dict[str, Any], path: str | Path) -> Path:
         title += "\n(offline stand-in, not the real dataset)"
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, cax=cax, label="samples" + (" per label" if stats.get("multilabel") else ""))
-    bar.barh(range(n_clients), sizes, color="#4c72b0")
+    if n_clients <= 200:
+        bar.barh(range(n_clients), sizes, color="#4c72b0")
+    else:  # one artist, not one bar per client: 10,000 bars cost ~5 s and ~100 MB
+        bar.fill_betweenx(np.arange(n_clients), 0, sizes, step="mid", color="#4c72b0", linewidth=0)
     bar.set_xlabel("client size")
     bar.tick_params(axis="y", labelleft=False)
     bottom = (1.4 if n_classes <= 40 else 0.6) / height  # inches for rotated class names

@@ -100,6 +100,10 @@ class EvalConfig:
     #: point, all clients) or `trained` (the model right after its local training, before it
     #: uploads; FedDTR's code; the round's participants only)
     timing: str = "received"
+    #: with timing=received: evaluate this many clients, one seeded sample fixed for the run
+    #: (the same clients every round, and for every method with the same seed), so an
+    #: evaluation round's cost does not grow with fl.num_clients; null: every client
+    clients_sample: int | None = None
     device: str = "auto"  # where the driver evaluates the global model: auto (cuda if any) | cpu | cuda
     per_class: bool = False  # single-label: also class_accuracy/<c> for every class
     #: long-tail groups by training-set class counts: [many_above, few_below] gives
@@ -422,6 +426,15 @@ def validate(cfg: DictConfig) -> None:
     for key, (value, valid) in enums.items():
         if value not in valid:
             raise ConfigError(f"{key}={value!r} is not one of: {', '.join(valid)}")
+    sample = cfg.eval.clients_sample
+    if sample is not None and not 1 <= sample <= cfg.fl.num_clients:
+        raise ConfigError(
+            f"eval.clients_sample must be in [1, fl.num_clients={cfg.fl.num_clients}] (got {sample})"
+        )
+    if sample is not None and cfg.eval.timing != "received":
+        raise ConfigError(
+            "eval.clients_sample applies to eval.timing=received (trained evaluates the participants)"
+        )
     per_client = ("cpus_per_client", "gpus_per_client", "threads_per_client")
     for key in ("num_actors", "num_cpus", *per_client, "schedule_timeout_s"):
         positive(f"runtime.{key}", rt[key])

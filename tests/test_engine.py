@@ -164,3 +164,54 @@ def test_resident_shards_give_the_dataloaders_numbers_and_bf16_runs(tmp_path, da
                  "runtime.precision=bf16-mixed", "run_id=bf16"]), console=False,
     )  # fmt: skip
     assert summary["status"] == "completed" and 0.0 < _records(bf16)[0]["train_loss"] < 10.0
+
+
+def test_client_evaluation_on_a_fixed_sample_of_clients(tmp_path, data_root, capsys):
+    """`eval.clients_sample=K`: client_* metrics over K clients drawn once from the seed; the
+    training is untouched. The expected values are recomputed here from the checkpoint's
+    global weights with a plain forward pass over each client's own test split."""
+    from fl_lightning.cli.main import main
+    from fl_lightning.models import build_client_model
+    from fl_lightning.runtime import checkpoint
+    from fl_lightning.runtime.runner import prepare
+
+    args = small(tmp_path, "runtime=serial", "fl.num_clients=6", "fl.rounds=2",
+                 "data.client_test_fraction=0.25")  # fmt: skip
+    _, all_dir = start_run(compose([*args, "run_id=all"]), console=False)
+    _, six_dir = start_run(compose([*args, "eval.clients_sample=6", "run_id=six"]), console=False)
+    part, part_dir = start_run(compose([*args, "eval.clients_sample=3", "run_id=three"]), console=False)
+    timing = {"wall_time_s", "round_time_s", "driver_rss_mb", "driver_peak_rss_mb", "driver_anon_mb"}
+
+    def lines(d, drop=()):
+        return [{k: v for k, v in r.items() if k not in timing and "time_" not in k
+                 and not k.startswith(drop or "\0")} for r in _records(d)]  # fmt: skip
+
+    assert lines(six_dir) == lines(all_dir)  # a sample of all is all
+    assert lines(part_dir, "client") == lines(all_dir, "client")  # same training and global metrics
+    assert [r["clients_evaluated"] for r in _records(part_dir)] == [3, 3]
+    ids = part["clients_evaluated_ids"]
+    assert len(set(ids)) == 3 and all(0 <= c < 6 for c in ids)
+
+    p = prepare(compose([*args, "run_id=x"]))
+    state, _, _ = checkpoint.load(checkpoint.latest(part_dir))
+    model = build_client_model(p.spec.model, 0, p.spec.num_classes, p.spec.in_channels,
+                               p.spec.image_size, **p.spec.model_kwargs)  # fmt: skip
+    model.load_state_dict(state.global_params)
+    model.eval()
+    right, count = {}, {}
+    for c in range(6):
+        idx = p.split.test[c]
+        x, y = p.dataset.tensors(p.dataset.train_x[idx], p.dataset.train_y[idx])
+        with torch.no_grad():
+            right[c] = int((model(x).argmax(1) == y).sum())
+        count[c] = len(idx)
+
+    def weighted(cs):
+        return sum(right[c] for c in cs) / sum(count[c] for c in cs)
+
+    assert abs(_records(part_dir)[-1]["client_accuracy"] - weighted(ids)) < 1e-9
+    assert abs(_records(all_dir)[-1]["client_accuracy"] - weighted(range(6))) < 1e-9
+
+    assert main(["run", *args, "eval.clients_sample=7"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "eval.clients_sample must be in [1, fl.num_clients=6]" in err

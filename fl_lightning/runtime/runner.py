@@ -272,13 +272,22 @@ class Run:
         if self.cfg.eval.timing == "trained":  # measured by the clients before they uploaded
             evals = [u.evaluation for u in updates if u.evaluation is not None]
         else:
-            plan = self.p.strategy.configure_evaluate(state, range(self.p.split.num_clients))
+            plan = self.p.strategy.configure_evaluate(state, self._eval_clients())
             evals = sorted(executor.evaluate(plan), key=lambda e: e.client_id)
         if not evals:
             return {}
         primary = self.p.strategy.primary_metric().removeprefix("client_")
         out = client_metrics(evals, primary if primary in evals[0].metrics else next(iter(evals[0].metrics)))
         return {**out, "clients_evaluated": len(evals)}
+
+    def _eval_clients(self) -> Sequence[ClientId]:
+        """Whose own test splits an evaluation round uses: all clients, or `eval.clients_sample`
+        of them drawn once from the seed (its own stream: the training draws are untouched)."""
+        n, k = self.p.split.num_clients, self.cfg.eval.clients_sample
+        if k is None or k >= n:
+            return range(n)
+        rng = np.random.default_rng([int(self.cfg.seed), 0xE7A1])
+        return [int(c) for c in np.sort(rng.choice(n, size=int(k), replace=False))]
 
     def _context(self, rnd: int) -> ServerContext:
         spec = self.p.spec
@@ -540,6 +549,8 @@ class Run:
             "startup_s": None if self.startup_s is None else round(self.startup_s, 3),
             "threads_per_client": placement.threads,
         }
+        if self.cfg.eval.clients_sample is not None and self.cfg.eval.timing == "received":
+            out["clients_evaluated_ids"] = list(self._eval_clients())  # whose splits client_* averages
         single_label = primary in ("accuracy", "client_accuracy")
         if single_label:  # the keys every earlier result and tool reads
             out.update(accuracy_metric=primary, final_accuracy=None, best_accuracy=None)

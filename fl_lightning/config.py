@@ -142,6 +142,9 @@ class RuntimeConfig:
     resident_shards: bool = True
     #: local training, Lightning's: 32 | bf16-mixed | 16-mixed (on a CPU Lightning makes 16-mixed bf16)
     precision: str = "32"
+    #: a cold CLI run on a private local Ray starts Ray and its client workers while the driver
+    #: imports torch and Lightning (`runtime/early.py`); false: one after the other. Same numbers.
+    early_start: bool = True
 
 
 @dataclass

@@ -27,7 +27,8 @@ def main() -> None:
 
     from fl_lightning.config import compose
     from fl_lightning.core.errors import ConfigError
-    from fl_lightning.runtime.build import placement_for, prepare
+    from fl_lightning.runtime.build import prepare
+    from fl_lightning.runtime.placement import placement_for
     from fl_lightning.runtime.ray_executor import RayExecutor
 
     def executor(n, gpus, where="auto", timeout=60):

@@ -215,3 +215,25 @@ def test_client_evaluation_on_a_fixed_sample_of_clients(tmp_path, data_root, cap
     assert main(["run", *args, "eval.clients_sample=7"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "eval.clients_sample must be in [1, fl.num_clients=6]" in err
+
+
+def test_cli_ray_run_starts_its_workers_while_the_driver_imports(tmp_path, data_root, ray_session):
+    """`runtime.early_start` (default): the CLI creates the run's workers before the driver
+    has prepared anything and the run takes them; the same numbers as without it."""
+    from fl_lightning.cli.main import main
+    from fl_lightning.runtime import early
+
+    args = small(tmp_path, "runtime=ray", "fl.num_clients=3", "runtime.threads_per_client=1")
+    assert main(["run", *args, "run_id=early", "--quiet"]) == 0
+    assert main(["run", *args, "runtime.early_start=false", "run_id=late", "--quiet"]) == 0
+    sums = {r: json.loads((tmp_path / "default" / r / "summary.json").read_text()) for r in ("early", "late")}
+    assert sums["early"]["actors_prestarted"] == sums["early"]["num_actors"] >= 1
+    assert sums["late"]["actors_prestarted"] == 0 and sums["early"]["actors_reused"] == 0
+    keys = ("accuracy", "loss", "train_loss", "bytes_up")
+    assert [[r[k] for k in keys] for r in _records(tmp_path / "default" / "early")] == [
+        [r[k] for k in keys] for r in _records(tmp_path / "default" / "late")
+    ]
+    assert early._early is None  # every early worker was taken or ended
+    alive = [a for a in ray_session._private.state.actors().values()  # GCS's table: no dashboard
+             if a["State"] == "ALIVE" and "ClientActor" in a["ActorClassName"]]  # fmt: skip
+    assert alive == []

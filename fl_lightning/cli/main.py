@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from pathlib import Path
 
 from ..core.errors import CheckpointError, ClientFailure, ConfigError, DivergedError, Terminated
@@ -127,14 +128,18 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "run":
             from ..config import compose
 
+            t0 = time.perf_counter()  # the run's start-up is measured from here
             cfg = compose(args.overrides)  # fast: before torch, Ray or data are touched
-            from ..runtime.lock import check_output_dir
-            from ..runtime.paths import resolve_output_dir
+            from ..data.registry import check_dataset
+            from ..runtime.early import early_start
+            from ..runtime.lock import new_run_path
 
-            check_output_dir(resolve_output_dir(cfg.output_dir) / cfg.experiment, str(cfg.output_dir))
-            from ..runtime.runner import start_run
+            run_dir = new_run_path(cfg)  # bad paths and missing data: one line before any work
+            check_dataset(cfg.data.name, cfg.data.root, cfg.data.download)
+            with early_start(cfg):  # a local Ray and its workers start while the driver imports
+                from ..runtime.runner import start_run
 
-            summary, _ = start_run(cfg, console=not args.quiet)
+                summary, _ = start_run(cfg, console=not args.quiet, run_dir=run_dir, started_at=t0)
             if args.quiet:
                 metric = summary.get("primary_metric", "accuracy")  # c_ap for multi-label data
                 print(f"final_{metric}={summary.get(f'final_{metric}')}")

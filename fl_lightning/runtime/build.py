@@ -6,10 +6,7 @@ placement. Nothing here starts Ray or writes a file (`runner.py` runs what this 
 from __future__ import annotations
 
 import os
-import secrets
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,8 +25,6 @@ from ..data.registry import ArrayDataset, check_dataset, load_from_config
 from ..methods import METHODS
 from ..models import family
 from .host import ClientSpec, build_objective
-from .paths import resolve_output_dir
-from .placement import Placement, plan_placement
 
 
 @dataclass
@@ -45,13 +40,6 @@ class Prepared:
     objective: ClientObjective[Any]  # the driver's copy: initial weights, global evaluation
     eval_spec: EvalSpec
     server_x: np.ndarray | None = None  # `data.server_subset`: unlabeled images for the server
-
-
-def new_run_dir(cfg: DictConfig) -> Path:
-    run_id = cfg.run_id or (
-        f"{cfg.method.name}_{cfg.data.name}_s{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}_{secrets.token_hex(2)}"
-    )
-    return resolve_output_dir(cfg.output_dir) / cfg.experiment / run_id
 
 
 def _mapping(node: Any) -> dict[str, Any]:
@@ -158,14 +146,6 @@ def _family_shared_params(spec: ClientSpec, objective: ClientObjective[Any]) -> 
                 "feddistill, fedtsp) or only the head (lg_fedavg)"
             )
     return shared
-
-
-def placement_for(cfg: DictConfig, cpus: float, gpus: float) -> Placement:
-    rt = cfg.runtime
-    return plan_placement(
-        cfg.fl.num_clients, cpus, gpus, rt.placement, rt.accelerator, rt.num_actors,
-        rt.cpus_per_client, rt.gpus_per_client, rt.threads_per_client,
-    )  # fmt: skip
 
 
 def local_resources(cfg: DictConfig) -> tuple[float, float]:

@@ -24,8 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from ..core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 LOCK_NAME = ".lock"
 
@@ -148,3 +152,15 @@ def create_run_dir(run_dir: Path) -> None:
         ) from None
     except OSError as e:
         raise ConfigError(f"cannot create run directory {run_dir}: {e.strerror or e}") from None
+
+
+def new_run_path(cfg: DictConfig) -> Path:
+    """Where a new run goes (`paths.new_run_dir`), checked before any work: a writable
+    folder, and no run there already (ConfigError, one line)."""
+    from .paths import new_run_dir
+
+    run_dir = new_run_dir(cfg)
+    check_output_dir(run_dir.parent, str(cfg.output_dir))  # a file in the way, not writable: no data yet
+    if run_dir.exists():
+        raise ConfigError(f"run directory {run_dir} exists; continue it with `fl-lightning resume {run_dir}`")
+    return run_dir

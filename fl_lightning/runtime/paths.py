@@ -34,10 +34,15 @@ no Ray import, nothing touched on disk.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
+import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Union
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -126,3 +131,11 @@ def run_dir_message(run_dir: PathLike) -> str:
     """The line a run prints when it creates its directory: the absolute path and the node,
     e.g. `run dir: /home/me/fl_lightning_runs/runs/cmp/fedavg_fmnist_s0_... (node head-1)`."""
     return f"run dir: {os.path.abspath(os.path.expanduser(os.fspath(run_dir)))} (node {node_name()})"
+
+
+def new_run_dir(cfg: DictConfig) -> Path:
+    """Where a new run goes: <output_dir>/<experiment>/<run_id, or method_data_seed_time_hex>."""
+    run_id = cfg.run_id or (
+        f"{cfg.method.name}_{cfg.data.name}_s{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}_{secrets.token_hex(2)}"
+    )
+    return resolve_output_dir(cfg.output_dir) / cfg.experiment / run_id

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 @dataclass(frozen=True)
@@ -129,3 +133,12 @@ def plan_placement(
         assignment=tuple(c % n for c in range(num_clients)),
         gpu_bundles=min(whole_gpus, n) if gpu else 0,
     )
+
+
+def placement_for(cfg: DictConfig, cpus: float, gpus: float) -> Placement:
+    """The run's placement on `cpus` and `gpus` (its `runtime` settings)."""
+    rt = cfg.runtime
+    return plan_placement(
+        cfg.fl.num_clients, cpus, gpus, rt.placement, rt.accelerator, rt.num_actors,
+        rt.cpus_per_client, rt.gpus_per_client, rt.threads_per_client,
+    )  # fmt: skip

@@ -27,89 +27,16 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from ..core.bn_stats import BNStats
 from ..core.errors import ClientFailure, ConfigError
-from ..core.messages import Broadcast, ClientEval, ClientPayload, ClientUpdate, RoundPlan
+from ..core.messages import ClientPayload, RoundPlan
 from ..core.types import ClientId, ClientState
 from ..data.registry import ArrayDataset
-from .host import ClientHost, ClientSpec
+from .actor import remote_actor
+from .host import ClientSpec
 from .placement import Placement, bundles_fit
 
 log = logging.getLogger(__name__)
 _WINDOW = 4  # tasks in flight per actor (see `RayExecutor._run`)
-
-
-class ClientActor:
-    """A stateful worker hosting one or more clients (a worker is not a client: the
-    client's identity arrives as data in each payload). Built bare, then `setup` gives it
-    a run's clients; between the runs of a sequential sweep a worker is kept warm
-    (`reuse_actors`) and set up again instead of paying a new process and its imports."""
-
-    def __init__(self, accelerator: str, check_cuda: bool = True) -> None:
-        import os
-
-        import torch
-
-        if accelerator == "gpu" and check_cuda and not torch.cuda.is_available():
-            raise RuntimeError(
-                f"Ray gave this actor GPU {[str(g) for g in ray.get_gpu_ids()]} but CUDA is not usable in it "
-                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
-                "a GPU declared with num_gpus needs a real device, or use runtime.accelerator=cpu"
-            )
-        self._host: ClientHost | None = None
-
-    def setup(
-        self,
-        spec: ClientSpec,
-        dataset: ArrayDataset,
-        train: dict[ClientId, np.ndarray],
-        test: dict[ClientId, np.ndarray],
-    ) -> None:
-        import torch
-
-        if spec.threads:
-            torch.set_num_threads(spec.threads)
-        self._host = None  # the previous run's clients go before the next run's arrive
-        self._host = ClientHost(spec, dataset, train, test)
-
-    def release(self) -> None:
-        """Drop the run's clients (state, shards, objective); the worker stays warm."""
-        import gc
-
-        self._host = None
-        gc.collect()
-
-    @property
-    def host(self) -> ClientHost:
-        assert self._host is not None, "setup() first"
-        return self._host
-
-    def fit(self, broadcast: Broadcast, payload: ClientPayload) -> ClientUpdate:
-        return self.host.fit(broadcast, payload)
-
-    def evaluate(self, broadcast: Broadcast, payload: ClientPayload) -> ClientEval:
-        return self.host.evaluate(broadcast, payload)
-
-    def bn_stats(self, broadcast: Broadcast, payload: ClientPayload) -> BNStats:
-        return self.host.bn_stats(broadcast, payload)
-
-    def get_states(self, client_ids: list[ClientId]) -> dict[ClientId, ClientState]:
-        return self.host.get_states(client_ids)
-
-    def set_states(self, states: dict[ClientId, ClientState]) -> None:
-        self.host.set_states(states)
-
-    def info(self) -> dict[str, Any]:
-        import os
-
-        ctx = ray.get_runtime_context()
-        return {
-            "node_ip": ray.util.get_node_ip_address(),
-            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "clients": self.host.client_ids,
-            "pid": os.getpid(),
-            "actor_id": ctx.get_actor_id(),
-        }
 
 
 class RayExecutor:
@@ -144,9 +71,15 @@ class RayExecutor:
             self.pg = reserve_gpu_bundles(placement, placement_strategy, schedule_timeout_s)
         self._dataset_ref = ray.put(dataset)  # once; actors read it zero-copy
         self._train, self._test = train, test
-        handles = warm.actors if warm is not None else []
+        if warm is not None:
+            handles = warm.actors
+        else:  # workers `early.early_start` created while the driver imported, if any
+            from . import early
+
+            handles = early.take(self._options, (spec.accelerator, check_cuda), n)
         self._setup: dict[int, Any] = {}
-        self.reused = len(handles)
+        self.reused = len(handles) if warm is not None else 0
+        self.prestarted = len(handles) if warm is None else 0
         self.actors = [self._start(a, handles[a] if a < len(handles) else None) for a in range(n)]
 
     def _pool_key(self) -> tuple[Any, ...]:
@@ -170,7 +103,7 @@ class RayExecutor:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=self.placement.bundle_of(actor)
                 )
-            handle = _ACTOR.options(**options).remote(self._spec.accelerator, self._check_cuda)
+            handle = remote_actor().options(**options).remote(self._spec.accelerator, self._check_cuda)
         self._setup[actor] = handle.setup.remote(  # actor tasks run in order: later calls see it
             self._spec,
             self._dataset_ref,
@@ -282,7 +215,6 @@ class RayExecutor:
         self.actors, self.pg = [], None
 
 
-_ACTOR = ray.remote(ClientActor)
 
 
 @dataclass

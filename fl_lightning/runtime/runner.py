@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_yaml
 from ..core.bn_stats import bn_stats_nbytes, pooled_bn_params
-from ..core.errors import ClientFailure, ConfigError, DivergedError
+from ..core.errors import ClientFailure, DivergedError
 from ..core.messages import ClientEval, ClientUpdate, RoundPlan, ServerState
 from ..core.objective import evaluate
 from ..core.strategy import ServerContext, round_rng, server_rng
@@ -40,12 +40,12 @@ from ..core.types import ClientId, ClientState
 from ..data.stats import save_partition_plot
 from ..models import build_client_model
 from . import checkpoint, signals
-from .build import Prepared, local_resources, new_run_dir, placement_for, prepare
+from .build import Prepared, local_resources, prepare
 from .executor import Executor, SerialExecutor
 from .host import ClientHost
 from .local_ray import ray_kept
 from .paths import run_dir_message
-from .placement import Placement
+from .placement import Placement, placement_for
 
 log = logging.getLogger("fl_lightning")
 
@@ -137,6 +137,7 @@ class Run:
         self.started_at = time.perf_counter() if started_at is None else started_at
         self.startup_s: float | None = None
         self.actors_reused = 0
+        self.actors_prestarted = 0  # created by `early.early_start` while the driver imported
         self.cfg = prepared.cfg
         self.run_dir = Path(run_dir)
         self.resume = resume
@@ -197,6 +198,7 @@ class Run:
             )  # fmt: skip
             ex.ready()
             self.actors_reused = ex.reused
+            self.actors_prestarted = ex.prestarted
         except BaseException:
             if started:
                 ray.shutdown()
@@ -546,6 +548,7 @@ class Run:
             "driver_anon_max_mb": max((r.get("driver_anon_mb", 0.0) for r in records), default=None),
             "num_actors": placement.num_actors,
             "actors_reused": self.actors_reused,  # warm workers of a sweep's previous run
+            "actors_prestarted": self.actors_prestarted,  # started while the driver imported
             "startup_s": None if self.startup_s is None else round(self.startup_s, 3),
             "threads_per_client": placement.threads,
         }
@@ -586,17 +589,19 @@ def shared_ray() -> Iterator[None]:
         yield
 
 
-def start_run(cfg: DictConfig, console: bool = True) -> tuple[dict[str, Any], Path]:
-    """A new run: check where it goes, prepare (fails before writing anything), then create
-    its directory atomically and hold its lock (`lock.py`) while anything is written."""
+def start_run(
+    cfg: DictConfig, console: bool = True, run_dir: Path | None = None, started_at: float | None = None
+) -> tuple[dict[str, Any], Path]:
+    """A new run: check where it goes (`run_dir`: already checked by `lock.new_run_path`),
+    prepare (fails before writing anything), then create its directory atomically and hold
+    its lock (`lock.py`) while anything is written. `started_at`: the `perf_counter()` its
+    start-up is measured from (default: now)."""
     from .local_ray import cluster_address, stop_local_ray
-    from .lock import RunLock, check_output_dir, create_run_dir
+    from .lock import RunLock, create_run_dir, new_run_path
 
-    t0 = time.perf_counter()
-    run_dir = new_run_dir(cfg)
-    check_output_dir(run_dir.parent, str(cfg.output_dir))  # a file in the way, not writable: no data yet
-    if run_dir.exists():
-        raise ConfigError(f"run directory {run_dir} exists; continue it with `fl-lightning resume {run_dir}`")
+    t0 = time.perf_counter() if started_at is None else started_at
+    if run_dir is None:
+        run_dir = new_run_path(cfg)
     prepared = prepare(cfg)
     if cfg.runtime.executor == "serial" or not cluster_address(cfg.runtime.address):
         placement_for(cfg, *local_resources(cfg))  # this machine cannot hold it: fail before any file

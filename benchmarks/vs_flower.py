@@ -57,21 +57,27 @@ MISSING_FLWR = (
 
 # --- the measured processes ------------------------------------------------------------------
 def child_fl_lightning(spec: dict[str, Any]) -> dict[str, Any]:
-    """One fl_lightning run as `fl-lightning run` does it (`start_run`), each round timed."""
+    """One fl_lightning run as `fl-lightning run` does it (`early_start` around `start_run`:
+    Ray and the workers start while the driver imports), each round timed."""
     from fl_lightning.config import compose
-    from fl_lightning.runtime import runner
+    from fl_lightning.runtime.early import early_start
+    from fl_lightning.runtime.lock import new_run_path
 
+    cfg = compose(spec["overrides"])
     stamps: dict[str, list[float]] = {"round_start": [], "round_end": []}
-    round_fn = runner.Run._round
+    with early_start(cfg):
+        from fl_lightning.runtime import runner
 
-    def timed(self: Any, executor: Any, state: Any, rnd: int) -> Any:
-        stamps["round_start"].append(time.time())
-        out = round_fn(self, executor, state, rnd)
-        stamps["round_end"].append(time.time())
-        return out
+        round_fn = runner.Run._round
 
-    runner.Run._round = timed  # type: ignore[method-assign]
-    summary, run_dir = runner.start_run(compose(spec["overrides"]), console=False)
+        def timed(self: Any, *args: Any) -> Any:  # (executor, state, round, settle)
+            stamps["round_start"].append(time.time())
+            out = round_fn(self, *args)
+            stamps["round_end"].append(time.time())
+            return out
+
+        runner.Run._round = timed  # type: ignore[method-assign]
+        summary, run_dir = runner.start_run(cfg, console=False, run_dir=new_run_path(cfg))
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     stamps["eval_s"] = [r["time_eval_s"] for r in recs]
     stamps["accuracy"] = [r["accuracy"] for r in recs]

@@ -8,8 +8,9 @@ will ask for (the same placement `Run._executor` computes, from Ray's resources)
 worker imports torch and Lightning in its constructor (`actor.py`), so that runs while the
 driver finishes its imports and loads its data. (Importing in the main thread after the
 workers were created, with no thread, was ~0.9 s slower on 2 cores: median of 4 alternating
-cold runs; the thread costs `ray.init` some GIL time but overlaps it with the imports.) The run's `RayExecutor` takes them (`take`);
-any it does not take are ended on the way out, and so is the Ray started here.
+cold runs; the thread costs `ray.init` some GIL time but overlaps it with the imports.) The
+run's `RayExecutor` takes them (`take`); any it does not take are ended on the way out, and
+so is the Ray started here.
 
 GPU runs (placement groups) get their Ray early and their workers as before. A run that
 joins a cluster (`runtime.address`, `$RAY_ADDRESS`), runs serially, or has

@@ -59,6 +59,9 @@ MISSING_FLWR = (
 def child_fl_lightning(spec: dict[str, Any]) -> dict[str, Any]:
     """One fl_lightning run as `fl-lightning run` does it (`early_start` around `start_run`:
     Ray and the workers start while the driver imports), each round timed."""
+    from fl_lightning.lean_imports import install
+
+    install()  # as `fl-lightning run` does, first
     from fl_lightning.config import compose
     from fl_lightning.runtime.early import early_start
     from fl_lightning.runtime.lock import new_run_path
@@ -95,6 +98,10 @@ def child(system: str, spec_file: Path, result_file: Path) -> None:
     res["t_end"] = time.time()
     res["ru_maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result_file.write_text(json.dumps(res))
+    if system == "fl_lightning":
+        from fl_lightning.cli.main import exit_now
+
+        exit_now(0)  # as `fl-lightning run` ends: without Python's teardown of torch's modules
 
 
 # --- the parent: run, alternate, summarise ---------------------------------------------------

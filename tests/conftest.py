@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from fl_lightning.lean_imports import install  # as the CLI and the workers do
+
+install()
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach W&B's servers
 os.environ.setdefault("WANDB_SILENT", "true")
 

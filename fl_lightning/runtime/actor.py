@@ -30,6 +30,9 @@ class ClientActor:
     def __init__(self, accelerator: str, check_cuda: bool = True) -> None:
         import os
 
+        from ..lean_imports import install
+
+        install()  # a worker's Lightning imports torchmetrics without its optional backends
         import torch
 
         from . import host  # noqa: F401  (the worker's imports start now, not at its first setup)

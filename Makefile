@@ -39,6 +39,7 @@ bench: data bench-deps
 	$(PY) benchmarks/engine_overhead.py --out benchmarks/results/engine_overhead.json
 	$(PY) benchmarks/vs_flower.py --out benchmarks/results/vs_flower.json
 	$(PY) benchmarks/cold_start.py --out benchmarks/results/cold_start.json
+	$(PY) benchmarks/cold_start.py --toggle lean_imports --out benchmarks/results/cold_start_lean.json
 	$(PY) benchmarks/sweep_startup.py --out benchmarks/results/sweep_startup.json
 	$(PY) benchmarks/round_path.py --out benchmarks/results/round_path.json
 	$(PY) benchmarks/driver_memory.py --clients 10,100,1000,10000 --per-round 100 --train-images 60000 \

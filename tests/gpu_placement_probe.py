@@ -10,7 +10,10 @@ a case is [num_clients, gpus_per_client, placement] or ["busy", num_clients, tim
 (3 of the GPUs held by another placement group, then ask for one GPU per client) or
 ["reuse", num_clients, gpus_per_client, other_num_clients] (inside `reuse_actors`: the same
 placement twice, then another number of clients; prints each executor's worker pids, GPUs and reused
-count, and the placement groups left after the block).
+count, and the placement groups left after the block) or ["early", num_clients, gpus_per_client,
+run_gpus_per_client] (workers and their placement group made as `early_start` makes them, then
+a run's executor asking for run_gpus_per_client: it takes them when the two agree, else ends
+them; then one line with the placement groups left after it closed).
 """
 from __future__ import annotations
 
@@ -46,7 +49,30 @@ def main() -> None:
         )  # fmt: skip
         return ex, placement
 
+    def left() -> int:
+        from ray.util import placement_group_table
+
+        return len([t for t in placement_group_table().values() if t["state"] != "REMOVED"])
+
     for case in cases:
+        if case[0] == "early":  # workers + group made as `early_start` does, then the run's executor
+            from fl_lightning.runtime import early
+
+            _, n, gpus, run_gpus = case
+            early._create_workers(compose([
+                "data=digits", "runtime=gpu", f"fl.num_clients={n}", f"runtime.gpus_per_client={gpus}",
+            ]), check_cuda=False)  # fmt: skip
+            made = early._early
+            ex, _ = executor(n, run_gpus)
+            infos = ex.ready()
+            print(json.dumps({
+                "case": case, "prestarted": ex.prestarted, "gpu_ids": [i["gpu_ids"] for i in infos],
+                "same_actors": [a._actor_id for a in ex.actors] == [a._actor_id for a in made.actors],
+                "same_pg": ex.pg.id == made.pg.id, "none_pending": early._early is None,
+            }), flush=True)  # fmt: skip
+            ex.close()
+            print(json.dumps({"case": ["left", *case], "placement_groups_left": left()}), flush=True)
+            continue
         if case[0] == "reuse":
             from fl_lightning.runtime.ray_executor import reuse_actors
 
@@ -58,10 +84,7 @@ def main() -> None:
                     runs.append({"reused": ex.reused, "pids": [i["pid"] for i in infos],
                                  "gpu_ids": [i["gpu_ids"] for i in infos]})  # fmt: skip
                     ex.close(reuse=True)
-            from ray.util import placement_group_table
-
-            left = [t for t in placement_group_table().values() if t["state"] != "REMOVED"]
-            print(json.dumps({"case": case, "runs": runs, "placement_groups_left": len(left)}), flush=True)
+            print(json.dumps({"case": case, "runs": runs, "placement_groups_left": left()}), flush=True)
             continue
         busy = None
         if case[0] == "busy":

@@ -122,20 +122,33 @@ def test_ray_places_client_actors_evenly_on_declared_gpus():
 
     4 x 1 GPU: one each. 4 x 0.25: still one per GPU (Ray alone would stack all four on GPU
     0). 8 x 0.5: two per GPU. Inside `reuse_actors` (a sequential sweep) a second run with the
-    same layout gets the same workers on the same GPUs; another layout new ones. Each actor
+    same layout gets the same workers on the same GPUs; another layout new ones. A run takes
+    the workers and placement group `early_start` made for it, and ends them when its layout
+    differs. Each actor
     costs ~7 CPU-seconds (it imports Lightning), so
     16 x 0.25 (four per GPU: the same round-robin as 8 x 0.5) runs only with
     FL_LIGHTNING_GPU_TEST_FULL=1."""
     cases = [[4, 1.0, "per_client"], [4, 0.25, "auto"], [8, 0.5, "auto"], ["busy", 4, 3]]
     cases.append(["reuse", 2, 1.0, 1])  # 2 x 1 GPU twice (a sweep's runs), then 1 client
+    cases += [["early", 2, 1.0, 1.0], ["early", 1, 1.0, 0.5]]  # early_start's workers: taken, then not
     if os.environ.get("FL_LIGHTNING_GPU_TEST_FULL") == "1":
         cases.append([16, 0.25, "auto"])
     probe = [sys.executable, str(REPO / "tests" / "gpu_placement_probe.py"), "4", json.dumps(cases)]
     res = subprocess.run(probe, capture_output=True, text=True, timeout=560)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     out = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    assert [o["case"] for o in out] == cases
+    assert [o["case"] for o in out if o["case"][0] != "left"] == cases
     for o in out:
+        if o["case"][0] == "left":  # after an "early" case's executor closed
+            assert o["placement_groups_left"] == 0, o
+            continue
+        if o["case"][0] == "early":  # the run takes early_start's workers and group when they fit
+            taken = o["case"][2] == o["case"][3]
+            assert o["prestarted"] == (o["case"][1] if taken else 0) and o["none_pending"], o
+            assert o["same_actors"] is taken and o["same_pg"] is taken, o
+            assert all(len(ids) == 1 for ids in o["gpu_ids"])
+            assert len({ids[0] for ids in o["gpu_ids"]}) == o["case"][1]  # one GPU each
+            continue
         if o["case"][0] == "reuse":  # a sweep's next run on the same GPUs: the same workers
             first, again, other = o["runs"]
             assert [r["reused"] for r in o["runs"]] == [0, 2, 0]

@@ -43,6 +43,8 @@ class ClientActor:
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
                 "a GPU declared with num_gpus needs a real device, or use runtime.accelerator=cpu"
             )
+        if accelerator == "gpu" and torch.cuda.is_available():
+            torch.zeros(1, device="cuda")  # the CUDA context now, beside the driver's start, not in round 1
         self._host: ClientHost | None = None
 
     def setup(

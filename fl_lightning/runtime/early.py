@@ -12,8 +12,10 @@ cold runs; the thread costs `ray.init` some GIL time but overlaps it with the im
 run's `RayExecutor` takes them (`take`); any it does not take are ended on the way out, and
 so is the Ray started here.
 
-GPU runs (placement groups) get their Ray early and their workers as before. A run that
-joins a cluster (`runtime.address`, `$RAY_ADDRESS`), runs serially, or has
+GPU runs reserve their placement group here too and create their workers on its bundles,
+as `RayExecutor` would, so each worker's imports and CUDA context (made in its constructor)
+overlap the driver's imports and data; the executor takes the group with the workers. A run
+that joins a cluster (`runtime.address`, `$RAY_ADDRESS`), runs serially, or has
 `runtime.early_start=false` is left as it was.
 """
 
@@ -33,8 +35,10 @@ DRIVER_MODULES = ("fl_lightning.runtime.runner",)
 
 
 class _Early:
-    def __init__(self, options: dict[str, Any], ctor: tuple[Any, ...], actors: list[Any]) -> None:
-        self.options, self.ctor, self.actors = options, ctor, actors
+    def __init__(
+        self, options: dict[str, Any], ctor: tuple[Any, ...], actors: list[Any], pg: Any, layout: Any
+    ) -> None:
+        self.options, self.ctor, self.actors, self.pg, self.layout = options, ctor, actors, pg, layout
 
 
 _early: _Early | None = None  # workers created by `early_start`, not yet taken by a run
@@ -79,48 +83,63 @@ def early_start(cfg: DictConfig) -> Iterator[None]:
             stop_local_ray()
 
 
-def _create_workers(cfg: DictConfig) -> None:
+def _create_workers(cfg: DictConfig, check_cuda: bool = True) -> None:
+    """The workers `RayExecutor` would create for `cfg` (`check_cuda` as its; off only for
+    tests on declared GPUs), and on GPUs their placement group."""
     import ray
 
     from .actor import remote_actor
-    from .placement import placement_for
+    from .placement import layout_key, on_bundle, placement_for, reserve_gpu_bundles
 
     global _early
+    rt = cfg.runtime
     res = ray.cluster_resources()
     placement = placement_for(cfg, res.get("CPU", 1.0), res.get("GPU", 0.0))
-    if placement.gpu_bundles:  # placement groups: reserved by the executor, as before
-        return
     options = dict(num_cpus=placement.cpus_per_actor, num_gpus=placement.gpus_per_actor)
-    ctor = (placement.accelerator, True)  # RayExecutor's (accelerator, check_cuda)
-    actors = [remote_actor().options(**options).remote(*ctor) for _ in range(placement.num_actors)]
-    _early = _Early(options, ctor, actors)
+    ctor = (placement.accelerator, check_cuda)  # RayExecutor's (accelerator, check_cuda)
+    pg = None
+    if placement.gpu_bundles:  # a request the cluster cannot meet: one line, before the driver's work
+        pg = reserve_gpu_bundles(placement, rt.placement_strategy, rt.schedule_timeout_s)
+    actors = [
+        remote_actor().options(**options, **on_bundle(pg, placement, a)).remote(*ctor)
+        for a in range(placement.num_actors)
+    ]
+    _early = _Early(options, ctor, actors, pg, layout_key(placement, rt.placement_strategy))
 
 
-def take(options: dict[str, Any], ctor: tuple[Any, ...], n: int) -> list[Any]:
-    """Up to `n` early workers, if they were created with these `options` and constructor
-    arguments; every other one is ended (it holds CPUs the run may need)."""
+def take(options: dict[str, Any], ctor: tuple[Any, ...], n: int, layout: Any = None) -> tuple[list[Any], Any]:
+    """Up to `n` early workers and their placement group, if they were created with these
+    `options`, constructor arguments and (on GPUs) bundle layout; every other one is ended
+    (it holds CPUs or GPUs the run may need). A placement group goes all or nothing."""
     global _early
     early, _early = _early, None
     if early is None:
-        return []
-    if early.options != options or early.ctor != ctor:
-        n = 0
-    _kill(early.actors[n:])
-    return early.actors[:n]
+        return [], None
+    same = early.options == options and early.ctor == ctor and early.layout == layout
+    if not same or (early.pg is not None and len(early.actors) != n):
+        _end(early.actors, early.pg)
+        return [], None
+    _end(early.actors[n:], None)
+    return early.actors[:n], early.pg
 
 
 def release() -> None:
-    """End the early workers no run took."""
+    """End the early workers (and their placement group) no run took."""
     global _early
     early, _early = _early, None
     if early is not None:
-        _kill(early.actors)
+        _end(early.actors, early.pg)
 
 
-def _kill(actors: list[Any]) -> None:
-    if actors:
+def _end(actors: list[Any], pg: Any) -> None:
+    if actors or pg is not None:
         import ray
 
         for a in actors:
             with contextlib.suppress(Exception):
                 ray.kill(a)
+        if pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)

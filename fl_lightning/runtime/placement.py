@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError
 
@@ -142,3 +142,51 @@ def placement_for(cfg: DictConfig, cpus: float, gpus: float) -> Placement:
         cfg.fl.num_clients, cpus, gpus, rt.placement, rt.accelerator, rt.num_actors,
         rt.cpus_per_client, rt.gpus_per_client, rt.threads_per_client,
     )  # fmt: skip
+
+
+# --- placement groups (Ray imported inside: `early.py` reads this module before Ray is up) ---
+def reserve_gpu_bundles(placement: Placement, strategy: str = "PACK", timeout_s: float | None = 120.0) -> Any:
+    """A placement group with one bundle per GPU, ready; a clear ConfigError when the
+    bundles fit on no node, or when the cluster cannot grant them within `timeout_s`."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundles = placement.bundles()
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    reason = bundles_fit(bundles, nodes)
+    if reason:
+        raise ConfigError(reason)
+    pg = placement_group(bundles, strategy=strategy)
+    try:
+        ray.get(pg.ready(), timeout=timeout_s)
+    except GetTimeoutError:
+        remove_placement_group(pg)
+        free = ray.available_resources()
+        raise ConfigError(
+            f"Ray could not reserve {len(bundles)} GPU bundles ({bundles[0]['CPU']:g} CPUs + 1 GPU each, "
+            f"strategy {strategy}) within {timeout_s:g}s: {free.get('GPU', 0.0):g} GPUs and "
+            f"{free.get('CPU', 0.0):g} CPUs are free now (other jobs hold the rest?); "
+            "free them, ask for fewer, "
+            "or raise runtime.schedule_timeout_s"
+        ) from None
+    return pg
+
+
+def on_bundle(pg: Any, placement: Placement, actor: int) -> dict[str, Any]:
+    """Actor options that put `actor` on its bundle of `pg` (none without a group)."""
+    if pg is None:
+        return {}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+        placement_group=pg, placement_group_bundle_index=placement.bundle_of(actor))}  # fmt: skip
+
+
+def layout_key(placement: Placement, strategy: str) -> tuple[Any, ...] | None:
+    """What makes workers in a placement group interchangeable: the bundles, which actor on
+    which, the strategy (None without a group)."""
+    if not placement.gpu_bundles:
+        return None
+    bundles = tuple(tuple(sorted(b.items())) for b in placement.bundles())
+    return (bundles, tuple(placement.bundle_of(a) for a in range(placement.num_actors)), strategy)

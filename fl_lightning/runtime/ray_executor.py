@@ -25,15 +25,15 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 
-from ..core.errors import ClientFailure, ConfigError
+from ..core.errors import ClientFailure
 from ..core.messages import ClientPayload, RoundPlan
 from ..core.types import ClientId, ClientState
 from ..data.registry import ArrayDataset
 from .actor import remote_actor
 from .host import ClientSpec
-from .placement import Placement, bundles_fit
+from .placement import Placement, layout_key, on_bundle, reserve_gpu_bundles
 
 log = logging.getLogger(__name__)
 _WINDOW = 4  # tasks in flight per actor (see `RayExecutor._run`)
@@ -66,17 +66,17 @@ class RayExecutor:
         # group, on GPUs); any other idle worker is ended so its CPUs and GPUs are free for ours
         n = placement.num_actors
         warm = _pool.take(self._pool_key(), n) if _pool is not None else None
-        self.pg = warm.pg if warm is not None else None
+        if warm is not None:
+            handles, self.pg = warm.actors, warm.pg
+        else:  # workers (and their placement group) `early.early_start` made while the driver imported
+            from . import early
+
+            ctor = (spec.accelerator, check_cuda)
+            handles, self.pg = early.take(self._options, ctor, n, layout_key(placement, placement_strategy))
         if self.pg is None and placement.gpu_bundles:
             self.pg = reserve_gpu_bundles(placement, placement_strategy, schedule_timeout_s)
         self._dataset_ref = ray.put(dataset)  # once; actors read it zero-copy
         self._train, self._test = train, test
-        if warm is not None:
-            handles = warm.actors
-        else:  # workers `early.early_start` created while the driver imported, if any
-            from . import early
-
-            handles = early.take(self._options, (spec.accelerator, check_cuda), n)
         self._setup: dict[int, Any] = {}
         self.reused = len(handles) if warm is not None else 0
         self.prestarted = len(handles) if warm is None else 0
@@ -85,24 +85,14 @@ class RayExecutor:
     def _pool_key(self) -> tuple[Any, ...]:
         """Workers are interchangeable when they hold the same resources; inside a placement
         group, when the whole layout (bundles, which actor on which) is the same."""
-        opts, pl = self._options, self.placement
-        layout = None
-        if pl.gpu_bundles:
-            bundles = tuple(tuple(sorted(b.items())) for b in pl.bundles())
-            layout = (bundles, tuple(pl.bundle_of(a) for a in range(pl.num_actors)), self._strategy)
+        opts, layout = self._options, layout_key(self.placement, self._strategy)
         return (opts["num_cpus"], opts["num_gpus"], self._spec.accelerator, self._check_cuda, layout)
 
     def _start(self, actor: int, handle: Any = None) -> Any:
         """Actor `actor` (a new worker, or a warm one from the pool) set up with its clients."""
         clients = self.placement.clients_of(actor)
         if handle is None:
-            options: dict[str, Any] = dict(self._options)
-            if self.pg is not None:  # same bundle (same GPU) when an actor is restarted
-                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    placement_group=self.pg, placement_group_bundle_index=self.placement.bundle_of(actor)
-                )
+            options = {**self._options, **on_bundle(self.pg, self.placement, actor)}  # same GPU on a restart
             handle = remote_actor().options(**options).remote(self._spec.accelerator, self._check_cuda)
         self._setup[actor] = handle.setup.remote(  # actor tasks run in order: later calls see it
             self._spec,
@@ -279,32 +269,6 @@ def reuse_actors() -> Iterator[None]:
         pool, _pool = _pool, outer
         if ray.is_initialized():
             pool.clear()
-
-
-def reserve_gpu_bundles(placement: Placement, strategy: str = "PACK", timeout_s: float | None = 120.0):
-    """A placement group with one bundle per GPU, ready; a clear ConfigError when the
-    bundles fit on no node, or when the cluster cannot grant them within `timeout_s`."""
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    bundles = placement.bundles()
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    reason = bundles_fit(bundles, nodes)
-    if reason:
-        raise ConfigError(reason)
-    pg = placement_group(bundles, strategy=strategy)
-    try:
-        ray.get(pg.ready(), timeout=timeout_s)
-    except GetTimeoutError:
-        remove_placement_group(pg)
-        free = ray.available_resources()
-        raise ConfigError(
-            f"Ray could not reserve {len(bundles)} GPU bundles ({bundles[0]['CPU']:g} CPUs + 1 GPU each, "
-            f"strategy {strategy}) within {timeout_s:g}s: {free.get('GPU', 0.0):g} GPUs and "
-            f"{free.get('CPU', 0.0):g} CPUs are free now (other jobs hold the rest?); "
-            "free them, ask for fewer, "
-            "or raise runtime.schedule_timeout_s"
-        ) from None
-    return pg
 
 
 def _cause(e: Exception) -> str:

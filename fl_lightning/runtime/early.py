@@ -27,6 +27,8 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .placement import end_workers  # light: neither torch nor Ray
+
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
@@ -117,9 +119,9 @@ def take(options: dict[str, Any], ctor: tuple[Any, ...], n: int, layout: Any = N
         return [], None
     same = early.options == options and early.ctor == ctor and early.layout == layout
     if not same or (early.pg is not None and len(early.actors) != n):
-        _end(early.actors, early.pg)
+        end_workers(early.actors, early.pg, quiet=True)
         return [], None
-    _end(early.actors[n:], None)
+    end_workers(early.actors[n:], None, quiet=True)
     return early.actors[:n], early.pg
 
 
@@ -128,18 +130,4 @@ def release() -> None:
     global _early
     early, _early = _early, None
     if early is not None:
-        _end(early.actors, early.pg)
-
-
-def _end(actors: list[Any], pg: Any) -> None:
-    if actors or pg is not None:
-        import ray
-
-        for a in actors:
-            with contextlib.suppress(Exception):
-                ray.kill(a)
-        if pg is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            with contextlib.suppress(Exception):
-                remove_placement_group(pg)
+        end_workers(early.actors, early.pg, quiet=True)

@@ -11,6 +11,7 @@ packing GPU 0 first, and one-GPU actors each get their own GPU.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -190,3 +191,20 @@ def layout_key(placement: Placement, strategy: str) -> tuple[Any, ...] | None:
         return None
     bundles = tuple(tuple(sorted(b.items())) for b in placement.bundles())
     return (bundles, tuple(placement.bundle_of(a) for a in range(placement.num_actors)), strategy)
+
+
+def end_workers(actors: list[Any], pg: Any, quiet: bool = False) -> None:
+    """Kill `actors` and remove their placement group `pg` (if any). `quiet`: a failure to end
+    one (Ray half down on the way out) is ignored and the rest are still ended."""
+    if not actors and pg is None:
+        return
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    guard = contextlib.suppress(Exception) if quiet else contextlib.nullcontext()
+    for a in actors:
+        with guard:
+            ray.kill(a)
+    if pg is not None:
+        with guard:
+            remove_placement_group(pg)

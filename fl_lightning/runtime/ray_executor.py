@@ -33,7 +33,7 @@ from ..core.types import ClientId, ClientState
 from ..data.registry import ArrayDataset
 from .actor import remote_actor
 from .host import ClientSpec
-from .placement import Placement, layout_key, on_bundle, reserve_gpu_bundles
+from .placement import Placement, end_workers, layout_key, on_bundle, reserve_gpu_bundles
 
 log = logging.getLogger(__name__)
 _WINDOW = 4  # tasks in flight per actor (see `RayExecutor._run`)
@@ -214,12 +214,7 @@ class _Idle:
 
 
 def _end(idle: _Idle) -> None:
-    for a in idle.actors:
-        ray.kill(a)
-    if idle.pg is not None:
-        from ray.util.placement_group import remove_placement_group
-
-        remove_placement_group(idle.pg)
+    end_workers(idle.actors, idle.pg)
 
 
 class ActorPool:

@@ -219,6 +219,18 @@ def method_defaults(name: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def method_group_defaults(name: str) -> dict[str, str]:
+    """The group choices of method `name`'s file (`defaults: {model: htfe_cnn3}`), as written."""
+    if not (conf_dir() / "method" / f"{name}.yaml").is_file():
+        return {}  # an unknown method is named by the group check below
+    value = _group_file("method", name).get("defaults") or {}
+    bad = [g for g in value if g not in GROUPS or g == "method"] if isinstance(value, dict) else ["?"]
+    if bad:
+        path = conf_dir() / "method" / f"{name}.yaml"
+        raise ConfigError(f"{path}: 'defaults' must map groups ({', '.join(GROUPS[1:])}) to names")
+    return {str(k): str(v) for k, v in value.items()}
+
+
 def _parse(overrides: list[str]) -> tuple[dict[str, str], str | None, list[str]]:
     groups: dict[str, str] = {}
     experiment = None
@@ -279,21 +291,28 @@ def compose(overrides: list[str]) -> DictConfig:
     defaults = dict(base.pop("defaults", {}) or {})
     groups, experiment, dotted = _parse(overrides)
     preset: dict = {}
+    preset_groups: dict = {}
     if experiment is not None:
         path = conf_dir() / "experiment" / f"{experiment}.yaml"
         if not path.is_file():
             valid = ", ".join(choices("experiment")) or "(none)"
             raise ConfigError(f"unknown experiment {experiment!r}; valid: {valid}")
         preset = _read_yaml(path)
-        defaults.update(preset.pop("defaults", {}) or {})
+        preset_groups = dict(preset.pop("defaults", {}) or {})
+        defaults.update(preset_groups)
         preset.setdefault("experiment", experiment)
     defaults.update(groups)
+    # The method's own group choices (its file's `defaults:`, e.g. FedTSP's model family):
+    # above config.yaml, below an experiment preset and the command line.
+    for group, name in method_group_defaults(defaults.get("method", "")).items():
+        if group not in groups and group not in preset_groups:
+            defaults[group] = name
     missing = [g for g in GROUPS if g not in defaults]
     if missing:
         raise ConfigError(f"config.yaml names no default for: {', '.join(missing)}")
     files = {g: _group_file(g, defaults[g]) for g in GROUPS if g not in ("data",)}
     run_defaults = method_defaults(defaults["method"])
-    for block in METHOD_DEFAULT_BLOCKS:
+    for block in (*METHOD_DEFAULT_BLOCKS, "defaults"):
         files["method"].pop(block, None)
     try:
         cfg = OmegaConf.structured(RootConfig)

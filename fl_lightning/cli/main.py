@@ -43,6 +43,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     sw.add_argument("--dry-run", action="store_true", help="print the runs, run nothing")
     sw.add_argument("--no-plots", action="store_true", help="no accuracy-vs-round PNGs at the end")
+    rep = sub.add_parser(
+        "reproduce",
+        help="run a paper's claims grid (conf/reproduce/<paper>.yaml) and write its report",
+        epilog="example: fl-lightning reproduce feddtr --scale mini --parallel 2; --list shows the papers",
+    )
+    rep.add_argument("paper", nargs="?", help="a file of conf/reproduce/ (see --list)")
+    rep.add_argument("overrides", nargs="*", help="key=value for every run (runtime=ray, logger=none)")
+    rep.add_argument("--scale", default="mini", help="mini (default) | paper")
+    rep.add_argument("--seeds", default=None, help="comma-separated seeds (default: the scale's)")
+    rep.add_argument("--parallel", type=int, default=1, help="runs at a time, one process each")
+    rep.add_argument("--out", default=None, help="folder (default: runs/reproduce/<paper>_<scale>)")
+    rep.add_argument("--list", action="store_true", help="the papers, their claims and scales")
+    rep.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+    rep.add_argument("--report-only", action="store_true", help="write the report from the runs there")
     cmp_ = sub.add_parser("compare", help="table (mean ± std over seeds) and accuracy-vs-round plots of runs")
     cmp_.add_argument(
         "paths", nargs="+", help="runs folders (searched for run directories) or run directories"
@@ -103,6 +117,18 @@ def _cmd_fetch(dataset: str, root: str | None) -> None:
     print(fetch_fmnist(root, log=lambda m: print(m, file=sys.stderr)))
 
 
+def _seeds(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds takes comma-separated integers (got {text!r})") from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds takes distinct non-negative integers (got {text!r})")
+    return seeds
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..lean_imports import install
 
@@ -115,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.cmd in ("run", "resume", "sweep", "teacher"):
+    if args.cmd in ("run", "resume", "sweep", "teacher", "reproduce"):
         from ..runtime.signals import stop_on_sigterm
 
         stop_on_sigterm()  # SIGTERM: stop like Ctrl-C, resumable (not a dump and a dead run)
@@ -150,6 +176,13 @@ def main(argv: list[str] | None = None) -> int:
             from .sweep import sweep_command
 
             return sweep_command(args.overrides, args.parallel, args.dry_run, not args.no_plots)
+        elif args.cmd == "reproduce":
+            from .reproduce import reproduce_command
+
+            return reproduce_command(
+                args.paper, args.scale, _seeds(args.seeds), args.parallel, args.out, args.overrides,
+                args.dry_run, args.report_only, args.list,
+            )  # fmt: skip
         elif args.cmd == "compare":
             from ..runtime.paths import resolve_output_dir, resolve_run_path
             from ..tracking.compare import compare_command

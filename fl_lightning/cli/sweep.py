@@ -93,6 +93,7 @@ class SweepRun:
     run_dir: Path
     status: str = "pending"  # pending | ok | failed
     message: str = ""
+    resume: bool = False  # continue its run directory from the last checkpoint (reproduce)
 
     def label(self, swept: Sequence[str]) -> str:
         keys = {k.lstrip("+") for k in swept}
@@ -152,10 +153,15 @@ def _result_line(run: SweepRun, total: int, swept: Sequence[str]) -> str:
 
 
 def _run_inline(run: SweepRun) -> None:
-    from ..runtime.runner import start_run
+    from ..runtime.runner import resume_run, start_run
 
     try:
-        start_run(run.cfg, console=False)
+        if run.resume:
+            from ..config import load_run_config
+
+            resume_run(run.run_dir, load_run_config(run.run_dir, []), console=False)
+        else:
+            start_run(run.cfg, console=False)
         run.status = "ok"
     except (ClientFailure, CheckpointError, ConfigError, RuntimeError) as e:  # (its run dir taken, ...)
         why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
@@ -188,6 +194,17 @@ def _local_cpus(run: SweepRun, parallel: int) -> list[str]:
     return [f"runtime.num_cpus={max(1, (os.cpu_count() or 1) // parallel)}"]
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the sweep's process dies, even by `kill -9`
+    (Linux; elsewhere a no-op), so a killed sweep leaves no orphan run training beside the
+    next one. SIGTERM stops a run like Ctrl-C: resumable."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
 def _run_parallel(
     runs: list[SweepRun],
     parallel: int,
@@ -205,11 +222,13 @@ def _run_parallel(
                 run = queue.pop(0)
                 log = log_dir / f"{run.index:03d}_{run.run_dir.name}.log"
                 fh = open(log, "w")
-                cmd = [sys.executable, "-m", "fl_lightning", "run", *run.overrides]
-                cmd += [*_local_cpus(run, parallel), "--quiet"]
+                what = ["resume", str(run.run_dir)] if run.resume else ["run", *run.overrides]
+                cmd = [sys.executable, "-m", "fl_lightning", *what, *_local_cpus(run, parallel), "--quiet"]
                 fh.write("$ " + " ".join(cmd) + "\n")
                 fh.flush()
-                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                proc = subprocess.Popen(
+                    cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+                )
                 active[proc] = (run, log, fh)
                 if monitor is not None:
                     monitor.watch(
@@ -239,6 +258,20 @@ def _run_parallel(
             fh.close()
 
 
+def run_grid(runs: list[SweepRun], parallel: int, log_dir: Path, swept: Sequence[str]) -> None:
+    """Run `runs` one after another on one Ray, or `parallel` at a time in subprocesses
+    (their output in `log_dir`), with a line per round of every run and one per result."""
+    with RoundMonitor(sys.stdout) as monitor:  # a line per round of every run: never silent
+        if parallel == 1:
+            with _shared_ray(runs):
+                for r in runs:
+                    label = f"[{r.index + 1}/{len(runs)}] {r.label(swept)}"
+                    monitored(monitor, r.run_dir, label, int(r.cfg.fl.rounds), partial(_run_inline, r))
+                    print(_result_line(r, len(runs), swept), flush=True)
+        else:
+            _run_parallel(runs, parallel, log_dir, len(runs), swept, monitor)
+
+
 def sweep_command(
     overrides: Sequence[str], parallel: int = 1, dry_run: bool = False, plots: bool = True
 ) -> int:
@@ -252,15 +285,7 @@ def sweep_command(
         for r in runs:
             print(f"  fl-lightning run {' '.join(r.overrides)}")
         return 0
-    with RoundMonitor(sys.stdout) as monitor:  # a line per round of every run: never silent
-        if parallel == 1:
-            with _shared_ray(runs):
-                for r in runs:
-                    label = f"[{r.index + 1}/{len(runs)}] {r.label(swept)}"
-                    monitored(monitor, r.run_dir, label, int(r.cfg.fl.rounds), partial(_run_inline, r))
-                    print(_result_line(r, len(runs), swept), flush=True)
-        else:
-            _run_parallel(runs, parallel, out / "sweep_logs", len(runs), swept, monitor)
+    run_grid(runs, parallel, out / "sweep_logs", swept)
     done = [r for r in runs if r.status == "ok"]
     failed = [r for r in runs if r.status != "ok"]
     if done:

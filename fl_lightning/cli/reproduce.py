@@ -1,0 +1,154 @@
+"""`fl-lightning reproduce <paper> [--scale mini|paper] [--seeds 0,1,2] [--parallel N]`.
+
+Runs a paper's claims grid (`conf/reproduce/<paper>.yaml`, see `tracking/reproduce.py`)
+through the sweep machinery, then writes `report.md`, `results.json` and `curves.png` into
+its folder (`--out`, default `runs/reproduce/<paper>_<scale>`). The runs live in
+`<out>/<paper>_<scale>/<row>_s<seed>/`, one W&B group (`reproduce-<paper>-<scale>`), each
+tagged with the paper, scale, row and the claims it enters.
+
+Run again, it skips the runs that finished (completed, or stopped for good by divergence),
+resumes the ones a kill interrupted from their last checkpoint, and starts the rest: a killed
+reproduction continues where it stopped. Extra `key=value` overrides after the paper go to
+every run (`runtime=ray`, `logger=none`); they are part of the grid, so use the same ones
+when continuing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..config import compose, conf_dir
+from ..core.errors import ConfigError
+from ..runtime.lock import RunLock
+from ..runtime.paths import resolve_output_dir
+from ..tracking.reproduce import SCALES, Spec, build_report, is_finished, load_spec, plot_curves, read_run, run_name
+from .sweep import SweepRun, run_grid
+
+
+def specs() -> dict[str, Path]:
+    return {p.stem: p for p in sorted((conf_dir() / "reproduce").glob("*.yaml"))}
+
+
+def get_spec(paper: str) -> Spec:
+    found = specs()
+    if paper not in found:
+        raise ConfigError(f"unknown paper {paper!r}; valid: {', '.join(found) or '(none)'}")
+    return load_spec(found[paper])
+
+
+def list_specs() -> None:
+    for name, path in specs().items():
+        s = load_spec(path)
+        scales = ", ".join(f"{k} ({len(s.rows_for(k))} rows x {len(v.seeds)} seeds)" for k, v in s.scales.items())
+        print(f"{name:10s} {s.title}")
+        print(f"{'':10s} claims: {', '.join(c.id for c in s.claims)}; scales: {scales}")
+
+
+def _tags(spec: Spec, scale: str, row: str) -> str:
+    claims = [c.id for c in spec.claims_for(scale) if row in (c.row, c.baseline)]
+    return "logger.tags=[" + ",".join(["reproduce", spec.name, scale, f"row-{row}", *claims]) + "]"
+
+
+def plan(
+    spec: Spec, scale: str, seeds: Sequence[int], out: Path, extra: Sequence[str]
+) -> tuple[list[SweepRun], list[SweepRun]]:
+    """Every run of the grid, composed and checked before any starts: (to run, finished)."""
+    experiment = f"{spec.name}_{scale}"
+    todo: list[SweepRun] = []
+    done: list[SweepRun] = []
+    for row in spec.rows_for(scale):
+        for seed in seeds:
+            name = run_name(row.id, seed)
+            args = [
+                *row.args(spec.scales[scale]), *extra, f"seed={seed}", f"experiment={experiment}",
+                f"run_id={name}", f"output_dir={out}", f"logger.group=reproduce-{spec.name}-{scale}",
+                _tags(spec, scale, row.id),
+            ]  # fmt: skip
+            try:
+                cfg = compose(args)
+            except ConfigError as e:
+                raise ConfigError(f"{spec.name} row {row.id!r}: {e}") from None
+            run_dir = out / experiment / name
+            state = read_run(run_dir)
+            run = SweepRun(len(todo), args, cfg, run_dir)
+            if is_finished(state):
+                done.append(run)
+                continue
+            if state.status != "missing":
+                RunLock(run_dir).acquire().release()  # held by another process: one line, nothing touched
+                last = max((int(r["round"]) for r in state.records if "round" in r), default=0)
+                if (run_dir / "checkpoints").is_dir() and last < int(cfg.fl.rounds):
+                    run.resume = True  # killed mid-run: continue from its last checkpoint
+                else:  # killed before its first checkpoint, or after its last line: run it again
+                    shutil.rmtree(run_dir)
+            todo.append(run)
+    return todo, done
+
+
+def reproduce_command(
+    paper: str | None,
+    scale: str,
+    seeds: Sequence[int] | None,
+    parallel: int,
+    out: str | None,
+    extra: Sequence[str],
+    dry_run: bool = False,
+    report_only: bool = False,
+    listing: bool = False,
+) -> int:
+    if listing or paper is None:
+        list_specs()
+        return 0
+    if scale not in SCALES:
+        raise ConfigError(f"--scale must be one of {', '.join(SCALES)} (got {scale!r})")
+    if parallel < 1:
+        raise ConfigError(f"--parallel must be >= 1 (got {parallel})")
+    spec = get_spec(paper)
+    if scale not in spec.scales:
+        raise ConfigError(f"{paper} has no {scale!r} scale; it has: {', '.join(spec.scales)}")
+    seeds = list(seeds) if seeds else spec.scales[scale].seeds
+    folder = resolve_output_dir(out or f"runs/reproduce/{paper}_{scale}")
+    runs_dir = folder / f"{spec.name}_{scale}"
+    command = " ".join(["fl-lightning reproduce", paper, f"--scale {scale}",
+                        f"--seeds {','.join(map(str, seeds))}", *extra])  # fmt: skip
+    if not report_only:
+        todo, done = plan(spec, scale, seeds, folder, extra)
+        total = len(todo) + len(done)
+        resumed = sum(r.resume for r in todo)
+        print(
+            f"reproduce {paper} ({scale}): {total} runs in {runs_dir}; {len(done)} finished, "
+            f"{resumed} to resume, {len(todo) - resumed} to start",
+            flush=True,
+        )
+        if dry_run:
+            for r in todo:
+                verb = f"resume {r.run_dir}" if r.resume else "run " + " ".join(r.overrides)
+                print(f"  fl-lightning {verb}")
+            return 0
+        if todo:
+            run_grid(todo, parallel, folder / "logs", ["run_id"])
+    report, numbers = build_report(spec, scale, runs_dir, seeds, command)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.md").write_text(report)
+    import json
+
+    (folder / "results.json").write_text(json.dumps(numbers, indent=1) + "\n")
+    written = [folder / "report.md", folder / "results.json"]
+    png = plot_curves(spec, scale, runs_dir, seeds, folder / "curves.png")
+    if png is not None:
+        written.append(png)
+    for p in written:
+        print(f"wrote {p}")
+    for c in numbers["claims"]:
+        print(f"  {c['id']}: {c['verdict']} ({len(c['seeds'])} pairs)")
+    missing = [
+        (r.id, s) for r in spec.rows_for(scale) for s in seeds
+        if not is_finished(read_run(runs_dir / run_name(r.id, s)))
+    ]  # fmt: skip
+    if missing and not report_only:
+        print(f"fl-lightning: error: {len(missing)} runs did not finish; run the command again", file=sys.stderr)
+        return 1
+    return 0

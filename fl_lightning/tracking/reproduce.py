@@ -1,0 +1,422 @@
+"""A paper's claims as data, and the report that tests them (`fl-lightning reproduce`).
+
+`conf/reproduce/<paper>.yaml` states, for one paper:
+
+- `scales`: `mini` (Fashion-MNIST and our stand-ins, minutes per run on one CPU core) and
+  `paper` (the paper's data, models and schedule): the overrides every run of that scale
+  gets, its seeds, what data or weights it needs, and `reach` (an accuracy whose first
+  round the report shows, optional);
+- `rows`: one configuration each (method and its switches, a control), as overrides; a row
+  may add overrides for one scale only (`by_scale: {mini: [...]}`), carry the paper's
+  number (`paper: 92.11`) and be left out of a scale (`scales: [paper]`);
+- `claims`: "row beats baseline on metric", with the direction the paper claims.
+
+A claim's verdict comes from the paired difference over seeds (row minus baseline, the same
+seed: the same split and initial weights): its mean and 95% t-interval; **supported** when
+the interval excludes 0 in the claimed direction, **contradicted** when it excludes 0 the
+other way, **inconclusive** otherwise (also with fewer than two pairs). A diverged run gives
+no value; its seed drops out of the pairs and the report says so.
+
+Pure: reads run directories written by `fl-lightning run`, writes Markdown, JSON and PNGs.
+No torch, Ray or W&B.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..core.errors import ConfigError
+from .loggers import read_jsonl
+
+SCALES = ("mini", "paper")
+STATS = ("final", "best")
+NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Scale:
+    name: str
+    overrides: list[str]
+    seeds: list[int]
+    needs: str
+    reach: float | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    label: str
+    overrides: list[str]
+    by_scale: dict[str, list[str]] = field(default_factory=dict)
+    scales: tuple[str, ...] = SCALES
+    paper: float | None = None
+
+    def args(self, scale: Scale) -> list[str]:
+        return [*scale.overrides, *self.overrides, *self.by_scale.get(scale.name, [])]
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    text: str
+    row: str
+    baseline: str
+    metric: str
+    stat: str = "final"  # final | best
+    direction: str = "higher"  # higher | lower: what the paper claims of row - baseline
+    paper_ref: str = ""
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    title: str
+    citation: str
+    scales: dict[str, Scale]
+    rows: dict[str, Row]
+    claims: list[Claim]
+
+    def rows_for(self, scale: str) -> list[Row]:
+        return [r for r in self.rows.values() if scale in r.scales]
+
+    def claims_for(self, scale: str) -> list[Claim]:
+        ids = {r.id for r in self.rows_for(scale)}
+        return [c for c in self.claims if c.row in ids and c.baseline in ids]
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where} must be a list of overrides (strings)")
+    return list(value)
+
+
+def load_spec(path: Path) -> Spec:
+    """Read and check a claims file; every mistake is one ConfigError naming the file."""
+    name = path.stem
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot read ({str(e).splitlines()[0]})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a mapping")
+    unknown = set(doc) - {"title", "citation", "scales", "rows", "claims"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r}")
+    scales: dict[str, Scale] = {}
+    for s, body in (doc.get("scales") or {}).items():
+        if s not in SCALES or not isinstance(body, dict):
+            raise ConfigError(f"{path}: scales must be among {', '.join(SCALES)}, each a mapping")
+        seeds = body.get("seeds") or [0]
+        if not all(isinstance(x, int) and x >= 0 for x in seeds):
+            raise ConfigError(f"{path}: scales.{s}.seeds must be non-negative integers")
+        reach = body.get("reach")
+        scales[s] = Scale(
+            s, _strings(body.get("overrides"), f"{path}: scales.{s}.overrides"), list(seeds),
+            str(body.get("needs", "")), None if reach is None else float(reach),
+        )  # fmt: skip
+    rows: dict[str, Row] = {}
+    for rid, body in (doc.get("rows") or {}).items():
+        if not NAME.match(str(rid)) or not isinstance(body, dict):
+            raise ConfigError(f"{path}: row {rid!r} must be a lower-case name with a mapping")
+        by_scale = body.get("by_scale") or {}
+        if set(by_scale) - set(SCALES):
+            raise ConfigError(f"{path}: rows.{rid}.by_scale keys must be among {', '.join(SCALES)}")
+        only = tuple(body.get("scales") or SCALES)
+        if set(only) - set(SCALES):
+            raise ConfigError(f"{path}: rows.{rid}.scales must be among {', '.join(SCALES)}")
+        paper = body.get("paper")
+        rows[rid] = Row(
+            rid, str(body.get("label", rid)), _strings(body.get("overrides"), f"{path}: rows.{rid}.overrides"),
+            {k: _strings(v, f"{path}: rows.{rid}.by_scale.{k}") for k, v in by_scale.items()},
+            only, None if paper is None else float(paper),
+        )  # fmt: skip
+    claims: list[Claim] = []
+    for i, body in enumerate(doc.get("claims") or []):
+        try:
+            claim = Claim(**body)
+        except TypeError as e:
+            raise ConfigError(f"{path}: claims[{i}]: {e}") from None
+        for r in (claim.row, claim.baseline):
+            if r not in rows:
+                raise ConfigError(f"{path}: claim {claim.id!r} names row {r!r}, not in rows")
+        if claim.stat not in STATS or claim.direction not in ("higher", "lower"):
+            raise ConfigError(f"{path}: claim {claim.id!r}: stat in {STATS}, direction higher|lower")
+        claims.append(claim)
+    if not scales or not rows or not claims:
+        raise ConfigError(f"{path}: needs scales, rows and claims")
+    if len({c.id for c in claims}) != len(claims):
+        raise ConfigError(f"{path}: claim ids must be unique")
+    return Spec(name, str(doc.get("title", name)), str(doc.get("citation", "")), scales, rows, claims)
+
+
+# --- numbers ----------------------------------------------------------------------------
+def lower_is_better(metric: str) -> bool:
+    return "loss" in metric
+
+
+def run_value(records: Sequence[dict[str, Any]], metric: str, stat: str) -> float | None:
+    """`final`: the metric at the last round that has it; `best`: its optimum over rounds."""
+    xs = [float(r[metric]) for r in records if r.get(metric) is not None and not r.get("diverged")]
+    if not xs:
+        return None
+    if stat == "final":
+        return xs[-1]
+    return min(xs) if lower_is_better(metric) else max(xs)
+
+
+def first_round_reaching(records: Sequence[dict[str, Any]], metric: str, level: float) -> int | None:
+    for r in records:
+        v = r.get(metric)
+        if v is not None and not r.get("diverged") and float(v) >= level:
+            return int(r["round"])
+    return None
+
+
+def t_quantile(df: int) -> float:
+    """The 0.975 quantile of Student's t with `df` degrees of freedom."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, df))
+
+
+def mean_std(xs: Sequence[float]) -> tuple[float | None, float | None]:
+    if not xs:
+        return None, None
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, None
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+@dataclass
+class Paired:
+    seeds: list[int]
+    diffs: list[float]
+    mean: float | None
+    low: float | None
+    high: float | None
+    verdict: str
+
+
+def paired(a: dict[int, float], b: dict[int, float], direction: str) -> Paired:
+    """Row minus baseline over the seeds both have; the 95% t-interval and the verdict."""
+    seeds = sorted(set(a) & set(b))
+    diffs = [a[s] - b[s] for s in seeds]
+    mean, sd = mean_std(diffs)
+    if mean is None or sd is None:
+        return Paired(seeds, diffs, mean, None, None, "inconclusive")
+    half = t_quantile(len(diffs) - 1) * sd / math.sqrt(len(diffs))
+    low, high = mean - half, mean + half
+    sign = 1.0 if direction == "higher" else -1.0
+    if sign * low > 0 and sign * high > 0:
+        verdict = "supported"
+    elif sign * low < 0 and sign * high < 0:
+        verdict = "contradicted"
+    else:
+        verdict = "inconclusive"
+    return Paired(seeds, diffs, mean, low, high, verdict)
+
+
+# --- reading the runs ---------------------------------------------------------------------
+def run_name(row: str, seed: int) -> str:
+    return f"{row}_s{seed}"
+
+
+@dataclass
+class RunState:
+    status: str  # missing | partial | completed | diverged | failed | interrupted
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+
+def read_run(run_dir: Path) -> RunState:
+    if not run_dir.is_dir():
+        return RunState("missing", [], {})
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    status = str(summary.get("status", "partial")) if isinstance(summary, dict) else "partial"
+    return RunState(status, records, summary if isinstance(summary, dict) else {})
+
+
+def is_finished(state: RunState) -> bool:
+    """Nothing more to run: completed, or stopped for good (diverged, failed)."""
+    return state.status in ("completed", "diverged", "failed")
+
+
+# --- the report ---------------------------------------------------------------------------
+def _fmt(v: float | None, scale: float = 100.0, digits: int = 2) -> str:
+    return "–" if v is None else f"{v * scale:.{digits}f}"
+
+
+def _pm(xs: Sequence[float], pct: bool) -> str:
+    m, sd = mean_std(xs)
+    k = 100.0 if pct else 1.0
+    if m is None:
+        return "–"
+    return f"{m * k:.2f}" + ("" if sd is None else f" ± {sd * k:.2f}")
+
+
+def build_report(
+    spec: Spec, scale: str, runs_dir: Path, seeds: Sequence[int], command: str
+) -> tuple[str, dict[str, Any]]:
+    """The Markdown report and its numbers, from the run directories under `runs_dir`."""
+    sc = spec.scales[scale]
+    rows = spec.rows_for(scale)
+    states = {(r.id, s): read_run(runs_dir / run_name(r.id, s)) for r in rows for s in seeds}
+    metrics = sorted({c.metric for c in spec.claims_for(scale)})
+    out: dict[str, Any] = {"paper": spec.name, "scale": scale, "seeds": list(seeds), "rows": {}, "claims": []}
+    lines = [
+        f"# Reproduction: {spec.title} ({scale} scale)",
+        "",
+        f"{spec.citation}",
+        "",
+        "Produced by this command (it writes this file; numbers are not edited by hand):",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"Every run: `{' '.join(sc.overrides)}`. Seeds: {', '.join(map(str, seeds))}. "
+        f"Needs: {sc.needs or '-'}. Machine: {machine()}.",
+        "",
+        "Verdicts: the paired difference (row minus baseline, same seed) over the seeds where both "
+        "finished; 95% t-interval; *supported* when it excludes 0 in the paper's direction, "
+        "*contradicted* when it excludes 0 the other way, *inconclusive* otherwise.",
+        "",
+    ]
+    # Rows.
+    for metric in metrics:
+        pct = not lower_is_better(metric)
+        lines += [f"## Rows: `{metric}` (%)" if pct else f"## Rows: `{metric}`", ""]
+        head = "| row | overrides | runs | final | best |"
+        sep = "|---|---|---|---|---|"
+        if sc.reach is not None and pct:
+            head += f" first round ≥ {sc.reach * 100:g}% |"
+            sep += "---|"
+        lines += [head + (" paper |" if pct else ""), sep + ("---|" if pct else "")]
+        for r in rows:
+            finals = _values(states, r.id, seeds, metric, "final")
+            bests = _values(states, r.id, seeds, metric, "best")
+            bad = sum(states[(r.id, s)].status in ("diverged", "failed") for s in seeds)
+            done = f"{len(finals)}/{len(seeds)}" + (f" ({bad} diverged)" if bad else "")
+            cells = [r.label, "`" + " ".join(r.overrides + r.by_scale.get(scale, [])) + "`", done,
+                     _pm(list(finals.values()), pct), _pm(list(bests.values()), pct)]  # fmt: skip
+            if sc.reach is not None and pct:
+                got = [first_round_reaching(states[(r.id, s)].records, metric, sc.reach) for s in finals]
+                hit = [x for x in got if x is not None]
+                cells.append((f"{sum(hit) / len(hit):.1f}" if hit else "never") + f" ({len(hit)}/{len(got)})")
+            if pct:
+                cells.append("–" if r.paper is None else f"{r.paper:g}")
+            lines.append("| " + " | ".join(cells) + " |")
+            out["rows"].setdefault(r.id, {})[metric] = {"final": finals, "best": bests, "diverged": bad}
+        lines.append("")
+    # Claims.
+    lines += ["## Claims", "",
+              "| claim | metric | row − baseline | per seed | mean | 95% interval | paper | verdict |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for c in spec.claims_for(scale):
+        a = _values(states, c.row, seeds, c.metric, c.stat)
+        b = _values(states, c.baseline, seeds, c.metric, c.stat)
+        p = paired(a, b, c.direction)
+        pct = not lower_is_better(c.metric)
+        k = 100.0 if pct else 1.0
+        ra, rb = spec.rows[c.row], spec.rows[c.baseline]
+        paper = "–" if ra.paper is None or rb.paper is None or not pct else f"{ra.paper - rb.paper:+.2f}"
+        per_seed = ", ".join(f"{d * k:+.2f}" for d in p.diffs) or "–"
+        interval = "–" if p.low is None or p.high is None else f"[{p.low * k:+.2f}, {p.high * k:+.2f}]"
+        mean = "–" if p.mean is None else f"{p.mean * k:+.2f}"
+        lines.append(
+            f"| {c.text} | {c.stat} {c.metric} | {ra.label} − {rb.label} | {per_seed} | {mean} | "
+            f"{interval} | {paper}{' (' + c.paper_ref + ')' if c.paper_ref else ''} | **{p.verdict}** |"
+        )
+        out["claims"].append(
+            {"id": c.id, "row": c.row, "baseline": c.baseline, "metric": c.metric, "stat": c.stat,
+             "direction": c.direction, "seeds": p.seeds, "diffs": p.diffs, "mean": p.mean,
+             "low": p.low, "high": p.high, "verdict": p.verdict}
+        )  # fmt: skip
+    lines += ["", "Curves: `curves.png` (every row, mean over seeds, band min-max).", ""]
+    return "\n".join(lines), out
+
+
+def machine() -> str:
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, Python {platform.python_version()}"
+
+
+def _values(
+    states: dict[tuple[str, int], RunState], row: str, seeds: Sequence[int], metric: str, stat: str
+) -> dict[int, float]:
+    got: dict[int, float] = {}
+    for s in seeds:
+        st = states[(row, s)]
+        v = run_value(st.records, metric, stat) if st.status == "completed" else None
+        if v is not None:
+            got[s] = v
+    return got
+
+
+def plot_curves(spec: Spec, scale: str, runs_dir: Path, seeds: Sequence[int], out: Path) -> Path | None:
+    """One panel per claimed metric: each row's mean over seeds per round, min-max band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = sorted({c.metric for c in spec.claims_for(scale)})
+    rows = spec.rows_for(scale)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(7 * len(metrics), 4.5), squeeze=False)
+    drawn = False
+    for ax, metric in zip(axes[0], metrics):
+        for r in rows:
+            curves = []
+            for s in seeds:
+                st = read_run(runs_dir / run_name(r.id, s))
+                c = {int(x["round"]): float(x[metric]) for x in st.records
+                     if x.get(metric) is not None and not x.get("diverged")}  # fmt: skip
+                if c:
+                    curves.append(c)
+            if not curves:
+                continue
+            rounds = sorted(set.intersection(*(set(c) for c in curves)))
+            if not rounds:
+                continue
+            ys = [[c[t] for c in curves] for t in rounds]
+            ax.plot(rounds, [sum(y) / len(y) for y in ys], label=f"{r.label} (n={len(curves)})")
+            ax.fill_between(rounds, [min(y) for y in ys], [max(y) for y in ys], alpha=0.15)
+            drawn = True
+        ax.set_xlabel("round")
+        ax.set_ylabel(metric)
+        ax.set_title(f"{spec.name} ({scale}): {metric}")
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=7, loc="best")
+    if not drawn:
+        plt.close(fig)
+        return None
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

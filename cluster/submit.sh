@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Submit an fl-lightning command to a running Ray cluster as a Ray job.
 #
-#   cluster/submit.sh [--address URL] [--no-wait] [run|sweep|resume|compare] <overrides...>
+#   cluster/submit.sh [--address URL] [--no-wait] [run|sweep|resume|compare|reproduce] <overrides...>
 #
 #   cluster/submit.sh run method=fedavg data=fmnist fl.rounds=50 runtime=gpu experiment=cmp
 #   cluster/submit.sh sweep method=fedavg seed=0,1,2 runtime=gpu experiment=cmp --parallel 3
+#   cluster/submit.sh reproduce fedglcl --scale paper runtime=gpu --parallel 4
 #
 # The command defaults to `run`. The address is the head's dashboard URL: --address, else
 # $RAY_API_SERVER_ADDRESS, else $RAY_ADDRESS (the ray job CLI's own order), else
@@ -50,14 +51,14 @@ done
 
 CMD=run
 case "${1:-}" in
-  run|sweep|resume|compare) CMD="$1"; shift ;;
+  run|sweep|resume|compare|reproduce) CMD="$1"; shift ;;
 esac
 
 # gitignore-style patterns relative to the repository; the leading '/' matters: a bare
 # `data` would also drop the package folders fl_lightning/data and fl_lightning/text/data.
 RUNTIME_ENV="$(FL_SUBMIT_EXTRA_EXCLUDES="${FL_SUBMIT_EXTRA_EXCLUDES:-}" python3 - <<'PY'
 import json, os
-excludes = ["/.git", "/.venv", "/data", "/runs", "/wandb", "/.cache", "/benchmarks/results",
+excludes = ["/.git", "/.venv", "/data", "/runs", "/wandb", "/.cache", "/benchmarks/results", "/docs/reproduce",
             "/.pytest_cache", "/.ruff_cache", "/build", "*.egg-info", "__pycache__", "*.pyc"]
 excludes += [e for e in os.environ.get("FL_SUBMIT_EXTRA_EXCLUDES", "").split(",") if e]
 names = ["WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY"]

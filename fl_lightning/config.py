@@ -29,6 +29,8 @@ import dataclasses
 import inspect
 import math
 import os
+import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,9 +195,32 @@ def _read_yaml(path: Path) -> dict:
 METHOD_DEFAULT_BLOCKS = ("optim", "fl")
 
 
+#: a run's `experiment` and `run_id` and a conf file's name: one path component that stays
+#: inside its folder (no '/', '..', hidden names, interpolation) and fits a file name
+SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+
+
+def check_names(cfg: DictConfig) -> None:
+    """ConfigError unless `experiment` and `run_id` are each a SAFE_NAME, checked on the raw
+    values (before interpolation resolves: `${oc.env:HOME}` is refused, not followed)."""
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(raw, dict)
+    for key in ("experiment", "run_id"):
+        value = raw.get(key)
+        if value is None and key == "run_id":
+            continue
+        if not isinstance(value, str) or not SAFE_NAME.fullmatch(value):
+            text = str(value)
+            shown = repr(value) if len(text) <= 60 else f"{text[:60]!r}... ({len(text)} characters)"
+            raise ConfigError(
+                f"{key}={shown} must be one folder name: letters, digits, '.', '_', '-', "
+                "not starting with '.', at most 200 characters"
+            )
+
+
 def _group_file(group: str, name: str) -> dict:
     path = conf_dir() / group / f"{name}.yaml"
-    if not path.is_file():
+    if not SAFE_NAME.fullmatch(name) or not path.is_file():  # never a file outside conf/<group>/
         valid = ", ".join(choices(group)) or "(none)"
         raise ConfigError(f"unknown {'dataset' if group == 'data' else group} {name!r}; valid: {valid}")
     data = _read_yaml(path)
@@ -240,6 +265,9 @@ def _parse(overrides: list[str]) -> tuple[dict[str, str], str | None, list[str]]
             raise ConfigError(f"bad override {item!r}: expected key=value")
         key, value = item.split("=", 1)
         if key in ("+experiment", "experiment") and key.startswith("+"):
+            if not SAFE_NAME.fullmatch(value):  # a preset is a file in conf/experiment/, nowhere else
+                valid = ", ".join(choices("experiment")) or "(none)"
+                raise ConfigError(f"unknown experiment {value!r}; valid: {valid}")
             experiment = value
         elif key in GROUPS:
             groups[key] = value
@@ -250,10 +278,36 @@ def _parse(overrides: list[str]) -> tuple[dict[str, str], str | None, list[str]]
     return groups, experiment, dotted
 
 
+def _bool_keys(cls: Any, prefix: str = "") -> list[str]:
+    """The dotted keys of the `bool` fields of a config dataclass, nested ones included."""
+    hints = typing.get_type_hints(cls)
+    out: list[str] = []
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if kind is bool:
+            out.append(prefix + f.name)
+        elif dataclasses.is_dataclass(kind):
+            out += _bool_keys(kind, f"{prefix}{f.name}.")
+    return out
+
+
+def check_bools(tree: Any, keys: list[str], prefix: str = "") -> None:
+    """ConfigError unless each of `keys` present in `tree` (nested dicts, raw values) is a real
+    bool: OmegaConf would take `2` or `'yes'` for true and the typo would pass silently."""
+    for key in keys:
+        node = tree
+        for part in key.split("."):
+            node = node.get(part, None) if isinstance(node, dict) else None
+        if node is not None and not isinstance(node, bool):
+            raise ConfigError(f"{prefix}{key} must be true or false (got {node!r})")
+
+
 def _dotlist(items: list[str]) -> DictConfig:
     """`OmegaConf.from_dotlist`, with a YAML error in a value as one ConfigError naming the override."""
     try:
-        return OmegaConf.from_dotlist(list(items))
+        conf = OmegaConf.from_dotlist(list(items))
+        check_bools(OmegaConf.to_container(conf, resolve=False), _bool_keys(RootConfig))
+        return conf
     except yaml.YAMLError:
         for item in items:
             try:
@@ -333,6 +387,7 @@ def compose(overrides: list[str]) -> DictConfig:
     try:
         cfg.merge_with(preset)
         cfg.merge_with(_dotlist(dotted))
+        check_names(cfg)  # before resolve: an interpolated run_id is refused, not followed
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
         raise _schema_errors(e) from None
@@ -374,6 +429,7 @@ def check_kwargs(kind: str, name: str, fn: Any, given: dict) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Semantic checks that need no heavy imports."""
+    check_names(cfg)  # also a resumed run's config.yaml, whose values are not resolved yet
     fl, data, rt = cfg.fl, cfg.data, cfg.runtime
     bad = _nonfinite(OmegaConf.to_container(cfg, resolve=False))
     if bad is not None:
@@ -391,6 +447,11 @@ def validate(cfg: DictConfig) -> None:
     positive("optim.lr", cfg.optim.lr)
     positive("optim.grad_clip", cfg.optim.grad_clip)
     positive("checkpoint.every", cfg.checkpoint.every)
+    if not 0 <= cfg.seed < 2**32:  # numpy's and Lightning's seeding take no more
+        raise ConfigError(f"seed must be in [0, 2**32) (got {cfg.seed})")
+    for key in ("momentum", "weight_decay"):
+        if cfg.optim[key] < 0:
+            raise ConfigError(f"optim.{key} must be >= 0 (got {cfg.optim[key]})")
     if not 0 < cfg.eval.threshold < 1:
         raise ConfigError(f"eval.threshold must be in (0, 1) (got {cfg.eval.threshold})")
     lt = cfg.eval.longtail
@@ -478,6 +539,9 @@ def validate_registered(cfg: DictConfig) -> None:
         )
     except OmegaConfBaseException as e:
         raise _schema_errors(e) from None
+    if dataclasses.is_dataclass(strategy.config_cls):  # cfg.method is untyped: its raw values
+        check_bools({"method": OmegaConf.to_container(cfg.method, resolve=False)},
+                    _bool_keys(strategy.config_cls, "method."))
     if dataclasses.is_dataclass(method_cfg) and not isinstance(method_cfg, type):
         bad = _nonfinite(dataclasses.asdict(method_cfg), "method")
         if bad is not None:  # e.g. method.mu=nan: a string until the method's schema types it
@@ -528,6 +592,7 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
                 "only fl.rounds, runtime.*, logger.*, eval.batch_size, eval.device and method.allow_momentum"
             )
     doc = _read_yaml(path)
+    check_bools(doc, _bool_keys(RootConfig), f"{path}: ")  # shared run dirs are untrusted
     missing = [g for g in ("method", "data", "model", "fl") if not isinstance(doc.get(g), dict)]
     missing += [
         f"{g}.name" for g in ("method", "data", "model") if g not in missing and not doc[g].get("name")

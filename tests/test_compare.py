@@ -8,6 +8,8 @@ import json
 import statistics
 from pathlib import Path
 
+import yaml
+
 from fl_lightning.cli.main import main
 from fl_lightning.cli.sweep import expand, split_top_level
 
@@ -49,7 +51,8 @@ def test_sweep_then_compare_two_methods_over_two_seeds(tmp_path, capsys):
     table = capsys.readouterr().out
     assert rc == 0
     lines = table.splitlines()
-    assert lines[0].split()[:4] == ["method", "runs", "seeds", "final"]
+    assert lines[0].startswith("accuracy (higher is better")  # the table's title: its metric
+    assert lines[1].split()[:5] == ["method", "n", "seeds", "final", "accuracy"]
     for method in ("fedavg", "fedprox"):
         runs = [s for s in sums if s["method"] == method]
         finals = [r["final_accuracy"] for r in runs]
@@ -75,7 +78,9 @@ def test_sweep_then_compare_two_methods_over_two_seeds(tmp_path, capsys):
     # any key of summary.json or config.yaml groups runs (here: one group of all four)
     rc = main(["compare", str(out), "--by", "optim.lr", "--no-plots"])
     table = capsys.readouterr().out
-    assert rc == 0 and next(ln for ln in table.splitlines() if ln.startswith("0.05 ")).split()[1] == "4"
+    lrs = {yaml.safe_load(p.read_text())["optim"]["lr"] for p in exp.glob("*/config.yaml")}
+    (lr,) = lrs  # the sweep's runs share the default learning rate
+    assert rc == 0 and next(ln for ln in table.splitlines() if ln.startswith(f"{lr} ")).split()[1] == "4"
 
 
 def test_parallel_sweep_runs_each_in_its_own_process(tmp_path, capsys):
@@ -121,7 +126,19 @@ def test_wandb_run_has_partition_statistics_and_seed_tag(tmp_path):
     _, run_dir = start_run(cfg, console=False)
     (path,) = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
     logged = read_finished_run(path)
-    assert {"fedavg", "digits", "seed:3"} <= set(logged["run"].tags) and logged["run"].run_group == "wbpart"
+    run = logged["run"]
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    partition = config["data"]["partition"]
+    assert {"fedavg", "digits", "seed:3", f"partition:{partition}"} <= set(run.tags)
+    # W&B groups by experiment, then by job type (the method); one name per (method, seed)
+    assert (run.run_group, run.job_type, run.display_name) == ("wbpart", "fedavg", "fedavg-s3")
+    assert logged["config"]["optim.lr"] == config["optim"]["lr"]  # flat keys: W&B filters name them
+    assert logged["config"]["data.partition"] == partition and logged["config"]["method.name"] == "fedavg"
+    assert logged["config"]["partition.train_sizes"] == json.loads((run_dir / "partition.json").read_text())[
+        "train_sizes"]  # fmt: skip
+    # every history row carries `round`, and every chart's x-axis is it
+    assert [h["round"] for h in logged["history"]] == [h["_step"] for h in logged["history"]] == [0, 1, 2]
+    assert {(m.glob_name, m.step_metric) for m in logged["metrics"] if m.glob_name} == {("*", "round")}
     step0 = next(h for h in logged["history"] if "partition/class_histogram/_type" in h)
     assert step0["_step"] == 0 and step0["partition/class_histogram/_type"] == "table-file"
     assert step0["partition/plot/_type"] == "image-file"
@@ -176,16 +193,137 @@ def test_sequential_ray_sweep_sets_up_the_same_workers_again(tmp_path, capsys, r
     assert json.loads(swept[-1])["accuracy"] is not None
 
 
-def test_compare_of_different_primary_metrics_uses_one_every_run_reports(tmp_path):
-    """FedAvg's primary metric is the global `accuracy`, FedPer's `client_accuracy`: one table
-    must not show FedAvg's global accuracy under FedPer's header."""
+def test_compare_of_different_primary_metrics_gives_each_its_own_table(tmp_path, capsys):
+    """FedAvg's primary metric is the global `accuracy`, FedPer's `client_accuracy`: each is
+    reported on its own, in a table titled with it; `--metric` puts both on one."""
     from fl_lightning.tracking.compare import compare
 
     for method in ("fedavg", "fedper"):
         assert main(["run", f"method={method}", *TINY, "data.client_test_fraction=0.25",
                      f"output_dir={tmp_path}", "experiment=mixed", "--quiet"]) == 0  # fmt: skip
-    _, written = compare([tmp_path / "mixed"], plots=False)
-    rows = {g["group"]: g for g in json.loads(written[-1].read_text())["groups"]}
-    (metric,) = {r["metric"] for r in rows.values()}  # one metric for the whole table
+    capsys.readouterr()
+    table, written = compare([tmp_path / "mixed"], plots=False)
+    data = json.loads(written[-1].read_text())
+    rows = {g["group"]: g for g in data["groups"]}
+    assert data["metrics"] == ["accuracy", "client_accuracy"]
     for s in _summaries(tmp_path / "mixed"):
+        metric = s["primary_metric"]
+        assert rows[s["method"]]["metric"] == metric and rows[s["method"]]["n"] == 1
         assert rows[s["method"]]["final"]["mean"] == s[f"final_{metric}"]
+    assert "--metric client_accuracy puts them all on one table" in table  # FedAvg logs it too
+    assert main(["compare", str(tmp_path / "mixed"), "--metric", "client_accuracy", "--no-plots"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("client_accuracy (") and not any(ln.startswith("accuracy") for ln in printed)
+    for s in _summaries(tmp_path / "mixed"):
+        last = json.loads((tmp_path / "mixed" / s["run_id"] / "metrics.jsonl").read_text().splitlines()[-1])
+        row = next(ln for ln in printed if ln.startswith(s["method"] + " "))
+        assert row.split()[1:4] == ["1", str(s["seed"]), f"{last['client_accuracy']:.4f}"]
+
+
+def _hand_run(root: Path, name: str, method: str, seed: int, metric: str, curve: list[float],
+              loss: list[float]) -> None:  # fmt: skip
+    """A finished run's files, written by hand: summary.json and one metrics.jsonl line per round."""
+    d = root / name
+    d.mkdir(parents=True)
+    summary = {"method": method, "seed": seed, "dataset": "coco", "status": "completed",
+               "primary_metric": metric, "rounds_completed": len(curve),
+               "wall_time_s": 10.0 + seed}  # fmt: skip
+    (d / "summary.json").write_text(json.dumps(summary))
+    pairs = zip(curve, loss, strict=True)
+    lines = [{"round": i + 1, metric: v, "loss": lo} for i, (v, lo) in enumerate(pairs)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def _cells(lines: list[str], title: str, group: str) -> list[str]:
+    """The row of `group` in the table titled `title` (up to the next blank line)."""
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(title + " ("))
+    end = next((i for i in range(start, len(lines)) if not lines[i]), len(lines))
+    return next(ln for ln in lines[start:end] if ln.startswith(group + " ")).split()
+
+
+def test_compare_mixed_metrics_one_table_each_best_in_the_metrics_direction(tmp_path, capsys):
+    """FedLGT (C-AP, multi-label) beside FedDTR (client accuracy): two tables, each titled and
+    headed with its own metric; a loss's best is its minimum; one run shows no ±."""
+    root = tmp_path / "runs"
+    _hand_run(root, "fedlgt_s0", "fedlgt", 0, "c_ap", [0.30, 0.45, 0.40], [2.0, 1.2, 1.5])
+    _hand_run(root, "fedlgt_s1", "fedlgt", 1, "c_ap", [0.20, 0.35, 0.50], [2.2, 1.6, 1.1])
+    _hand_run(root, "feddtr_s0", "feddtr", 0, "client_accuracy", [0.60, 0.70, 0.65], [1.0, 0.8, 0.9])
+    out = tmp_path / "cmp"
+    assert main(["compare", str(root), "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+
+    # by hand: C-AP final (0.40, 0.50), best (0.45, 0.50); FedDTR final 0.65, best 0.70
+    assert _cells(lines, "c_ap", "method") == ["method", "n", "seeds", "final", "c_ap", "best", "c_ap",
+                                              "rounds", "wall", "time", "s"]  # fmt: skip
+    assert _cells(lines, "c_ap", "fedlgt") == [
+        "fedlgt", "2", "0,1", f"{0.45:.4f}", "±", f"{statistics.stdev([0.40, 0.50]):.4f}",
+        f"{0.475:.4f}", "±", f"{statistics.stdev([0.45, 0.50]):.4f}",
+        "3", "10.5", "±", f"{statistics.stdev([10.0, 11.0]):.1f}"]  # fmt: skip
+    assert _cells(lines, "client_accuracy", "method")[3:5] == ["final", "client_accuracy"]
+    assert _cells(lines, "client_accuracy", "feddtr") == ["feddtr", "1", "0", "0.6500", "0.7000", "3", "10.0"]
+    c_ap_table = lines[: lines.index("")]
+    assert not any(ln.startswith("feddtr") for ln in c_ap_table)  # no FedDTR number under C-AP
+    data = json.loads((out / "compare.json").read_text())
+    assert data["metrics"] == ["c_ap", "client_accuracy"]
+    assert [(g["group"], g["metric"], g["direction"], g["n"]) for g in data["groups"]] == [
+        ("fedlgt", "c_ap", "max", 2), ("feddtr", "client_accuracy", "max", 1)]  # fmt: skip
+    lgt, dtr = data["groups"]
+    assert abs(lgt["final"]["mean"] - 0.45) < 1e-12 and abs(lgt["best"]["mean"] - 0.475) < 1e-12
+    assert abs(lgt["best"]["std"] - statistics.stdev([0.45, 0.50])) < 1e-12
+    assert dtr["final"] == {"mean": 0.65, "std": None, "min": 0.65, "max": 0.65, "n": 1}
+    assert dtr["best"]["mean"] == 0.70
+    # a plot per metric (its y-axis is that metric), none mixing the two
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "c_ap_vs_round.png", "c_ap_vs_round_fedlgt.png",
+        "client_accuracy_vs_round.png", "client_accuracy_vs_round_feddtr.png"]  # fmt: skip
+    assert all(p.read_bytes()[:8] == PNG for p in out.glob("*.png"))
+
+    # --metric loss: one table; best = the mean of each run's lowest loss
+    assert main(["compare", str(root), "--metric", "loss", "--out", str(tmp_path / "loss")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("loss (lower is better")
+    assert _cells(lines, "loss", "fedlgt")[1:9] == [
+        "2", "0,1", f"{1.3:.4f}", "±", f"{statistics.stdev([1.5, 1.1]):.4f}",
+        f"{1.15:.4f}", "±", f"{statistics.stdev([1.2, 1.1]):.4f}"]  # fmt: skip
+    assert _cells(lines, "loss", "feddtr")[1:5] == ["1", "0", "0.9000", "0.8000"]
+    data = json.loads((tmp_path / "loss" / "compare.json").read_text())
+    assert data["metrics"] == ["loss"] and {g["direction"] for g in data["groups"]} == {"min"}
+    assert (tmp_path / "loss" / "loss_vs_round.png").read_bytes()[:8] == PNG
+
+
+def test_compare_loss_of_real_runs_is_the_mean_of_their_minima(tmp_path, capsys):
+    exp = tmp_path / "loss"
+    for method, seed in (("fedavg", 0), ("fedavg", 1), ("fedprox", 0)):
+        assert main(["run", f"method={method}", f"seed={seed}", *TINY, "fl.rounds=3",
+                     f"output_dir={tmp_path}", "experiment=loss", "--quiet"]) == 0  # fmt: skip
+    assert main(["compare", str(exp), "--metric", "loss", "--no-plots"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for method in ("fedavg", "fedprox"):
+        curves = [[json.loads(ln)["loss"] for ln in p.read_text().splitlines()]
+                  for p in sorted(exp.glob(f"{method}_*/metrics.jsonl"))]  # fmt: skip
+        finals, mins = [c[-1] for c in curves], [min(c) for c in curves]
+        row = " ".join(_cells(lines, "loss", method))
+        if len(curves) == 1:
+            assert f" 1 0 {finals[0]:.4f} {mins[0]:.4f} 3 " in row and "±" not in row
+        else:
+            assert f"{statistics.mean(mins):.4f} ± {statistics.stdev(mins):.4f}" in row
+            assert f"{statistics.mean(finals):.4f} ± {statistics.stdev(finals):.4f}" in row
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk, after checking the signature and chunk name."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == PNG and head[12:16] == b"IHDR", f"{path} is not a PNG"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def test_every_run_writes_its_curves_and_partition_pictures(tmp_path):
+    assert main(["run", "method=fedper", *TINY, "fl.rounds=3", "data.client_test_fraction=0.25",
+                 f"output_dir={tmp_path}", "experiment=pics", "run_id=r", "--quiet"]) == 0  # fmt: skip
+    run_dir = tmp_path / "pics" / "r"
+    for name, (min_w, min_h) in (("curves.png", (1000, 400)), ("partition.png", (600, 300))):
+        png = run_dir / name
+        width, height = _png_size(png)
+        assert width >= min_w and height >= min_h, (name, width, height)
+        assert 10_000 < png.stat().st_size < 2_000_000, name  # drawn, and not a bloated raster
+    assert not list(run_dir.glob("*.part"))  # written whole, no temporary left

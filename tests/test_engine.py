@@ -106,7 +106,7 @@ def test_wandb_offline_run_holds_config_rounds_and_summary(tmp_path, data_root):
     logged = read_finished_run(path)
     assert logged["run"].run_group == "wbtest"
     assert {"fedavg", "fmnist"} <= set(logged["run"].tags)
-    assert logged["config"]["seed"] == 3 and logged["config"]["method"]["name"] == "fedavg"
+    assert logged["config"]["seed"] == 3 and logged["config"]["method.name"] == "fedavg"  # flat keys
     accs = [h["accuracy"] for h in logged["history"] if "accuracy" in h]
     assert accs == [r["accuracy"] for r in _records(run_dir)]
     assert logged["summary"]["final_accuracy"] == summary["final_accuracy"]

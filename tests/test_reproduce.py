@@ -40,7 +40,8 @@ rows:
   slow: {label: lr 0.001, overrides: [method=fedavg, optim.lr=0.001], paper: 50.0}
 claims:
   - {id: faster, text: a larger step learns more in one round, row: fast, baseline: slow, metric: accuracy}
-  - {id: loss, text: and has a lower loss, row: fast, baseline: slow, metric: loss, direction: lower, stat: best}
+  - {id: loss, text: and has a lower loss, row: fast, baseline: slow, metric: loss, direction: lower,
+     stat: best}
 """
 
 
@@ -66,14 +67,16 @@ def test_reproduce_end_to_end_verdicts_by_hand_and_a_kill(conf, tmp_path, data_r
            "logger=wandb", "logger.mode=offline"]  # fmt: skip
     runs = out / "tiny_mini"
     # Start it, kill -9 once the first run has finished.
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "first.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
     first = runs / "fast_s0" / "summary.json"
     deadline = time.monotonic() + 300
     while not first.is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert first.is_file()
+    assert first.is_file(), log.read_text()[-2000:]
     kept = first.read_text()
     finished_before = sorted(p.parent.name for p in runs.glob("*/summary.json"))
     assert len(finished_before) < 4
@@ -111,6 +114,12 @@ def test_reproduce_end_to_end_verdicts_by_hand_and_a_kill(conf, tmp_path, data_r
     logged = read_finished_run(path)
     assert logged["run"].run_group == "reproduce-tiny-mini"
     assert {"reproduce", "tiny", "mini", "row-slow", "faster", "loss"} <= set(logged["run"].tags)
+    # A longer schedule continues the finished runs from their checkpoints, round 1 untouched.
+    round1 = (runs / "fast_s1" / "metrics.jsonl").read_text()
+    assert main(["reproduce", "tiny", "--out", str(out), "fl.rounds=2", "logger=none"]) == 0
+    lines = (runs / "fast_s1" / "metrics.jsonl").read_text()
+    assert lines.startswith(round1) and len(lines.splitlines()) == 2
+    assert json.loads((runs / "fast_s1" / "summary.json").read_text())["rounds_completed"] == 2
 
 
 def test_paired_verdicts_by_hand():

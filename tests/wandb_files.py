@@ -44,8 +44,9 @@ def _key(item: Any) -> str:
 
 
 def read_run(path: Path) -> dict[str, Any]:
-    """{'run': Record.run, 'history': [ {key: value} ], 'summary': {key: value}, 'config': {...}}."""
-    out: dict[str, Any] = {"run": None, "history": [], "summary": {}, "config": {}}
+    """{'run': Record.run, 'history': [ {key: value} ], 'summary': {key: value}, 'config': {...},
+    'metrics': [Record.metric (a `define_metric`)]}."""
+    out: dict[str, Any] = {"run": None, "history": [], "summary": {}, "config": {}, "metrics": []}
     for rec in records(path):
         kind = rec.WhichOneof("record_type")
         if kind == "run":
@@ -57,6 +58,8 @@ def read_run(path: Path) -> dict[str, Any]:
         elif kind == "summary":
             for item in rec.summary.update:
                 out["summary"][_key(item)] = json.loads(item.value_json)
+        elif kind == "metric":
+            out["metrics"].append(rec.metric)
         elif kind == "config":
             for item in rec.config.update:
                 out["config"][_key(item)] = json.loads(item.value_json)

@@ -57,13 +57,15 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--list", action="store_true", help="the papers, their claims and scales")
     rep.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     rep.add_argument("--report-only", action="store_true", help="write the report from the runs there")
-    cmp_ = sub.add_parser("compare", help="table (mean ± std over seeds) and accuracy-vs-round plots of runs")
+    cmp_ = sub.add_parser("compare", help="tables (mean ± std over seeds) and metric-vs-round plots of runs")
     cmp_.add_argument(
         "paths", nargs="+", help="runs folders (searched for run directories) or run directories"
     )
     cmp_.add_argument("--by", default=None, help="group by these comma-separated keys (default: method)")
     cmp_.add_argument(
-        "--metric", default=None, help="per-round metric to compare (default: the run's accuracy metric)"
+        "--metric",
+        default=None,
+        help="per-round metric to compare (default: each run's primary metric, one table per metric)",
     )
     cmp_.add_argument(
         "--out", default=None, help="folder for the plots and compare.json (default: <first path>/compare)"

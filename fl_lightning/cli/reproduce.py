@@ -24,7 +24,16 @@ from ..config import compose, conf_dir
 from ..core.errors import ConfigError
 from ..runtime.lock import RunLock
 from ..runtime.paths import resolve_output_dir
-from ..tracking.reproduce import SCALES, Spec, build_report, is_finished, load_spec, plot_curves, read_run, run_name
+from ..tracking.reproduce import (
+    SCALES,
+    Spec,
+    build_report,
+    is_finished,
+    load_spec,
+    plot_curves,
+    read_run,
+    run_name,
+)
 from .sweep import SweepRun, run_grid
 
 
@@ -42,7 +51,9 @@ def get_spec(paper: str) -> Spec:
 def list_specs() -> None:
     for name, path in specs().items():
         s = load_spec(path)
-        scales = ", ".join(f"{k} ({len(s.rows_for(k))} rows x {len(v.seeds)} seeds)" for k, v in s.scales.items())
+        scales = ", ".join(
+            f"{k} ({len(s.rows_for(k))} rows x {len(v.seeds)} seeds)" for k, v in s.scales.items()
+        )
         print(f"{name:10s} {s.title}")
         print(f"{'':10s} claims: {', '.join(c.id for c in s.claims)}; scales: {scales}")
 
@@ -74,14 +85,16 @@ def plan(
             run_dir = out / experiment / name
             state = read_run(run_dir)
             run = SweepRun(len(todo), args, cfg, run_dir)
-            if is_finished(state):
+            if is_finished(state, int(cfg.fl.rounds)):
                 done.append(run)
                 continue
             if state.status != "missing":
                 RunLock(run_dir).acquire().release()  # held by another process: one line, nothing touched
                 last = max((int(r["round"]) for r in state.records if "round" in r), default=0)
                 if (run_dir / "checkpoints").is_dir() and last < int(cfg.fl.rounds):
-                    run.resume = True  # killed mid-run: continue from its last checkpoint
+                    # killed mid-run, or finished with fewer rounds than the scale now asks:
+                    # continue from its last checkpoint
+                    run.resume = True
                 else:  # killed before its first checkpoint, or after its last line: run it again
                     shutil.rmtree(run_dir)
             todo.append(run)
@@ -114,6 +127,7 @@ def reproduce_command(
     runs_dir = folder / f"{spec.name}_{scale}"
     command = " ".join(["fl-lightning reproduce", paper, f"--scale {scale}",
                         f"--seeds {','.join(map(str, seeds))}", *extra])  # fmt: skip
+    todo: list[SweepRun] = []
     if not report_only:
         todo, done = plan(spec, scale, seeds, folder, extra)
         total = len(todo) + len(done)
@@ -144,11 +158,8 @@ def reproduce_command(
         print(f"wrote {p}")
     for c in numbers["claims"]:
         print(f"  {c['id']}: {c['verdict']} ({len(c['seeds'])} pairs)")
-    missing = [
-        (r.id, s) for r in spec.rows_for(scale) for s in seeds
-        if not is_finished(read_run(runs_dir / run_name(r.id, s)))
-    ]  # fmt: skip
-    if missing and not report_only:
-        print(f"fl-lightning: error: {len(missing)} runs did not finish; run the command again", file=sys.stderr)
+    missing = [r for r in todo if not is_finished(read_run(r.run_dir), int(r.cfg.fl.rounds))]
+    if missing:
+        print(f"fl-lightning: error: {len(missing)} runs unfinished; run the command again", file=sys.stderr)
         return 1
     return 0

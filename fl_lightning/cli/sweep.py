@@ -159,7 +159,8 @@ def _run_inline(run: SweepRun) -> None:
         if run.resume:
             from ..config import load_run_config
 
-            resume_run(run.run_dir, load_run_config(run.run_dir, []), console=False)
+            rounds = f"fl.rounds={run.cfg.fl.rounds}"  # may be more than it ran (a longer schedule)
+            resume_run(run.run_dir, load_run_config(run.run_dir, [rounds]), console=False)
         else:
             start_run(run.cfg, console=False)
         run.status = "ok"
@@ -222,13 +223,17 @@ def _run_parallel(
                 run = queue.pop(0)
                 log = log_dir / f"{run.index:03d}_{run.run_dir.name}.log"
                 fh = open(log, "w")
-                what = ["resume", str(run.run_dir)] if run.resume else ["run", *run.overrides]
-                cmd = [sys.executable, "-m", "fl_lightning", *what, *_local_cpus(run, parallel), "--quiet"]
+                what = ["run", *run.overrides]
+                if run.resume:
+                    what = ["resume", str(run.run_dir), f"fl.rounds={run.cfg.fl.rounds}"]
+                cmd = [sys.executable, "-m", "fl_lightning", *what, *_local_cpus(run, parallel)]
+                cmd.append("--quiet")
                 fh.write("$ " + " ".join(cmd) + "\n")
                 fh.flush()
                 proc = subprocess.Popen(
-                    cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
-                )
+                    cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    preexec_fn=_die_with_parent,
+                )  # fmt: skip
                 active[proc] = (run, log, fh)
                 if monitor is not None:
                     monitor.watch(

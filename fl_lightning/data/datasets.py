@@ -23,7 +23,6 @@ decoded arrays are cached under `<data.root>/.cache/`. See `folders.py` and `cac
 """
 from __future__ import annotations
 
-import pickle
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from .fetch import (
 )
 from .longtail import longtail_indices
 from .registry import DATASETS, ArrayDataset, DatasetEntry, text_name
+from .safe_pickle import load_data_pickle
 
 # `read_idx` (an IDX file, gzipped or not, checked against its header) lives in fetch.py.
 
@@ -190,10 +190,20 @@ _CIFAR = {
 def _read_cifar(paths: list[Path], key: str) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for p in paths:
-        with open(p, "rb") as f:
-            d = pickle.load(f, encoding="latin1")
-        xs.append(np.asarray(d["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.append(np.asarray(d[key], dtype=np.int64))
+        d = load_data_pickle(p, "CIFAR")  # a data root is untrusted: no code runs from it
+        try:  # Python 2's batches give str keys, ones pickled from Python 3 bytes keys
+            d = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in d.items()}
+            x = np.asarray(d["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+            y = np.asarray(d[key], dtype=np.int64).reshape(-1)
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError):
+            raise ConfigError(
+                f"CIFAR file {p} is not a CIFAR batch (a dict with 'data' of N x 3072 bytes and "
+                f"{key!r}); replace it"
+            ) from None
+        if len(x) != len(y):
+            raise ConfigError(f"CIFAR file {p} has {len(x)} images but {len(y)} labels; replace it")
+        xs.append(x)
+        ys.append(y)
     return np.concatenate(xs), np.concatenate(ys)
 
 

@@ -20,12 +20,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..core.errors import ConfigError
 from .cache import cached_images
 from .registry import DATASETS, ArrayDataset, DatasetEntry, text_name
+from .safe_pickle import load_data_pickle
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -191,9 +193,16 @@ def _read_split(path: Path) -> tuple[list[str], list[object]]:
     if path.suffix == ".txt":
         rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
         return [r[0] for r in rows], [r[1] if len(r) > 1 else None for r in rows]
-    obj = np.load(path, allow_pickle=True)  # FedBN: a pickled (paths, text labels) pair
-    paths, labels = obj[0], obj[1]
-    return [str(p) for p in paths], list(labels)
+    with open(path, "rb") as f:
+        npy = f.read(6) == b"\x93NUMPY"
+    # FedBN: a pickled (paths, text labels) pair; a data root is untrusted: no code runs from it
+    obj: Any = None if npy else load_data_pickle(path, "split", scalars=True)
+    try:
+        obj = np.load(path, allow_pickle=False) if npy else obj
+        paths, labels = obj[0], obj[1]
+        return [str(p) for p in paths], list(labels)
+    except (TypeError, ValueError, IndexError, KeyError, OSError) as e:
+        raise ConfigError(f"split file {path} is not a (paths, labels) pair ({e}); replace it") from None
 
 
 def _resolve(spec: DomainSpec, root: Path, base: Path, rel: str) -> Path:

@@ -26,12 +26,15 @@ def save_partition_plot(stats: dict[str, Any], path: str | Path) -> Path:
     names = list(stats.get("class_names", [str(i) for i in range(n_classes)]))
     width = min(4.0 + 0.35 * n_classes, 24.0)
     height = min(3.5 + 0.3 * n_clients, 24.0)
-    fig = Figure(figsize=(width + 2.5, height), dpi=100)
+    # heatmap | client sizes | colour bar: the colour bar's ticks and label need the figure's
+    # right margin (between the heatmap and the sizes they covered the bars)
+    fig_width = width + 2.5 + 0.2 + 1.2
+    fig = Figure(figsize=(fig_width, height), dpi=100)
     FigureCanvasAgg(fig)
-    grid = fig.add_gridspec(1, 3, width_ratios=[width, 0.2, 2.5], wspace=0.12)
+    grid = fig.add_gridspec(1, 3, width_ratios=[width, 2.5, 0.2], wspace=0.08)
     ax = fig.add_subplot(grid[0, 0])
-    cax = fig.add_subplot(grid[0, 1])
-    bar = fig.add_subplot(grid[0, 2], sharey=ax)
+    bar = fig.add_subplot(grid[0, 1], sharey=ax)
+    cax = fig.add_subplot(grid[0, 2])
     positive = hist[hist > 0]
     lo, hi = (float(positive.min()), float(positive.max())) if positive.size else (1.0, 1.0)
     norm: Normalize
@@ -71,8 +74,10 @@ def save_partition_plot(stats: dict[str, Any], path: str | Path) -> Path:
         bar.fill_betweenx(np.arange(n_clients), 0, sizes, step="mid", color="#4c72b0", linewidth=0)
     bar.set_xlabel("client size")
     bar.tick_params(axis="y", labelleft=False)
-    bottom = (1.4 if n_classes <= 40 else 0.6) / height  # inches for rotated class names
-    fig.subplots_adjust(left=0.1, right=0.98, bottom=bottom, top=1.0 - 0.6 / height)
+    bottom = (1.2 if n_classes <= 40 else 0.6) / height  # inches for rotated class names
+    bar.grid(True, axis="x", alpha=0.3)
+    top = 1.0 - 0.6 / height
+    fig.subplots_adjust(left=0.8 / fig_width, right=1.0 - 1.0 / fig_width, bottom=bottom, top=top)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".part")

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..core.checks import positive
 from ..core.errors import ConfigError
 from ..core.types import StateDict
 from . import METHODS
@@ -123,6 +124,7 @@ class CLIP2FL(CReFF):
         """The teacher must be buildable: `clip` needs CLIP weights, `aligned` needs its
         held-out images kept from the clients."""
         c: CLIP2FLConfig = config
+        positive(c, "kd_temperature", "pcl_temperature")  # they divide the logits
         if c.teacher not in TEACHERS:
             raise ConfigError(f"method.teacher={c.teacher!r}: expected one of {', '.join(TEACHERS)}")
         if c.beta <= 0 and c.pcl_weight <= 0:

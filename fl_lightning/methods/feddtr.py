@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.checks import positive
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
 from ..core.params import to_cpu
@@ -178,6 +179,10 @@ class FedDTR(Strategy[FedDTRConfig, ServerState, DTRBroadcast]):
     state_cls = ServerState
     broadcast_cls = DTRBroadcast
     personalised = True
+
+    @classmethod
+    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
+        positive(config, "tau")  # divides the cosine logits
 
     def __init__(self, config: FedDTRConfig, *args: Any, **kwargs: Any) -> None:
         if config.prior and not config.text:

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.checks import nonnegative, positive
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ServerState
 from ..core.strategy import MethodConfig, Strategy
@@ -165,6 +166,11 @@ class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
     objective_cls = GLCLObjective
     state_cls = ServerState
     broadcast_cls = GLCLBroadcast
+
+    @classmethod
+    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
+        positive(config, "tau", "moon_temperature")  # they divide the logits
+        nonnegative(config, "prox_mu", "moon_mu")
 
     def __init__(self, config: FedGLCLConfig, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.checks import within
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ServerState
 from ..core.objective import ClientObjective
@@ -137,6 +138,8 @@ class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
     @classmethod
     def check_run(cls, config: Any, run: dict[str, Any]) -> None:
         c: FedLGTConfig = config
+        within(c, "threshold", 0, 1, open_lo=True, open_hi=True)  # on sigmoid scores
+        within(c, "epsilon", 0, 0.5, open_hi=True)  # |p - threshold| <= epsilon: 0.5 makes all unknown
         if c.label_embedding not in LABEL_EMBEDDINGS:
             raise ConfigError(
                 f"method.label_embedding={c.label_embedding!r} is not one of: {', '.join(LABEL_EMBEDDINGS)}"

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..core.checks import nonnegative, positive, within
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
@@ -156,6 +157,12 @@ class FedTSP(Strategy[FedTSPConfig, FedTSPState, TSPBroadcast]):
     objective_cls = FedTSPObjective
     state_cls = FedTSPState
     broadcast_cls = TSPBroadcast
+
+    @classmethod
+    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
+        nonnegative(config, "lam", "server_epochs", "prompt_momentum", "finetune_after")
+        positive(config, "prompt_lr", "logit_scale_lr")
+        within(config, "n_ctx", 1, 64)  # prompt tokens: CLIP's whole context is 77 (CoOp: 4 to 16)
 
     def __init__(self, config: FedTSPConfig, *args: Any, **kwargs: Any) -> None:
         # personal models unless weights are shared (and then again in the -FT rounds)

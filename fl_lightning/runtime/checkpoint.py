@@ -30,6 +30,7 @@ import torch
 from ..core.errors import CheckpointError
 from ..core.messages import ServerState
 from ..core.types import ClientId, ClientState
+from .lock import open_new
 
 FORMAT = "fl_lightning.checkpoint/2"
 KEEP = 2
@@ -77,7 +78,7 @@ def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 def _atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with open_new(tmp) as f:  # not through a link planted under this name
         write(f)
         f.flush()
         os.fsync(f.fileno())

@@ -12,6 +12,11 @@ a lock file lets two processes lock two different files of the same name.
 hold runs (a file in the way, not writable); `create_run_dir` creates a run directory
 atomically (`mkdir` of the final name: of two processes creating the same run, one gets it,
 the other a one-line error).
+
+Run directories are shared, so a resumed one is untrusted: `check_run_dir` refuses one holding
+a symbolic link where the run writes (its top level, `checkpoints/` and the folders in it),
+which would redirect a write, truncation or deletion to a file outside it; the lock file is
+opened with `O_NOFOLLOW`, and `open_new` writes a temporary file that is surely the run's own.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import sys
 import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..core.errors import ConfigError
 
@@ -32,6 +38,8 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 LOCK_NAME = ".lock"
+#: the folders under a run directory that a run writes into, besides its top level
+WRITTEN_DIRS = ("checkpoints", "checkpoints/clients", "checkpoints/skipped", "checkpoints/skipped/clients")
 
 
 class RunDirBusy(ConfigError):
@@ -66,10 +74,15 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        if self.path.is_symlink():  # O_NOFOLLOW below would say only "too many levels of links"
+            raise ConfigError(_link_message(self.path))
+        try:  # O_NOFOLLOW: never truncate a file elsewhere that a planted link names
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as e:
             raise ConfigError(f"cannot use run directory {self.run_dir}: {e.strerror or e}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device: nothing to truncate
+            os.close(fd)
+            raise ConfigError(f"{self.path} is not a plain file; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -84,6 +97,11 @@ class RunLock:
         prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
         prog = "fl-lightning" if prog in ("__main__.py", "fl-lightning") else prog
         command = " ".join([prog, *sys.argv[1:]])
+        try:  # held now: nobody else writes the run while its files are checked
+            check_run_dir(self.run_dir)
+        except ConfigError:
+            os.close(fd)
+            raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
         self._fd = fd
@@ -110,6 +128,44 @@ class RunLock:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
+
+
+def _link_message(path: Path) -> str:
+    return (
+        f"{path} is a symbolic link: a run directory's files must be its own (a link would make "
+        "this run write or delete outside it); remove the link"
+    )
+
+
+def check_run_dir(run_dir: Path | str) -> None:
+    """ConfigError (one line naming the path) if the run directory holds a symbolic link
+    where a run writes: an entry of its top level, `checkpoints/` or the folders in it."""
+    base = Path(run_dir)
+    for sub in ("", *WRITTEN_DIRS):
+        folder = base / sub if sub else base
+        if sub and folder.is_symlink():
+            raise ConfigError(_link_message(folder))
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            raise ConfigError(f"cannot read {folder}: {e.strerror or e}") from None
+        for entry in entries:
+            if entry.is_symlink():
+                raise ConfigError(_link_message(Path(entry.path)))
+
+
+def open_new(path: Path) -> BinaryIO:
+    """`path` opened for writing as a new file of its own: a leftover of the same name (a
+    stale temporary file, or a planted link) is removed first, and O_EXCL | O_NOFOLLOW make
+    sure that what is written cannot land in a file elsewhere."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o644), "wb")
 
 
 def check_output_dir(path: Path | str, shown: str | None = None) -> None:

@@ -44,6 +44,7 @@ from .build import Prepared, local_resources, prepare
 from .executor import Executor, SerialExecutor
 from .host import ClientHost
 from .local_ray import ray_kept
+from .lock import open_new
 from .paths import run_dir_message
 from .placement import Placement, placement_for
 
@@ -216,10 +217,13 @@ class Run:
         config = {str(k): v for k, v in tree.items()}
         config["strategy"] = self.p.strategy.summary()
         config["partition"] = {"train_sizes": [int(len(t)) for t in self.p.split.train]}
+        method, data = self.cfg.method.name, self.cfg.data
+        tags = [method, data.name, f"seed:{self.cfg.seed}", *lc.tags]
+        if data.get("partition"):
+            tags.insert(2, f"partition:{data.partition}")
         wb = WandbLogger(
             self.run_dir, self.run_dir.name, lc.project, lc.entity, lc.group or self.cfg.experiment,
-            [self.cfg.method.name, self.cfg.data.name, f"seed:{self.cfg.seed}", *lc.tags], lc.mode, config,
-            meta.get("wandb_id"),
+            tags, lc.mode, config, meta.get("wandb_id"), name=f"{method}-s{self.cfg.seed}", job_type=method,
         )  # fmt: skip
         if not meta.get("wandb_id"):  # once per W&B run (a resumed run has it already)
             wb.log_partition(self.run_dir / "partition.json", self.run_dir / "partition.png")
@@ -263,7 +267,8 @@ class Run:
 
         path = self.run_dir / "predictions.npz"
         tmp = path.with_name(".predictions.tmp.npz")
-        np.savez_compressed(tmp, scores=scores.float().numpy(), targets=self._test[1].numpy(), round=rnd)
+        with open_new(tmp) as f:  # not through a link planted under this name
+            np.savez_compressed(f, scores=scores.float().numpy(), targets=self._test[1].numpy(), round=rnd)
         tmp.replace(path)
 
     def _client_eval(
@@ -421,9 +426,20 @@ class Run:
             for lg in loggers:
                 lg.log_summary(summary)
                 lg.close(status == "completed")
+            self._save_curves(files.records(), summary)
         if self.console:
             print_table(files.records(), summary, self.run_dir)
         return summary
+
+    def _save_curves(self, records: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+        """`curves.png`; a picture that cannot be drawn costs a warning, never the run (or, on
+        the way out of a failed run, its error)."""
+        from ..tracking.curves import save_run_curves
+
+        try:
+            save_run_curves(records, summary, self.run_dir / "curves.png")
+        except Exception as e:
+            log.warning("curves.png not written: %s: %s", type(e).__name__, e)
 
     def _round(
         self, executor: Executor, state: ServerState, rnd: int, settle: Callable[[], None] = lambda: None

@@ -3,12 +3,18 @@
 Reads run directories (`summary.json` + `metrics.jsonl`, written by every run) found
 anywhere under the given folder, groups them by `--by` keys (default: `method`; a key is
 looked up in `summary.json`, then in the run's `config.yaml` as a dotted path such as
-`optim.lr`), and for each group prints mean ± std over its runs (usually its seeds) of
-the final and best accuracy, the rounds completed and the wall time. It also writes, as
-PNG, one accuracy-vs-round plot per group (the mean over seeds with a min/max band) and
-one with every group overlaid, plus `compare.json` with the same numbers.
+`optim.lr`), and for each group prints n and the mean ± std over its runs (usually its
+seeds) of the final and best value of the metric, the rounds completed and the wall time.
 
-Std is the sample standard deviation (ddof=1), 0 for a group with one run.
+Runs are compared on their own primary metric (`accuracy`, `client_accuracy`, `c_ap`, ...):
+one table per metric, titled with it, so that no number sits under another metric's header;
+`--metric` puts every run on the one metric it names. "Best" is a run's optimum in the
+metric's direction: the lowest value for losses (`lower_is_better`), the highest otherwise.
+It also writes, as PNG, per metric one metric-vs-round plot per group (the mean over seeds
+with a min/max band) and one with every group overlaid, plus `compare.json` with the numbers
+of the tables, in their order.
+
+Std is the sample standard deviation (ddof=1); none (no ±, `null` in compare.json) for one run.
 """
 from __future__ import annotations
 
@@ -27,6 +33,13 @@ from ..core.errors import ConfigError
 from .loggers import read_jsonl
 
 SKIP_DIRS = {"checkpoints", "wandb", "compare", "sweep_logs"}
+
+
+def lower_is_better(metric: str) -> bool:
+    """Losses, errors, perplexities, timings (`*_s`) and byte counts are better low; the rest
+    (accuracies, C-AP, F1, ...) high."""
+    m = metric.lower()
+    return any(w in m for w in ("loss", "error", "perplexity")) or m.endswith("_s") or m.startswith("bytes")
 
 
 @dataclass
@@ -80,10 +93,12 @@ class RunResult:
         }
 
     def final_best(self, metric: str | None = None) -> tuple[float | None, float | None]:
+        """The last evaluated round's value and the best (`lower_is_better`) of any round."""
         curve = self.curve(metric)
         if curve:
-            return curve[max(curve)], max(curve.values())
-        if metric is None:  # no metrics.jsonl: fall back to the summary
+            best = min if lower_is_better(self.metric_key(metric)) else max
+            return curve[max(curve)], best(curve.values())
+        if metric is None:  # no metrics.jsonl: fall back to the summary (primary metrics: max)
             key = self.metric_key(None)
             return self.summary.get(f"final_{key}"), self.summary.get(f"best_{key}")
         return None, None
@@ -118,7 +133,7 @@ def _stats(values: Sequence[float | None]) -> dict[str, float | None]:
     if not xs:
         return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
     mean = sum(xs) / len(xs)
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else None
     return {"mean": mean, "std": std, "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
@@ -128,6 +143,11 @@ class Group:
     runs: list[RunResult]
     metric: str | None
     by: tuple[str, ...] = ()
+
+    @property
+    def metric_name(self) -> str:
+        """The metric of this group's numbers: `metric`, else its runs' (shared) primary metric."""
+        return self.metric or self.runs[0].metric_key(None)
 
     @property
     def label(self) -> str:
@@ -143,19 +163,25 @@ class Group:
         )
 
     def row(self) -> dict[str, Any]:
+        """Every number is over the same n runs: those that finished and have the metric."""
         ok = [r for r in self.runs if not r.failed]
-        fb = [r.final_best(self.metric) for r in ok]
-        seeds = [r.summary.get("seed") for r in ok]
+        fb = [(r, *r.final_best(self.metric)) for r in ok]
+        have = [(r, f, b) for r, f, b in fb if f is not None]
+        runs = [r for r, _, _ in have]
+        seeds = [r.summary.get("seed") for r in runs]
         return {
             "group": self.label,
+            "metric": self.metric_name,
+            "direction": "min" if lower_is_better(self.metric_name) else "max",
+            "n": len(have),
             "runs": len(ok),
             "failed": [f"{r.run_dir.name} ({r.summary.get('status')})" for r in self.runs if r.failed],
+            "missing": [r.run_dir.name for r, f, _ in fb if f is None],
             "seeds": sorted(s for s in seeds if s is not None),
-            "metric": self.metric or self.runs[0].metric_key(None),
-            "final": _stats([f for f, _ in fb]),
-            "best": _stats([b for _, b in fb]),
-            "rounds": _stats([r.summary.get("rounds_completed") for r in ok]),
-            "wall_time_s": _stats([r.summary.get("wall_time_s") for r in ok]),
+            "final": _stats([f for _, f, _ in have]),
+            "best": _stats([b for _, _, b in have]),
+            "rounds": _stats([r.summary.get("rounds_completed") for r in runs]),
+            "wall_time_s": _stats([r.summary.get("wall_time_s") for r in runs]),
             "run_dirs": [str(r.run_dir) for r in self.runs],
         }
 
@@ -186,10 +212,18 @@ def group_runs(runs: Sequence[RunResult], by: Sequence[str], metric: str | None 
     ]
 
 
+def by_metric(groups: Sequence[Group]) -> dict[str, list[Group]]:
+    """The groups of each metric (one table each), metrics in name order."""
+    out: dict[str, list[Group]] = {}
+    for g in sorted(groups, key=lambda g: g.metric_name):
+        out.setdefault(g.metric_name, []).append(g)
+    return out
+
+
 def common_metric(runs: Sequence[RunResult]) -> str | None:
     """None when every run has the same primary metric; otherwise the most common primary
-    metric that every run logged, so that no row of one table shows another metric under its
-    header; None if there is none."""
+    metric that every run logged (a `--metric` that puts them all on one table), None if
+    there is none."""
     primary = Counter(r.metric_key(None) for r in runs)
     if len(primary) < 2:
         return None
@@ -206,6 +240,8 @@ def default_by(runs: Sequence[RunResult]) -> list[str]:
 def _pm(s: dict[str, float | None], spec: str) -> str:
     if s["mean"] is None:
         return "-"
+    if s["std"] is None:  # one run: no spread to show
+        return format(s["mean"], spec)
     return f"{format(s['mean'], spec)} ± {format(s['std'], spec)}"
 
 
@@ -216,14 +252,14 @@ def _rounds(s: dict[str, float | None]) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
-def format_compare(groups: Sequence[Group], by: Sequence[str]) -> str:
+def _table(metric: str, groups: Sequence[Group], by: Sequence[str]) -> list[str]:
     rows = [g.row() for g in groups]
-    metric = rows[0]["metric"] if rows else "accuracy"
-    header = [" ".join(by), "runs", "seeds", f"final {metric}", f"best {metric}", "rounds", "wall time s"]
+    low = lower_is_better(metric)
+    header = [" ".join(by), "n", "seeds", f"final {metric}", f"best {metric}", "rounds", "wall time s"]
     cells = [header]
     for r in rows:
         seeds = ",".join(str(s) for s in r["seeds"]) or "-"
-        cells.append([r["group"], str(r["runs"]), seeds, _pm(r["final"], ".4f"), _pm(r["best"], ".4f"),
+        cells.append([r["group"], str(r["n"]), seeds, _pm(r["final"], ".4f"), _pm(r["best"], ".4f"),
                       _rounds(r["rounds"]), _pm(r["wall_time_s"], ".1f")])  # fmt: skip
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = [
@@ -233,14 +269,30 @@ def format_compare(groups: Sequence[Group], by: Sequence[str]) -> str:
         for row in cells
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append(
-        "mean ± std over runs (sample std); final = last evaluated round, best = best evaluated round"
-    )
+    lines.insert(0, f"{metric} ({'lower' if low else 'higher'} is better; best = a run's "
+                    f"{'lowest' if low else 'highest'} value of any evaluated round)")  # fmt: skip
     for r in rows:
         if len(set(r["seeds"])) < len(r["seeds"]):
             lines.append(f"note: group {r['group']!r} has repeated seeds ({len(r['seeds'])} runs)")
+        if r["missing"]:
+            missing = ", ".join(r["missing"])
+            lines.append(f"note: no {metric} in group {r['group']!r}, not averaged: {missing}")
         if r["failed"]:
             lines.append(f"FAILED in group {r['group']!r}, not averaged: {', '.join(r['failed'])}")
+    return lines
+
+
+def format_compare(groups: Sequence[Group], by: Sequence[str], hint: str | None = None) -> str:
+    """One table per metric (`by_metric`); `hint`: a metric every run reports, when the tables
+    are several."""
+    tables = by_metric(groups)
+    lines: list[str] = []
+    for metric, gs in tables.items():
+        lines += [*([""] if lines else []), *_table(metric, gs, by)]
+    lines.append("mean ± std over the n runs of a row (sample std; a single run: its value); "
+                 "final = last evaluated round")  # fmt: skip
+    if len(tables) > 1 and hint:
+        lines.append(f"the runs differ in primary metric: --metric {hint} puts them all on one table")
     return "\n".join(lines)
 
 
@@ -259,7 +311,7 @@ def _figure():
 
 def _draw(ax, group: Group, color: Any = None) -> None:
     rounds, mean, lo, hi = group.band()
-    n = len(group.runs)
+    n = sum(1 for r in group.runs if not r.failed and r.curve(group.metric))
     (line,) = ax.plot(rounds, mean, marker="o" if len(rounds) <= 30 else None, markersize=3, color=color,
                       label=f"{group.legend} (n={n})")  # fmt: skip
     if n > 1:
@@ -271,10 +323,10 @@ def _finish(fig, ax, metric: str, title: str, path: Path) -> Path:
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
-    ax.set_ylabel(metric)
+    ax.set_ylabel(f"{metric} ({'lower' if lower_is_better(metric) else 'higher'} is better)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="best")  # a loss falls where an accuracy rises
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".part")
@@ -285,25 +337,23 @@ def _finish(fig, ax, metric: str, title: str, path: Path) -> Path:
 
 
 def write_plots(groups: Sequence[Group], out_dir: Path) -> list[Path]:
-    """One accuracy-vs-round PNG per group (mean, min/max band over its runs) and one
-    with all groups overlaid."""
+    """Per metric: one metric-vs-round PNG per group (mean, min/max band over its runs) and
+    one with all its groups overlaid (`<metric>_vs_round[_<group>].png`)."""
     out_dir = Path(out_dir)
-    groups = [g for g in groups if g.band()[0]]
-    if not groups:
-        return []
-    metric = groups[0].metric or groups[0].runs[0].metric_key(None)
     paths = []
-    fig, ax = _figure()
-    for g in groups:
-        _draw(ax, g)
-    datasets = sorted({str(r.summary.get("dataset")) for g in groups for r in g.runs})
-    title = f"{', '.join(datasets)}: mean over seeds, band: min-max"
-    paths.append(_finish(fig, ax, metric, title, out_dir / f"{metric}_vs_round.png"))
-    for i, g in enumerate(groups):
+    for metric, gs in by_metric([g for g in groups if g.band()[0]]).items():
         fig, ax = _figure()
-        _draw(ax, g, color=f"C{i % 10}")
-        paths.append(_finish(fig, ax, metric, f"{g.legend}: mean over {len(g.runs)} runs, band: min-max",
-                             out_dir / f"{metric}_vs_round_{_safe(g.legend)}.png"))  # fmt: skip
+        for i, g in enumerate(gs):
+            _draw(ax, g, color=f"C{i % 10}")
+        datasets = sorted({str(r.summary.get("dataset")) for g in gs for r in g.runs})
+        title = f"{metric}, {', '.join(datasets)}: mean over seeds, band: min-max"
+        paths.append(_finish(fig, ax, metric, title, out_dir / f"{_safe(metric)}_vs_round.png"))
+        for i, g in enumerate(gs):
+            fig, ax = _figure()
+            _draw(ax, g, color=f"C{i % 10}")
+            n = g.row()["n"]
+            paths.append(_finish(fig, ax, metric, f"{g.legend}: mean over {n} runs, band: min-max",
+                                 out_dir / f"{_safe(metric)}_vs_round_{_safe(g.legend)}.png"))  # fmt: skip
     return paths
 
 
@@ -321,10 +371,10 @@ def compare(
     if not runs:
         raise ConfigError(f"no runs (no summary.json) under {', '.join(str(p) for p in paths or [])}")
     by = list(by) if by else default_by(runs)
-    if metric is None:  # runs of different primary metrics (FedAvg beside personalised methods)
-        metric = common_metric(runs)
-    groups = group_runs(runs, by, metric)
-    table = format_compare(groups, by)
+    groups: list[Group] = []
+    for m in sorted({r.metric_key(metric) for r in runs}):  # one table per metric
+        groups += group_runs([r for r in runs if r.metric_key(metric) == m], by, metric)
+    table = format_compare(groups, by, None if metric else common_metric(runs))
     written: list[Path] = []
     if out_dir is None:
         out_dir = Path(paths[0]) / "compare" if paths else runs[0].run_dir.parent / "compare"
@@ -332,7 +382,10 @@ def compare(
         written += write_plots(groups, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.json").write_text(
-        json.dumps({"by": by, "groups": [g.row() for g in groups]}, indent=2) + "\n"
+        json.dumps(
+            {"by": by, "metrics": list(by_metric(groups)), "groups": [g.row() for g in groups]}, indent=2
+        )
+        + "\n"
     )
     written.append(out_dir / "compare.json")
     return table, written

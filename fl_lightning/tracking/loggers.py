@@ -2,8 +2,11 @@
 
 `RunFiles` writes the run directory (always on); `WandbLogger` mirrors the same numbers
 to Weights & Biases: online with an API key, offline files otherwise, off with
-`logger=none`. One W&B run per (method, seed), grouped by experiment, tagged by method
-and dataset, so the W&B UI can group by method and average seeds without extra work.
+`logger=none`. One W&B run per (method, seed), named `<method>-s<seed>`, grouped by
+experiment, with the method as its job type and tagged by method, dataset, partition and
+seed, so the W&B UI can group by method and average seeds without extra work. The config
+is sent flat (`optim.lr`, `data.partition`) for W&B's filters, and every history row holds
+`round`, the x-axis of every chart.
 """
 from __future__ import annotations
 
@@ -73,6 +76,19 @@ class RunFiles:
         pass
 
 
+def flat_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"optim": {"lr": 0.1}}` as `{"optim.lr": 0.1}`: one W&B config key per leaf, which its
+    run filters and table columns can name (lists stay values; an empty group stays `{}`)."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flat_config(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
 WandbMode = Literal["online", "offline", "disabled", "shared"]
 _WANDB_MODES: dict[str, WandbMode] = {
     "online": "online", "offline": "offline", "disabled": "disabled", "shared": "shared",
@@ -111,7 +127,11 @@ class WandbLogger:
         mode: str,
         config: dict[str, Any],
         resume_id: str | None = None,
+        name: str | None = None,
+        job_type: str | None = None,
     ) -> None:
+        """`name` (default: `run_id`) is the name shown in W&B; `job_type` (the method) lets its
+        UI group and filter runs by method within a group (the experiment)."""
         import wandb
 
         run_dir = Path(run_dir)
@@ -130,25 +150,31 @@ class WandbLogger:
             project=project,
             entity=entity,
             group=group,
-            name=run_id,
+            job_type=job_type,
+            name=name or run_id,
             id=resume_id or secrets.token_hex(4),
             resume="allow",
             tags=tags,
-            config=config,
+            config=flat_config(config),
             dir=str(run_dir),
             mode=self.mode,
             settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, disable_git=True),
         )
         self.id = self.run.id
+        # charts over rounds, not W&B's own step counter (the same numbers, but named and
+        # kept when a resumed run logs a round again)
+        self.run.define_metric("round")
+        self.run.define_metric("*", step_metric="round")
         self._failures: list[list[Any]] = []  # [round, cause] of every client failure and retry
 
     def log_config(self, config: dict[str, Any]) -> None:
-        self.run.config.update(config, allow_val_change=True)
+        self.run.config.update(flat_config(config), allow_val_change=True)
 
     def log_round(self, rnd: int, metrics: dict[str, Any]) -> None:
         """The numbers (also `clients_failed` and `clients_retried`), and when clients failed or
         were retried, their causes: the table `client_failures` (round, what happened), all so far."""
         payload: dict[str, Any] = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        payload["round"] = int(rnd)
         causes = metrics.get("client_failures") or []
         if causes:
             self._failures += [[int(rnd), str(c)] for c in causes]
@@ -180,7 +206,7 @@ class WandbLogger:
         if plot_path is not None and Path(plot_path).is_file():
             payload["partition/plot"] = self._wandb.Image(str(plot_path))
         if payload:
-            self.run.log(payload, step=0)
+            self.run.log({**payload, "round": 0}, step=0)
 
     def close(self, ok: bool = True) -> None:
         self.run.finish(exit_code=0 if ok else 1)

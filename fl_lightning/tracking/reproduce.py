@@ -136,7 +136,8 @@ def load_spec(path: Path) -> Spec:
             raise ConfigError(f"{path}: rows.{rid}.scales must be among {', '.join(SCALES)}")
         paper = body.get("paper")
         rows[rid] = Row(
-            rid, str(body.get("label", rid)), _strings(body.get("overrides"), f"{path}: rows.{rid}.overrides"),
+            rid, str(body.get("label", rid)),
+            _strings(body.get("overrides"), f"{path}: rows.{rid}.overrides"),
             {k: _strings(v, f"{path}: rows.{rid}.by_scale.{k}") for k, v in by_scale.items()},
             only, None if paper is None else float(paper),
         )  # fmt: skip
@@ -251,9 +252,11 @@ def read_run(run_dir: Path) -> RunState:
     return RunState(status, records, summary if isinstance(summary, dict) else {})
 
 
-def is_finished(state: RunState) -> bool:
-    """Nothing more to run: completed, or stopped for good (diverged, failed)."""
-    return state.status in ("completed", "diverged", "failed")
+def is_finished(state: RunState, rounds: int) -> bool:
+    """Nothing more to run: completed all `rounds`, or stopped for good (diverged, failed)."""
+    if state.status == "completed":
+        return int(state.summary.get("rounds_completed") or 0) >= rounds
+    return state.status in ("diverged", "failed")
 
 
 # --- the report ---------------------------------------------------------------------------
@@ -317,7 +320,8 @@ def build_report(
             if sc.reach is not None and pct:
                 got = [first_round_reaching(states[(r.id, s)].records, metric, sc.reach) for s in finals]
                 hit = [x for x in got if x is not None]
-                cells.append((f"{sum(hit) / len(hit):.1f}" if hit else "never") + f" ({len(hit)}/{len(got)})")
+                shown = (f"{sum(hit) / len(hit):.1f}" if hit else "never") + f" ({len(hit)}/{len(got)})"
+                cells.append(shown if got else "–")
             if pct:
                 cells.append("–" if r.paper is None else f"{r.paper:g}")
             lines.append("| " + " | ".join(cells) + " |")
@@ -388,7 +392,7 @@ def plot_curves(spec: Spec, scale: str, runs_dir: Path, seeds: Sequence[int], ou
     rows = spec.rows_for(scale)
     fig, axes = plt.subplots(1, len(metrics), figsize=(7 * len(metrics), 4.5), squeeze=False)
     drawn = False
-    for ax, metric in zip(axes[0], metrics):
+    for ax, metric in zip(axes[0], metrics, strict=True):
         for r in rows:
             curves = []
             for s in seeds:

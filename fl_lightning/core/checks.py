@@ -1,0 +1,39 @@
+"""Range checks of a method's hyperparameters, for its `check_run` (before any data loads):
+an absurd value (a negative temperature, a probability above 1) is one ConfigError line
+naming `method.<key>`, not a traceback or a silently meaningless run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import ConfigError
+
+
+def positive(config: Any, *keys: str) -> None:
+    """Each of `keys` (unset: None, skipped) must be > 0."""
+    for key in keys:
+        value = getattr(config, key)
+        if value is not None and not value > 0:
+            raise ConfigError(f"method.{key} must be > 0 (got {value})")
+
+
+def nonnegative(config: Any, *keys: str) -> None:
+    """Each of `keys` (unset: None, skipped) must be >= 0."""
+    for key in keys:
+        value = getattr(config, key)
+        if value is not None and not value >= 0:
+            raise ConfigError(f"method.{key} must be >= 0 (got {value})")
+
+
+def within(
+    config: Any, key: str, lo: float, hi: float, *, open_lo: bool = False, open_hi: bool = False
+) -> None:
+    """`key` (unset: None, skipped) must lie between `lo` and `hi`, each end closed unless opened."""
+    value = getattr(config, key)
+    if value is None:
+        return
+    above = value > lo if open_lo else value >= lo
+    below = value < hi if open_hi else value <= hi
+    if not (above and below):
+        span = f"{'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
+        raise ConfigError(f"method.{key} must be in {span} (got {value})")

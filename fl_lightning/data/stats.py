@@ -5,12 +5,12 @@ so they also work on a finished run's file.
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..core.files import save_figure
 
 
 def save_partition_plot(stats: dict[str, Any], path: str | Path) -> Path:
@@ -78,17 +78,7 @@ def save_partition_plot(stats: dict[str, Any], path: str | Path) -> Path:
     bar.grid(True, axis="x", alpha=0.3)
     top = 1.0 - 0.6 / height
     fig.subplots_adjust(left=0.8 / fig_width, right=1.0 - 1.0 / fig_width, bottom=bottom, top=top)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return save_figure(fig, path)
 
 
 def label_entropy(hist: np.ndarray) -> np.ndarray:

@@ -6,11 +6,11 @@ global backend switch, no display).
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from ..core.files import save_figure
 
 #: the losses a run's lines may hold, and how the plot names them
 LOSSES = (
@@ -96,14 +96,4 @@ def save_run_curves(records: Sequence[dict[str, Any]], summary: dict[str, Any], 
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".part")
-    try:  # written whole or not at all: a reader never sees half a PNG
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return save_figure(fig, path)

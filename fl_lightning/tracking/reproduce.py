@@ -297,7 +297,8 @@ def build_report(
         "",
         "Verdicts: the paired difference (row minus baseline, same seed) over the seeds where both "
         "finished; 95% t-interval; *supported* when it excludes 0 in the paper's direction, "
-        "*contradicted* when it excludes 0 the other way, *inconclusive* otherwise.",
+        "*contradicted* when it excludes 0 the other way, *inconclusive* otherwise. A run that "
+        "diverged gives no value: its seed drops out of the claim's pairs, and the table says so.",
         "",
     ]
     # Rows.
@@ -340,6 +341,10 @@ def build_report(
         ra, rb = spec.rows[c.row], spec.rows[c.baseline]
         paper = "–" if ra.paper is None or rb.paper is None or not pct else f"{ra.paper - rb.paper:+.2f}"
         per_seed = ", ".join(f"{d * k:+.2f}" for d in p.diffs) or "–"
+        for r in (ra, rb):  # a seed that drops out because a row diverged is said, not hidden
+            gone = [s for s in seeds if states[(r.id, s)].status in ("diverged", "failed")]
+            if gone:
+                per_seed += f"; {r.label} diverged (seed {', '.join(map(str, gone))})"
         interval = "–" if p.low is None or p.high is None else f"[{p.low * k:+.2f}, {p.high * k:+.2f}]"
         mean = "–" if p.mean is None else f"{p.mean * k:+.2f}"
         lines.append(
@@ -349,7 +354,9 @@ def build_report(
         out["claims"].append(
             {"id": c.id, "row": c.row, "baseline": c.baseline, "metric": c.metric, "stat": c.stat,
              "direction": c.direction, "seeds": p.seeds, "diffs": p.diffs, "mean": p.mean,
-             "low": p.low, "high": p.high, "verdict": p.verdict}
+             "low": p.low, "high": p.high, "verdict": p.verdict,
+             "diverged": {r.id: [s for s in seeds if states[(r.id, s)].status in ("diverged", "failed")]
+                          for r in (ra, rb)}}
         )  # fmt: skip
     lines += ["", "Curves: `curves.png` (every row, mean over seeds, band min-max).", ""]
     return "\n".join(lines), out

@@ -65,11 +65,13 @@ def _tags(spec: Spec, scale: str, row: str) -> str:
 
 def plan(
     spec: Spec, scale: str, seeds: Sequence[int], out: Path, extra: Sequence[str]
-) -> tuple[list[SweepRun], list[SweepRun]]:
-    """Every run of the grid, composed and checked before any starts: (to run, finished)."""
+) -> tuple[list[SweepRun], list[SweepRun], list[Path]]:
+    """Every run of the grid, composed and checked before any starts, touching nothing:
+    (to run, finished, leftovers of killed runs to remove before they start again)."""
     experiment = f"{spec.name}_{scale}"
     todo: list[SweepRun] = []
     done: list[SweepRun] = []
+    wipe: list[Path] = []
     for row in spec.rows_for(scale):
         for seed in seeds:
             name = run_name(row.id, seed)
@@ -96,9 +98,9 @@ def plan(
                     # continue from its last checkpoint
                     run.resume = True
                 else:  # killed before its first checkpoint, or after its last line: run it again
-                    shutil.rmtree(run_dir)
+                    wipe.append(run_dir)
             todo.append(run)
-    return todo, done
+    return todo, done, wipe
 
 
 def reproduce_command(
@@ -129,7 +131,7 @@ def reproduce_command(
                         f"--seeds {','.join(map(str, seeds))}", *extra])  # fmt: skip
     todo: list[SweepRun] = []
     if not report_only:
-        todo, done = plan(spec, scale, seeds, folder, extra)
+        todo, done, wipe = plan(spec, scale, seeds, folder, extra)
         total = len(todo) + len(done)
         resumed = sum(r.resume for r in todo)
         print(
@@ -142,6 +144,8 @@ def reproduce_command(
                 verb = f"resume {r.run_dir}" if r.resume else "run " + " ".join(r.overrides)
                 print(f"  fl-lightning {verb}")
             return 0
+        for path in wipe:
+            shutil.rmtree(path)
         if todo:
             run_grid(todo, parallel, folder / "logs", ["run_id"])
     report, numbers = build_report(spec, scale, runs_dir, seeds, command)

@@ -107,7 +107,7 @@ def test_reproduce_end_to_end_verdicts_by_hand_and_a_kill(conf, tmp_path, data_r
         want = "supported" if sign * lo > 0 else "contradicted" if sign * hi < 0 else "inconclusive"
         assert c["verdict"] == want
         assert f"**{want}**" in report
-    assert "fl-lightning reproduce tiny --scale mini --seeds 0,1" in report
+    assert f"fl-lightning reproduce tiny --scale mini --seeds 0,1 --out {out}" in report
     assert (out / "curves.png").stat().st_size > 5000
     # One W&B group for the reproduction, tags naming paper, scale, row and claims.
     (path,) = glob.glob(str(runs / "slow_s1" / "wandb" / "offline-run-*" / "run-*.wandb"))

@@ -128,7 +128,8 @@ def reproduce_command(
     folder = resolve_output_dir(out or f"runs/reproduce/{paper}_{scale}")
     runs_dir = folder / f"{spec.name}_{scale}"
     command = " ".join(["fl-lightning reproduce", paper, f"--scale {scale}",
-                        f"--seeds {','.join(map(str, seeds))}", *extra])  # fmt: skip
+                        f"--seeds {','.join(map(str, seeds))}", *([f"--out {out}"] if out else []),
+                        *extra])  # fmt: skip
     todo: list[SweepRun] = []
     if not report_only:
         todo, done, wipe = plan(spec, scale, seeds, folder, extra)

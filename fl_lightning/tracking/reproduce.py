@@ -389,7 +389,8 @@ def _values(
 
 
 def plot_curves(spec: Spec, scale: str, runs_dir: Path, seeds: Sequence[int], out: Path) -> Path | None:
-    """One panel per claimed metric: each row's mean over seeds per round, min-max band."""
+    """One panel per claimed metric: each row's mean over its completed seeds per round,
+    min-max band."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -404,6 +405,8 @@ def plot_curves(spec: Spec, scale: str, runs_dir: Path, seeds: Sequence[int], ou
             curves = []
             for s in seeds:
                 st = read_run(runs_dir / run_name(r.id, s))
+                if st.status != "completed":  # as in the tables: a diverged run is no curve
+                    continue
                 c = {int(x["round"]): float(x[metric]) for x in st.records
                      if x.get(metric) is not None and not x.get("diverged")}  # fmt: skip
                 if c:

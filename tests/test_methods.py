@@ -556,6 +556,7 @@ def test_personalised_methods_need_client_test_splits(tmp_path, capsys):
             [
                 "run",
                 "method=fedbn",
+                "model=cnn",  # fedbn's own default is cnn_bn; a BN-free model is refused
                 "data.client_test_fraction=0.25",
                 "runtime=serial",
                 f"output_dir={tmp_path}",

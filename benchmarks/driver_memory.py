@@ -169,14 +169,9 @@ def machine() -> dict[str, Any]:
     import ray
     import torch
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from fl_lightning.tracking.reproduce import cpu_model
+
+    cpu = cpu_model()
     mem_gb = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

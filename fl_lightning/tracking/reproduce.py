@@ -362,18 +362,23 @@ def build_report(
     return "\n".join(lines), out
 
 
-def machine() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what `platform` knows."""
     import platform
 
-    cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{cpu}, Python {platform.python_version()}"
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    import platform
+
+    return f"{cpu_model()}, Python {platform.python_version()}"
 
 
 def _values(

@@ -1,11 +1,12 @@
-"""Writing a file whole or not at all (no matplotlib import here: a figure is duck-typed)."""
+"""Writing files of our own: whole or not at all, never through a link planted in a shared run
+directory (no matplotlib import here: a figure is duck-typed)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 def save_figure(fig: Any, path: str | Path) -> Path:
@@ -22,3 +23,15 @@ def save_figure(fig: Any, path: str | Path) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def open_new(path: Path) -> BinaryIO:
+    """`path` opened for writing as a new file of its own: a leftover of the same name (a
+    stale temporary file, or a planted link) is removed first, and O_EXCL | O_NOFOLLOW make
+    sure that what is written cannot land in a file elsewhere."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o644), "wb")

@@ -28,9 +28,9 @@ from typing import Any, BinaryIO
 import torch
 
 from ..core.errors import CheckpointError
+from ..core.files import open_new
 from ..core.messages import ServerState
 from ..core.types import ClientId, ClientState
-from .lock import open_new
 
 FORMAT = "fl_lightning.checkpoint/2"
 KEEP = 2

@@ -16,7 +16,7 @@ the other a one-line error).
 Run directories are shared, so a resumed one is untrusted: `check_run_dir` refuses one holding
 a symbolic link where the run writes (its top level, `checkpoints/` and the folders in it),
 which would redirect a write, truncation or deletion to a file outside it; the lock file is
-opened with `O_NOFOLLOW`, and `open_new` writes a temporary file that is surely the run's own.
+opened with `O_NOFOLLOW`, and `core.files.open_new` writes a temporary file that is surely the run's own.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 from ..core.errors import ConfigError
 
@@ -154,18 +154,6 @@ def check_run_dir(run_dir: Path | str) -> None:
         for entry in entries:
             if entry.is_symlink():
                 raise ConfigError(_link_message(Path(entry.path)))
-
-
-def open_new(path: Path) -> BinaryIO:
-    """`path` opened for writing as a new file of its own: a leftover of the same name (a
-    stale temporary file, or a planted link) is removed first, and O_EXCL | O_NOFOLLOW make
-    sure that what is written cannot land in a file elsewhere."""
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    return os.fdopen(os.open(path, flags, 0o644), "wb")
 
 
 def check_output_dir(path: Path | str, shown: str | None = None) -> None:

@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import to_yaml
 from ..core.bn_stats import bn_stats_nbytes, pooled_bn_params
 from ..core.errors import ClientFailure, DivergedError
+from ..core.files import open_new
 from ..core.messages import ClientEval, ClientUpdate, RoundPlan, ServerState
 from ..core.objective import evaluate
 from ..core.strategy import ServerContext, round_rng, server_rng
@@ -44,7 +45,6 @@ from .build import Prepared, local_resources, prepare
 from .executor import Executor, SerialExecutor
 from .host import ClientHost
 from .local_ray import ray_kept
-from .lock import open_new
 from .paths import run_dir_message
 from .placement import Placement, placement_for
 

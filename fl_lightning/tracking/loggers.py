@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ..core.errors import ConfigError
+from ..core.files import open_new
 
 
 class MetricsLogger(Protocol):
@@ -52,7 +53,8 @@ class RunFiles:
         if keep_until_round is not None:  # resume: drop rounds after the checkpoint
             kept = [r for r in read_jsonl(self.metrics_path) if r.get("round", 0) <= keep_until_round]
             tmp = self.metrics_path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            with open_new(tmp) as f:  # not through a link planted under this name
+                f.write("".join(json.dumps(r) + "\n" for r in kept).encode())
             tmp.replace(self.metrics_path)
 
     def log_config(self, config: dict[str, Any]) -> None:
@@ -69,7 +71,8 @@ class RunFiles:
 
     def log_summary(self, summary: dict[str, Any]) -> None:
         tmp = self.run_dir / ".summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        with open_new(tmp) as f:
+            f.write((json.dumps(summary, indent=2) + "\n").encode())
         tmp.replace(self.run_dir / "summary.json")
 
     def close(self, ok: bool = True) -> None:

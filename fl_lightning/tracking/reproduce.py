@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from ..core.errors import ConfigError
+from .compare import lower_is_better
 from .loggers import read_jsonl
 
 SCALES = ("mini", "paper")
@@ -161,10 +162,6 @@ def load_spec(path: Path) -> Spec:
 
 
 # --- numbers ----------------------------------------------------------------------------
-def lower_is_better(metric: str) -> bool:
-    return "loss" in metric
-
-
 def run_value(records: Sequence[dict[str, Any]], metric: str, stat: str) -> float | None:
     """`final`: the metric at the last round that has it; `best`: its optimum over rounds."""
     xs = [float(r[metric]) for r in records if r.get(metric) is not None and not r.get("diverged")]

@@ -30,6 +30,7 @@ import inspect
 import math
 import os
 import re
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -271,11 +272,28 @@ def _parse(overrides: list[str]) -> tuple[dict[str, str], str | None, list[str]]
             experiment = value
         elif key in GROUPS:
             groups[key] = value
+        elif key == "experiment" and value in choices("experiment"):
+            _hint_preset(value)
+            dotted.append(item)
         elif key.lstrip("+") != key:
             raise ConfigError(f"bad override {item!r}: only +experiment=<name> takes a '+'")
         else:
             dotted.append(item)
     return groups, experiment, dotted
+
+
+_HINTED: set[str] = set()
+
+
+def _hint_preset(name: str) -> None:
+    """One line, once per name: `experiment=<preset>` names the folder only; `+` applies it."""
+    if name not in _HINTED:
+        _HINTED.add(name)
+        print(
+            f"fl-lightning: note: experiment={name} only names the run folder and W&B group; "
+            f"to apply the preset conf/experiment/{name}.yaml write +experiment={name}",
+            file=sys.stderr,
+        )
 
 
 def _bool_keys(cls: Any, prefix: str = "") -> list[str]:
@@ -579,6 +597,11 @@ def to_yaml(cfg: DictConfig) -> str:
 RESUMABLE = ("fl.rounds", "runtime.", "logger.", "eval.batch_size", "eval.device", "method.allow_momentum")
 
 
+#: what a run decides for the machine it runs on (config.yaml records the decision): a
+#: resume decides again unless told, so a run moved to another machine fits that one
+MACHINE_CHOICES = {"runtime.placement": "auto", "runtime.accelerator": "auto", "eval.device": "auto"}
+
+
 def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
     """The resolved config of an existing run, with the few overrides a resume may change."""
     path = Path(run_dir) / "config.yaml"
@@ -591,6 +614,29 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
                 f"cannot change {key!r} on resume; "
                 "only fl.rounds, runtime.*, logger.*, eval.batch_size, eval.device and method.allow_momentum"
             )
+    given = {item.split("=", 1)[0] for item in overrides}
+    machine = [f"{k}={v}" for k, v in MACHINE_CHOICES.items() if k not in given]
+    return _saved_config(path, [*machine, *overrides])
+
+
+def rerun_config(source: Path, overrides: list[str]) -> DictConfig:
+    """A new run with the values of a saved config.yaml (`source`: the file or its run
+    directory), then `overrides` (key=value). Its run id is left to be made anew (a
+    `run_id=` override names it); groups and presets are the saved file's already."""
+    path = Path(source) / "config.yaml" if Path(source).is_dir() else Path(source)
+    if not path.is_file():
+        raise ConfigError(f"--from {source}: no such config.yaml or run directory")
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if "=" not in item or key.startswith("+") or key in GROUPS:
+            raise ConfigError(
+                f"bad override {item!r} with --from: only key=value (groups and presets are the file's)"
+            )
+    return _saved_config(path, ["run_id=null", *overrides])
+
+
+def _saved_config(path: Path, overrides: list[str]) -> DictConfig:
+    """A run's config.yaml (checked like any shared file: untrusted) with `overrides` on top."""
     doc = _read_yaml(path)
     check_bools(doc, _bool_keys(RootConfig), f"{path}: ")  # shared run dirs are untrusted
     missing = [g for g in ("method", "data", "model", "fl") if not isinstance(doc.get(g), dict)]
@@ -601,7 +647,7 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
         what = "empty" if not doc else "no " + ", ".join(missing)
         raise ConfigError(
             f"{path} is not an fl_lightning run config ({what}); "
-            "resume takes a run directory written by `fl-lightning run`"
+            "it must be a run directory's config.yaml written by `fl-lightning run`"
         )
     try:
         cfg = OmegaConf.structured(RootConfig)

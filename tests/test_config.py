@@ -60,12 +60,29 @@ def test_overrides_groups_and_fraction():
     assert compose(["runtime=serial"]).runtime.executor == "serial"
 
 
-def test_list_prints_registries(capsys):
+def test_list_prints_one_line_per_method_with_its_paper_and_needs(capsys):
+    from fl_lightning.methods import METHODS
+
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    methods = next(line for line in out.splitlines() if line.startswith("methods:"))
-    assert "fedavg" in methods.split() or "fedavg," in methods.split()
-    assert "fmnist" in out and "dirichlet" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert set(METHODS.names()) <= set(lines)  # one line each
+    fedavg = lines["fedavg"]
+    assert '"Communication-Efficient Learning of Deep Networks from Decentralized Data"' in fedavg
+    assert "AISTATS 2017, arXiv:1602.05629" in fedavg and "[" not in fedavg  # runs on the defaults
+    # what each needs beyond the defaults, read off the code
+    assert "[clients' own test splits (data.client_test_fraction > 0)]" in lines["ditto"]  # personalised
+    assert "multi-label data" in lines["fedlgt"]
+    assert "defaults model=ctran data=fmnist_multilabel" in lines["fedlgt"]
+    assert "arXiv:2312.07165" in lines["fedlgt"] and "arXiv:2503.13543" in lines["fedtsp"]
+    assert "defaults model=htfe_cnn3 text=minilm" in lines["fedtsp"]
+    assert "[data.server_subset=N]" in lines["feddf"]  # refuses to run without it
+    assert "data.train_subset=55000 or less" in lines["clip2fl"]  # its teacher's hold-out
+    assert lines["local"].split(None, 1)[1].startswith("Local training only")
+    # datasets and models, one line each too
+    assert "multi-label, 10 classes, offline stand-in" in lines["fmnist_multilabel"]
+    assert "heterogeneous family" in lines["htfe_cnn3"] and "dirichlet" in out
+    assert "+experiment=<name>" in out
 
 
 def test_resume_refuses_to_change_the_experiment(tmp_path, capsys):

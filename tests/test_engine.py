@@ -107,9 +107,15 @@ def test_wandb_offline_run_holds_config_rounds_and_summary(tmp_path, data_root):
     summary, run_dir = start_run(cfg, console=False)
     (path,) = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
     logged = read_finished_run(path)
-    assert logged["run"].run_group == "wbtest"
-    assert {"fedavg", "fmnist"} <= set(logged["run"].tags)
-    assert logged["config"]["seed"] == 3 and logged["config"]["method.name"] == "fedavg"  # flat keys
+    run, config = logged["run"], logged["config"]
+    assert (run.run_group, run.job_type, run.display_name) == ("wbtest", "fedavg", "fedavg-s3")
+    # method, dataset, partition, seed and the method's paper, to filter runs by
+    assert {"fedavg", "fmnist", "partition:dirichlet", "seed:3", "paper:arXiv:1602.05629"} <= set(run.tags)
+    assert config["seed"] == 3 and config["method.name"] == "fedavg"  # flat keys
+    # the config W&B holds is what ran: the choices left open are written as made
+    assert config["run_id"] == run_dir.name and config["logger.group"] == "wbtest"
+    assert config["runtime.placement"] in ("per_client", "pool") and config["eval.device"] == "cpu"
+    assert config["logger.mode"] == "offline" and config["runtime.accelerator"] == "cpu"
     accs = [h["accuracy"] for h in logged["history"] if "accuracy" in h]
     assert accs == [r["accuracy"] for r in _records(run_dir)]
     assert logged["summary"]["final_accuracy"] == summary["final_accuracy"]

@@ -28,6 +28,11 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run an experiment", epilog=f"example: {USAGE_EXAMPLE}")
     run.add_argument("overrides", nargs="*", help="group=name, +experiment=name, or key=value")
     run.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    run.add_argument(
+        "--from", dest="from_", type=Path, default=None, metavar="RUN",
+        help="a new run with the values of RUN's config.yaml (a run directory or the file); "
+        "overrides are key=value on top",
+    )  # fmt: skip
     res = sub.add_parser("resume", help="continue a run from its last round checkpoint")
     res.add_argument("run_dir", type=Path)
     res.add_argument("overrides", nargs="*", help="fl.rounds=N, runtime.*, logger.*")
@@ -94,23 +99,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _cmd_list() -> None:
-    from ..config import GROUPS, choices
-    from ..data.partition import PARTITIONERS
-    from ..data.registry import DATASETS
-    from ..methods import METHODS
-    from ..models import MODELS
-
-    print("methods:     " + ", ".join(METHODS.names()))
-    print("datasets:    " + ", ".join(DATASETS.names()))
-    print("partitions:  " + ", ".join(PARTITIONERS.names()))
-    print("models:      " + ", ".join(MODELS.names()))
-    for g in GROUPS:
-        if g not in ("method",):
-            print(f"conf/{g}/".ljust(13) + ", ".join(choices(g)))
-    print("experiments: " + (", ".join(choices("experiment")) or "(none)"))
-
-
 def _cmd_fetch(dataset: str, root: str | None) -> None:
     from ..config import compose
     from ..data.fetch import fetch_fmnist
@@ -149,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         stop_on_sigterm()  # SIGTERM: stop like Ctrl-C, resumable (not a dump and a dead run)
     try:
         if args.cmd == "list":
-            _cmd_list()
+            from .listing import list_command
+
+            return list_command()
         elif args.cmd == "fetch":
             _cmd_fetch(args.dataset, args.root)
         elif args.cmd == "config":
@@ -157,10 +147,11 @@ def main(argv: list[str] | None = None) -> int:
 
             print(to_yaml(compose(args.overrides)), end="")
         elif args.cmd == "run":
-            from ..config import compose
+            from ..config import compose, rerun_config
 
             t0 = time.perf_counter()  # the run's start-up is measured from here
-            cfg = compose(args.overrides)  # fast: before torch, Ray or data are touched
+            # fast: before torch, Ray or data are touched
+            cfg = rerun_config(args.from_, args.overrides) if args.from_ else compose(args.overrides)
             from ..data.registry import check_dataset
             from ..runtime.early import early_start
             from ..runtime.lock import new_run_path

@@ -267,6 +267,16 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         """Degenerate settings worth telling the user about."""
         return []
 
+    def resolved(self, model: nn.Module) -> dict[str, Any]:
+        """The choices this method made where the run's config left them open (`auto`, `none`),
+        as config values (`{"text": {...}, "method": {...}}`): config.yaml and W&B record them
+        as what ran. `model`: the driver's built model. Default: the text encoder a text method
+        fell back to (MiniLM when `text=none`), as its `summary()` names it."""
+        encoder = self.summary().get("text_encoder")
+        if encoder and encoder != "none" and self.task.text.get("name", "none") == "none":
+            return {"text": {"name": str(encoder)}}
+        return {}
+
 
 class FedAvgStrategy(Strategy[MethodConfig, ServerState, Broadcast]):
     """The base with FedAvg's own types: what a method without new state or messages extends."""

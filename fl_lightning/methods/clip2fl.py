@@ -1,5 +1,5 @@
 """CLIP2FL: Shi et al., "CLIP-guided Federated Learning on Heterogeneous and Long-Tailed
-Data", AAAI 2024 (shared/papers/001; spec: shared/methods/fedglcl_clip2fl.md, part B).
+Data", AAAI 2024, https://arxiv.org/abs/2312.08648.
 
 CReFF (`creff.py`) plus a frozen vision-language teacher (`teacher.py`), used twice:
 
@@ -156,6 +156,7 @@ class CLIP2FL(CReFF):
         self.text: Tensor | None = None
         self.teacher_spec: TeacherSpec | None = None
         self.teacher_info: dict[str, Any] = {}
+        self.text_encoder = str(self.task.text.get("name", "none"))
         if config.beta <= 0 and config.pcl_weight <= 0:
             return
         names = list(self.task.class_names)
@@ -169,6 +170,7 @@ class CLIP2FL(CReFF):
                 self.teacher_spec = self._clip_spec()
         else:
             text_cfg = text_config(config.teacher, dict(self.task.text))
+            self.text_encoder = str(text_cfg["name"])
             if config.beta > 0:
                 if not self.task.data:
                     raise ConfigError("method.teacher=aligned needs the run's data config to find its images")
@@ -235,6 +237,7 @@ class CLIP2FL(CReFF):
     def summary(self) -> dict[str, Any]:
         out = super().summary()
         out.pop("teacher_model_kwargs", None)
+        out["text_encoder"] = self.text_encoder
         if self.teacher_info:
             out["teacher_held_out_accuracy"] = self.teacher_info["held_out_accuracy"]
         return out

@@ -1,6 +1,6 @@
 """CReFF: Shang et al., "Federated Learning on Heterogeneous and Long-Tailed Data via
 Classifier Re-Training with Federated Features", IJCAI 2022, https://arxiv.org/abs/2204.13399
-(as CLIP2FL's code runs it; spec: shared/methods/fedglcl_clip2fl.md, B.1.4-B.1.8).
+(as CLIP2FL's code runs it).
 
 Client, before local training, with the received FedAvg extractor (eval mode: BN running
 statistics) and the server's re-trained classifier φ̂ = (W, b): for every class c it holds,

@@ -1,6 +1,5 @@
 """FedDTR: Zhang, Tong, Lin, Chen, "FedDTR: Leveraging intra-domain global priors via
-Domain-Invariant Text Representation for Personalized Federated Learning"
-(shared/papers/004; spec: shared/methods/fedtsp_fedlgt_feddtr.md part 3).
+Domain-Invariant Text Representation for Personalized Federated Learning".
 
 Model (per client i): image encoder ω (the backbone's body, averaged); a text encoder θ
 (`text`, a 1-layer MLP Linear(text_dim, d), averaged) over frozen class-prompt embeddings

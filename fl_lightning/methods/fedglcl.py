@@ -1,5 +1,5 @@
 """FedGLCL: Yan et al., "On the Importance of Language-driven Representation Learning for
-Heterogeneous Federated Learning", ICLR 2025 (shared/papers/000).
+Heterogeneous Federated Learning", ICLR 2025.
 
 Differs from FedAvg by the client objective only: the classifier is replaced by a
 projector to the text dimension, and logits are cos(image embedding, class-text
@@ -199,6 +199,11 @@ class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
 
     def broadcast(self, state: ServerState, rnd: int) -> GLCLBroadcast:
         return GLCLBroadcast(round=rnd, global_params=state.global_params, class_features=self.class_features)
+
+    def resolved(self, model: nn.Module) -> dict[str, Any]:
+        """`projector: auto` as the kind built on this backbone."""
+        kind = projector_kind(self.config.projector, self.config.final_relu, has_batch_norm(model))
+        return super().resolved(model) | {"method": {"projector": kind}}
 
     def summary(self) -> dict[str, Any]:
         return super().summary() | {

@@ -1,5 +1,5 @@
 """FedLGT: Liu et al., "Language-Guided Transformer for Federated Multi-Label Classification",
-AAAI 2024 (shared/papers/003; spec: shared/methods/fedtsp_fedlgt_feddtr.md part 2).
+AAAI 2024, https://arxiv.org/abs/2312.07165.
 
 C-Tran (`model=ctran`) trained with FedAvg, plus two pieces:
 

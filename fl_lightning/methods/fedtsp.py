@@ -1,6 +1,6 @@
 """FedTSP: Wu et al., "Enhancing Visual Representation with Textual Semantics: Textual
-Semantics-Powered Prototypes for Heterogeneous Federated Learning" (shared/papers/002;
-spec: shared/methods/fedtsp_fedlgt_feddtr.md, part 1).
+Semantics-Powered Prototypes for Heterogeneous Federated Learning", 2025,
+https://arxiv.org/abs/2503.13543.
 
 Model-heterogeneous FL with text prototypes. Clients (any architecture whose features
 have the text dimension d; FedTSP sets `model.feature_dim` to it) train

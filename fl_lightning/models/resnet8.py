@@ -1,4 +1,4 @@
-"""ResNet-8 of CReFF's code (Shang et al., IJCAI 2022; reused by CLIP2FL, shared/papers/001),
+"""ResNet-8 of CReFF's code (Shang et al., IJCAI 2022; reused by CLIP2FL, arXiv:2312.08648),
 for 32×32 (and 28×28) images.
 
 `ResNet_cifar(resnet_size=8, scaling=4)`: a 3×3 stem conv (64 channels) + BN + ReLU, three

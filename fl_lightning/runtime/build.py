@@ -5,6 +5,7 @@ placement. Nothing here starts Ray or writes a file (`runner.py` runs what this 
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -124,7 +125,29 @@ def prepare(cfg: DictConfig) -> Prepared:
         # architecture has alike (e.g. LG-FedAvg's head) can be global.
         init_params = _family_shared_params(spec, objective) or None
         spec.init_seed = int(cfg.seed)
+    cfg = resolved_config(cfg, strategy.resolved(objective.model), spec)
     return Prepared(cfg, dataset, split, strategy, spec, init_params, objective, eval_spec, server_x)
+
+
+def resolved_config(cfg: DictConfig, chosen: dict[str, Any], spec: ClientSpec) -> DictConfig:
+    """`cfg` with the choices made while building written in as values, so that config.yaml
+    and W&B hold what runs and a run from config.yaml builds the same: the method's
+    (`chosen`: `Strategy.resolved`, e.g. FedGLCL's projector, the text encoder a text method
+    fell back to), the backbone's keyword arguments as built (FedTSP and CLIP2FL set the
+    feature dimension to the text's) and the W&B group (the experiment when unset). The
+    run id and the placement are written when they are known (`runner.py`)."""
+    out = copy.deepcopy(cfg)
+    OmegaConf.set_struct(out, False)
+    OmegaConf.set_struct(out.method, False)  # a key the method file leaves to its schema
+    if "text" in chosen:  # the whole group: an encoder's keys are not `none`'s
+        out.text = OmegaConf.create(chosen["text"])
+    out.merge_with({k: v for k, v in chosen.items() if k != "text"})
+    out.model = OmegaConf.create({"name": spec.model, **spec.model_kwargs})
+    if out.logger.group is None:
+        out.logger.group = out.experiment
+    for node in (out, out.method, out.model, out.text):
+        OmegaConf.set_struct(node, True)
+    return out
 
 
 def _family_shared_params(spec: ClientSpec, objective: ClientObjective[Any]) -> dict[str, torch.Tensor]:

@@ -1,6 +1,6 @@
 """Starting or joining Ray.
 
-A local Ray started by us stays on loopback (see shared/RAY_LOCAL.md): node IP
+A local Ray started by us stays on loopback (the project's notes on local Ray): node IP
 127.0.0.1, no 8.8.8.8 probe, no cloud-metadata look-ups, no usage report, session files
 in our own temp dir. Joining a cluster applies none of this.
 

@@ -31,6 +31,7 @@ class Placement:
     accelerator: str  # cpu | gpu
     assignment: tuple[int, ...]  # client id -> actor index (sticky: data loads once)
     gpu_bundles: int = 0  # placement-group bundles, one per GPU used; 0: no placement group
+    mode: str = "pool"  # per_client | pool: `runtime.placement` with `auto` decided
 
     def clients_of(self, actor: int) -> list[int]:
         return [c for c, a in enumerate(self.assignment) if a == actor]
@@ -133,6 +134,7 @@ def plan_placement(
         accelerator=accelerator,
         assignment=tuple(c % n for c in range(num_clients)),
         gpu_bundles=min(whole_gpus, n) if gpu else 0,
+        mode=placement,
     )
 
 

@@ -31,6 +31,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_yaml
+from ..core.about import about
 from ..core.bn_stats import bn_stats_nbytes, pooled_bn_params
 from ..core.errors import ClientFailure, DivergedError
 from ..core.files import open_new
@@ -206,6 +207,21 @@ class Run:
             raise
         return ex, placement, started
 
+    def _record_choices(self, placement: Placement) -> None:
+        """config.yaml as this run goes: the run id and the choices only now made (placement,
+        accelerator, evaluation device, W&B mode; a resume's new `fl.rounds`), written in
+        place of `auto`/null, W&B's config taken from the same (`load_run_config` lets a
+        resume on another machine choose the machine's parts again)."""
+        rt = self.cfg.runtime
+        rt.placement, rt.accelerator = placement.mode, placement.accelerator
+        self.cfg.eval.device = self._device().type
+        self.cfg.run_id = self.run_dir.name
+        if self.cfg.logger.backend == "wandb":  # online with an API key, else offline
+            from ..tracking.loggers import wandb_mode
+
+            self.cfg.logger.mode = wandb_mode(self.cfg.logger.mode)
+        write_config(self.run_dir, self.cfg)
+
     def _loggers(self, meta: dict[str, Any]) -> list[Any]:
         from ..tracking.loggers import WandbLogger
 
@@ -218,7 +234,8 @@ class Run:
         config["strategy"] = self.p.strategy.summary()
         config["partition"] = {"train_sizes": [int(len(t)) for t in self.p.split.train]}
         method, data = self.cfg.method.name, self.cfg.data
-        tags = [method, data.name, f"seed:{self.cfg.seed}", *lc.tags]
+        paper = about(type(self.p.strategy), method).tag()  # paper:arXiv:<id>, where it has one
+        tags = [method, data.name, f"seed:{self.cfg.seed}", *([paper] if paper else []), *lc.tags]
         if data.get("partition"):
             tags.insert(2, f"partition:{data.partition}")
         wb = WandbLogger(
@@ -338,6 +355,7 @@ class Run:
         for w in strategy.warnings():
             log.warning(w)
         executor, placement, started_ray = self._executor()
+        self._record_choices(placement)
         loggers: list[Any] = []
         status = "failed"
         progress = Progress(
@@ -624,12 +642,21 @@ def start_run(
     create_run_dir(run_dir)
     try:
         with RunLock(run_dir):
-            (run_dir / "config.yaml").write_text(to_yaml(cfg))
+            prepared.cfg.run_id = run_dir.name
+            write_config(run_dir, prepared.cfg)
             if console:
                 print(run_dir_message(run_dir), file=sys.stderr)
             return Run(prepared, run_dir, console=console, started_at=t0).execute(), run_dir
     finally:
         stop_local_ray()  # what a local Ray this run started left behind (a no-op otherwise)
+
+
+def write_config(run_dir: Path, cfg: DictConfig) -> None:
+    """`<run_dir>/config.yaml`, replaced whole (a reader never sees half of it)."""
+    tmp = run_dir / ".config.yaml.tmp"
+    with open_new(tmp) as f:  # not through a link planted under this name
+        f.write(to_yaml(cfg).encode())
+    tmp.replace(run_dir / "config.yaml")
 
 
 def finished_message(run_dir: Path, rounds_done: int) -> str:

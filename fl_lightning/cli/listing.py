@@ -1,0 +1,127 @@
+"""`fl-lightning list`: one line per method (its paper, what it needs beyond the defaults),
+per dataset (labels, classes, whether its files are there) and per model, then the config
+groups and presets.
+
+A method's needs are read off the code, not written twice: a personalised method needs each
+client's own test split; a method whose `check_run` refuses single-label (or multi-label)
+data needs the other kind; a method that refuses its own default config names the setting
+it asks for; the groups its file picks (`defaults: {model: ..., text: ...}`) are shown.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..core.errors import ConfigError
+
+#: a setting a refusal asks for: `data.server_subset=N`, `data.train_subset=55000 or less`
+_SETTING = re.compile(
+    r"\b((?:data|fl|model|text|eval|optim)\.[a-z_]+=\S+?(?: or (?:less|more))?)[,;.)]?(?:\s|$)"
+)
+
+
+def method_needs(name: str) -> list[str]:
+    """What method `name` needs beyond `fl-lightning run method=<name>`'s defaults."""
+    from omegaconf import OmegaConf
+
+    from ..config import compose, method_group_defaults
+    from ..methods import METHODS
+
+    strategy = METHODS.get(name)
+    needs: list[str] = []
+    if strategy.personalised:
+        needs.append("clients' own test splits (data.client_test_fraction > 0)")
+    try:
+        cfg = compose([f"method={name}"])
+        method_cfg = OmegaConf.to_object(
+            OmegaConf.merge(OmegaConf.structured(strategy.config_cls), cfg.method)
+        )
+        tree = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(tree, dict)
+        run = {str(k): v for k, v in tree.items()}
+    except ConfigError as e:
+        return [*needs, f"(its config does not compose: {e})"]
+    refused: dict[bool, str] = {}
+    for multilabel in (False, True):
+        try:
+            strategy.check_run(
+                method_cfg, {**run, "dataset": {"multilabel": multilabel, "class_names": None}}
+            )
+        except ConfigError as e:
+            refused[multilabel] = str(e)
+    if len(refused) == 1:
+        needs.append("single-label data" if True in refused else "multi-label data")
+    elif refused:
+        asked = _SETTING.findall(refused[False])
+        needs.append(", ".join(asked) if asked else refused[False].split(";")[0])
+    picks = method_group_defaults(name)
+    if picks:
+        needs.append("defaults " + " ".join(f"{g}={v}" for g, v in picks.items()))
+    return needs
+
+
+def _dataset_line(name: str, entry: Any, root: str) -> str:
+    labels = "multi-label" if entry.multilabel else "single-label"
+    classes = f", {len(entry.class_names)} classes" if entry.class_names else ""
+    domains = f", {len(entry.domains)} domains" if entry.domains else ""
+    standin = f", offline stand-in for {entry.standin}" if entry.standin else ""
+    try:
+        here = "present" if entry.present(root) else ("not fetched" if entry.download else "not found")
+    except OSError:
+        here = "not found"
+    return f"  {name.ljust(18)} {labels}{classes}{domains}{standin}; {here}"
+
+
+def _model_line(name: str, builder: Any) -> str:
+    members = getattr(builder, "members", None)
+    if members:
+        each = " / ".join(members)
+        return f"  {name.ljust(18)} heterogeneous family: client i gets {each} (i mod {len(members)})"
+    import inspect
+    import sys
+
+    doc = _first_sentence(getattr(builder, "__doc__", None))
+    params = inspect.signature(builder).parameters
+    if not doc or any(doc.startswith(f"`{p}`") for p in params):  # a note on an argument, not a description
+        doc = _first_sentence(getattr(sys.modules.get(builder.__module__), "__doc__", None))
+    return f"  {name.ljust(18)} {doc}".rstrip()
+
+
+def _first_sentence(doc: str | None) -> str:
+    text = " ".join((doc or "").strip().split("\n\n", 1)[0].split())
+    return text.split(". ", 1)[0].rstrip(".")
+
+
+def list_command() -> int:
+    from ..config import GROUPS, choices, compose
+    from ..core.about import about
+    from ..data.partition import PARTITIONERS
+    from ..data.registry import DATASETS
+    from ..methods import METHODS
+    from ..models import MODELS
+
+    print("methods (method=<name>; its paper; [what it needs beyond the defaults]):")
+    for name in METHODS.names():
+        needs = method_needs(name)
+        print(
+            f"  {name.ljust(11)} {about(METHODS.get(name), name).line()}"
+            + (f"  [{'; '.join(needs)}]" if needs else "")
+        )
+    root = str(compose([]).data.root)
+    print(f"datasets (data=<name>; files under data.root = {root}):")
+    for name in DATASETS.names():
+        print(_dataset_line(name, DATASETS.get(name), root))
+    print("models (model=<name>):")
+    for name in choices("model"):
+        print(_model_line(name, MODELS.get(name)))
+    print("partitions:  " + ", ".join(PARTITIONERS.names()))
+    for g in GROUPS:
+        if g not in ("method", "data", "model"):
+            print(f"conf/{g}/".ljust(13) + ", ".join(choices(g)))
+    print(
+        "experiments: "
+        + (", ".join(choices("experiment")) or "(none)")
+        + "  (apply one with +experiment=<name>)"
+    )
+    return 0

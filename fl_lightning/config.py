@@ -90,6 +90,9 @@ class DataConfig:
     domains: list[str] | None = None  # domain datasets: which domains to load (default: all)
     fine_grained: bool = False  # flair: the 1,628 fine-grained labels instead of the 17 coarse ones
     max_users: int | None = None  # flair: read only the first N training users
+    #: fmnist_multilabel: build the training mosaics from the first N training images only, so
+    #: images N.. stay out of every client (`fl-lightning pretrain` learns from them)
+    source_subset: int | None = None
     cache_partitions: bool = True  # cache splits in <root>/.partitions/<hash>.npz
 
 
@@ -543,6 +546,14 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"runtime.num_gpus must be >= 0 (got {rt.num_gpus})")
 
 
+def check_weights_file(cfg: DictConfig) -> None:
+    """`model.weights` names an existing file (cheap, no torch: before Ray starts); what it
+    holds is read safely in `validate_registered`, whether it fits once the model is built."""
+    w = cfg.model.get("weights")
+    if w and not Path(str(w)).expanduser().is_file():
+        raise ConfigError(f"model.weights={w}: no such file (write one with `fl-lightning pretrain`)")
+
+
 def validate_registered(cfg: DictConfig) -> None:
     """Checks against the registries (imports the methods, models and datasets)."""
     from .data.partition import PARTITIONERS
@@ -577,8 +588,17 @@ def validate_registered(cfg: DictConfig) -> None:
     entry = DATASETS.get(cfg.data.name)  # what is known of the data before loading it
     known = {"multilabel": entry.multilabel, "class_names": entry.class_names}
     strategy.check_run(method_cfg, {str(k): v for k, v in run.items()} | {"dataset": known})
-    model_kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
+    from .models import family
+    from .models.weights import MODEL_GENERIC_KEYS, read_weights
+
+    model_kwargs = {k: v for k, v in cfg.model.items() if k not in MODEL_GENERIC_KEYS}
     check_kwargs("model", cfg.model.name, MODELS.get(cfg.model.name), model_kwargs)
+    if cfg.model.get("weights"):  # readable and safe now; whether it fits, once the model is built
+        if family(cfg.model.name) is not None:
+            raise ConfigError(
+                f"model.weights loads one trunk; model {cfg.model.name} is a family of architectures"
+            )
+        read_weights(str(cfg.model.weights))
     DATASETS.get(cfg.data.name)
     PARTITIONERS.get(cfg.data.partition)
     if cfg.text.name != "none":

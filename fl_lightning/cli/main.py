@@ -1,4 +1,4 @@
-"""`fl-lightning run / resume / sweep / compare / list / fetch / config / text / teacher`.
+"""`fl-lightning run / resume / sweep / compare / list / fetch / config / text / teacher / pretrain`.
 
 User mistakes end with one line on stderr and exit code 2, before any work starts;
 failures during a run end with one line and exit code 1.
@@ -90,6 +90,19 @@ def _parser() -> argparse.ArgumentParser:
     tch.add_argument("action", choices=["build"])
     tch.add_argument("overrides", nargs="*", help="the run's overrides, e.g. +experiment=clip2fl_fmnist_lt")
     tch.add_argument("--rebuild", action="store_true", help="train again even if cached")
+    pre = sub.add_parser(
+        "pretrain",
+        help="train a backbone centrally on held-out training images; write a weights file for model.weights",
+        epilog="example: fl-lightning pretrain data=fmnist model=cnn --out weights/fmnist_cnn.pt",
+    )
+    pre.add_argument("overrides", nargs="*", help="data=<name> model=<name> model.<key>=value ...")
+    pre.add_argument("--out", default=None, help="the weights file to write")
+    pre.add_argument("--holdout-from", type=int, default=55000, help="first training index (default 55000)")
+    pre.add_argument("--holdout-size", type=int, default=None, help="images from there (default: to the end)")
+    pre.add_argument("--epochs", type=int, default=10)
+    pre.add_argument("--lr", type=float, default=0.05)
+    pre.add_argument("--batch-size", type=int, default=64)
+    pre.add_argument("--seed", type=int, default=0)
     txt = sub.add_parser("text", help="class-text similarity matrix and heatmap (data=fmnist text=minilm)")
     txt.add_argument("overrides", nargs="*", help="data=<name> text=<encoder> text.<key>=value ...")
     txt.add_argument("--templates", default=None, help="simple | small | imagenet80 | a template with {}")
@@ -131,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.cmd in ("run", "resume", "sweep", "teacher", "reproduce"):
+    if args.cmd in ("run", "resume", "sweep", "teacher", "reproduce", "pretrain"):
         from ..runtime.signals import stop_on_sigterm
 
         stop_on_sigterm()  # SIGTERM: stop like Ctrl-C, resumable (not a dump and a dead run)
@@ -147,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print(to_yaml(compose(args.overrides)), end="")
         elif args.cmd == "run":
-            from ..config import compose, rerun_config
+            from ..config import check_weights_file, compose, rerun_config
 
             t0 = time.perf_counter()  # the run's start-up is measured from here
             # fast: before torch, Ray or data are touched
@@ -158,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
             run_dir = new_run_path(cfg)  # bad paths and missing data: one line before any work
             check_dataset(cfg.data.name, cfg.data.root, cfg.data.download)
+            check_weights_file(cfg)
             with early_start(cfg):  # a local Ray and its workers start while the driver imports
                 from ..runtime.runner import start_run
 
@@ -191,6 +205,14 @@ def main(argv: list[str] | None = None) -> int:
             from .teacher import teacher_command
 
             return teacher_command(args.action, args.overrides, args.rebuild)
+        elif args.cmd == "pretrain":
+            from .pretrain import PretrainConfig, pretrain_command
+
+            pc = PretrainConfig(
+                holdout_from=args.holdout_from, holdout_size=args.holdout_size, epochs=args.epochs,
+                lr=args.lr, batch_size=args.batch_size, seed=args.seed,
+            )  # fmt: skip
+            return pretrain_command(args.overrides, args.out, pc)
         elif args.cmd == "text":
             from .text import text_command
 

@@ -59,7 +59,9 @@ def list_specs() -> None:
 
 
 def _tags(spec: Spec, scale: str, row: str) -> str:
-    claims = [c.id for c in spec.claims_for(scale) if row in (c.row, c.baseline)]
+    claims = [
+        c.id for c in spec.claims_for(scale) if row in (spec.rows[c.row].source, spec.rows[c.baseline].source)
+    ]
     return "logger.tags=[" + ",".join(["reproduce", spec.name, scale, f"row-{row}", *claims]) + "]"
 
 
@@ -72,11 +74,11 @@ def plan(
     todo: list[SweepRun] = []
     done: list[SweepRun] = []
     wipe: list[Path] = []
-    for row in spec.rows_for(scale):
+    for row in spec.run_rows(scale):
         for seed in seeds:
             name = run_name(row.id, seed)
             args = [
-                *row.args(spec.scales[scale]), *extra, f"seed={seed}", f"experiment={experiment}",
+                *row.args(spec.scales[scale], out), *extra, f"seed={seed}", f"experiment={experiment}",
                 f"run_id={name}", f"output_dir={out}", f"logger.group=reproduce-{spec.name}-{scale}",
                 _tags(spec, scale, row.id),
             ]  # fmt: skip
@@ -101,6 +103,36 @@ def plan(
                     wipe.append(run_dir)
             todo.append(run)
     return todo, done, wipe
+
+
+def prepare_steps(spec: Spec, scale: str, folder: Path) -> list[tuple[Path, list[str]]]:
+    """The scale's `prepare` steps whose file is missing: (file, `fl-lightning` arguments)."""
+    todo = []
+    for step in spec.scales[scale].prepare:
+        target = folder / step.creates
+        if not target.is_file():
+            todo.append((target, [a.replace("{out}", str(folder)) for a in step.command]))
+    return todo
+
+
+def run_prepare(steps: Sequence[tuple[Path, list[str]]], logs: Path) -> None:
+    """Each step as its own `fl-lightning` process (its output also in `logs/`); a failure is
+    one line naming the step and its log."""
+    import subprocess
+
+    logs.mkdir(parents=True, exist_ok=True)
+    for i, (target, args) in enumerate(steps):
+        log = logs / f"prepare-{i}.log"
+        print(f"prepare: fl-lightning {' '.join(args)}", flush=True)
+        with log.open("w") as f:
+            cmd = [sys.executable, "-m", "fl_lightning", *args]
+            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+        lines = log.read_text().strip().splitlines()
+        if rc != 0 or not target.is_file():
+            last = lines[-1] if lines else f"exit {rc}"
+            raise ConfigError(f"prepare step `fl-lightning {' '.join(args)}` failed ({last}); log: {log}")
+        for line in lines[-2:]:
+            print(f"  {line}", flush=True)
 
 
 def reproduce_command(
@@ -132,7 +164,8 @@ def reproduce_command(
                         *extra])  # fmt: skip
     todo: list[SweepRun] = []
     if not report_only:
-        todo, done, wipe = plan(spec, scale, seeds, folder, extra)
+        todo, done, wipe = plan(spec, scale, seeds, folder, extra)  # every run composes, or one line
+        steps = prepare_steps(spec, scale, folder)
         total = len(todo) + len(done)
         resumed = sum(r.resume for r in todo)
         print(
@@ -141,10 +174,14 @@ def reproduce_command(
             flush=True,
         )
         if dry_run:
+            for _, args in steps:
+                print(f"  fl-lightning {' '.join(args)}   (prepare)")
             for r in todo:
                 verb = f"resume {r.run_dir}" if r.resume else "run " + " ".join(r.overrides)
                 print(f"  fl-lightning {verb}")
             return 0
+        if steps:
+            run_prepare(steps, folder / "logs")
         for path in wipe:
             shutil.rmtree(path)
         if todo:

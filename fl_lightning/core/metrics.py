@@ -40,7 +40,9 @@ class EvalSpec:
     multilabel: bool = False  # targets are float multi-hot [N, C]; scores are logits
     threshold: float = 0.5  # multi-label decision threshold on sigmoid(scores)
     per_class: bool = False  # single-label: also class_accuracy/<c> for every class c
-    class_groups: tuple[int, ...] | None = None  # single-label long-tail: per class 0=many, 1=medium, 2=few
+    #: long tail, per class 0=many, 1=medium, 2=few: many_/medium_/few_accuracy (single-label)
+    #: or many_/medium_/few_c_ap (multi-label: the mean AP of the group's labels)
+    class_groups: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.num_classes < 1:
@@ -48,8 +50,6 @@ class EvalSpec:
         if not 0.0 < self.threshold < 1.0:
             raise ConfigError(f"threshold must lie in (0, 1), got {self.threshold}")
         if self.class_groups is not None:
-            if self.multilabel:
-                raise ConfigError("class_groups applies to single-label evaluation only")
             if len(self.class_groups) != self.num_classes or not set(self.class_groups) <= {0, 1, 2}:
                 raise ConfigError(f"class_groups needs one of 0/1/2 per class ({self.num_classes} classes)")
         if self.per_class and self.multilabel:
@@ -170,7 +170,7 @@ class TaskMetrics:
         c_r = float(res["r"].double().mean())
         # C-F1 from macro P and R (ML-GCN's definition), not the mean of per-class F1.
         c_f1 = 2 * c_p * c_r / (c_p + c_r) if c_p + c_r > 0 else 0.0
-        return {
+        out = {
             "c_ap": c_ap,
             "o_ap": float(res["o_ap"]),
             "c_p": c_p,
@@ -180,3 +180,9 @@ class TaskMetrics:
             "o_r": float(res["o_r"]),
             "o_f1": float(res["o_f1"]),
         }
+        if self.spec.class_groups is not None:
+            for g, name in enumerate(GROUP_NAMES):
+                members = torch.tensor([cg == g for cg in self.spec.class_groups]) & present.cpu()
+                if bool(members.any()):  # a group with no positive test target has no AP
+                    out[f"{name}_c_ap"] = float(ap.cpu()[members].mean())
+        return out

@@ -186,7 +186,7 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         from .metrics import longtail_groups
 
         groups = None
-        if longtail is not None and self.task.train_class_counts and not self.task.multilabel:
+        if longtail is not None and self.task.train_class_counts:
             groups = longtail_groups(self.task.train_class_counts, int(longtail[0]), int(longtail[1]))
         return EvalSpec(
             num_classes=self.task.num_classes, multilabel=self.task.multilabel, threshold=threshold,
@@ -262,6 +262,11 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
             "clients_per_round": self.clients_per_round,
             **({"participation": list(self.participation)} if self.participation else {}),
         }
+
+    def run_summary(self) -> dict[str, Any]:
+        """What `summary.json` records of the method beside the metrics (JSON values; e.g.
+        CLIP2FL's teacher accuracy), so a report can show how strong a control was."""
+        return {}
 
     def warnings(self) -> list[str]:
         """Degenerate settings worth telling the user about."""

@@ -183,6 +183,7 @@ def dataset_options(data: Any) -> dict[str, Any]:
         "domains": list(domains) if domains is not None else None,
         "fine_grained": bool(data.get("fine_grained", False)),
         "max_users": data.get("max_users"),
+        "source_subset": data.get("source_subset"),
     }
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from ..core.errors import ConfigError
 from .datasets import FMNIST_CLASSES, fmnist_where, load_fmnist_arrays
 from .fetch import fetch_fmnist, fmnist_present
+from .longtail import longtail_indices
 from .registry import DATASETS, ArrayDataset, DatasetEntry
 
 
@@ -116,9 +117,23 @@ def mosaics(
     return out, labels
 
 
-def _load_fmnist_multilabel(root: str) -> ArrayDataset:
+def _load_fmnist_multilabel(
+    root: str, imbalance_factor: float = 1.0, source_subset: int | None = None
+) -> ArrayDataset:
+    """`source_subset`: the training mosaics are built from the first N training images only
+    (images N.. stay out of every client: `fl-lightning pretrain` learns from them);
+    `imbalance_factor` > 1: from a long-tailed subset of those (class 0 the head, the
+    exponential profile of CIFAR-LT), so label frequencies have a long tail as FLAIR's do.
+    The test mosaics use every test image (balanced). Defaults: all 60,000, balanced."""
     tx, ty, vx, vy = load_fmnist_arrays(root)
+    if source_subset is not None:
+        if not 0 < source_subset <= len(ty):
+            raise ConfigError(f"data.source_subset={source_subset} must lie in [1, {len(ty)}]")
+        tx, ty = tx[:source_subset], ty[:source_subset]
     rng = np.random.default_rng(0)
+    if imbalance_factor > 1:
+        keep = longtail_indices(ty, imbalance_factor, np.random.default_rng(0x10E7A11))
+        tx, ty = tx[keep], ty[keep]
     tx, ty = mosaics(tx, ty, len(FMNIST_CLASSES), rng)
     vx, vy = mosaics(vx, vy, len(FMNIST_CLASSES), rng)
     mean, std = float(tx.mean(dtype=np.float64) / 255.0), float(tx.std(dtype=np.float64) / 255.0)

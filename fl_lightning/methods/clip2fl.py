@@ -229,6 +229,15 @@ class CLIP2FL(CReFF):
                 )
         return state
 
+    def run_summary(self) -> dict[str, Any]:
+        if not self.teacher_info:
+            return {}
+        info = self.teacher_info
+        return {
+            "teacher_held_out_accuracy": info["held_out_accuracy"],
+            "teacher_train_images": info["train_images"],
+        }
+
     def contrastive(self) -> tuple[Tensor | None, float, float]:
         if self.config.pcl_weight <= 0:
             return None, 0.0, self.config.pcl_temperature

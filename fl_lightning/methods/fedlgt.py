@@ -7,7 +7,9 @@ C-Tran (`model=ctran`) trained with FedAvg, plus two pieces:
   "The photo contains {class}." and the state embeddings its features of "positive" and
   "negative" (unknown = zeros); fixed on every client, so never trained, sent or averaged.
   `learned` is C-Tran's own (FedC-Tran); `frozen_random` keeps them fixed but random, which
-  separates "frozen" from "meaningful text".
+  separates "frozen" from "meaningful text". `state_embedding` decides the state table apart:
+  `text` (frozen text features; the authors' code keeps them so for FedC-Tran too) or
+  `learned` (the paper's description of FedC-Tran).
 - CA-MLE (`ca_mle`): each local step first draws C-Tran's label-mask-training mask (`lmt`:
   per sample, a uniform number in [0, floor(known_fraction * C)] of labels are known and
   carry their true state), then the received global model, in eval mode with every state
@@ -41,6 +43,7 @@ from ..models.ctran import UNKNOWN, CTran
 from . import METHODS
 
 LABEL_EMBEDDINGS = ("text", "learned", "frozen_random")
+STATE_EMBEDDINGS = ("text", "learned")
 
 
 def label_mask_training(y: torch.Tensor, known_fraction: float) -> torch.Tensor:
@@ -69,7 +72,7 @@ class LGTObjective(ClientObjective[Broadcast]):
     ) -> None:
         if not isinstance(model, CTran):
             raise ConfigError("fedlgt / fedctran need a C-Tran model: model=ctran")
-        if label_features is not None and state_features is not None:
+        if label_features is not None or state_features is not None:
             model.fix_embeddings(label_features, state_features)
         super().__init__(model, **kwargs)
         self.lmt, self.known_fraction, self.ca_mle = lmt, known_fraction, ca_mle
@@ -117,6 +120,9 @@ class LGTObjective(ClientObjective[Broadcast]):
 class FedLGTConfig(MethodConfig):
     name: str = "fedlgt"
     label_embedding: str = "text"  # text (ULE) | learned (FedC-Tran) | frozen_random
+    #: text: frozen features of state_words (random ones with label_embedding=frozen_random) |
+    #: learned (the paper's FedC-Tran; the authors' code freezes them for FedC-Tran too)
+    state_embedding: str = "text"
     prompt: str = "The photo contains {}."
     state_words: list[str] = field(default_factory=lambda: ["positive", "negative"])
     lmt: bool = True
@@ -143,6 +149,10 @@ class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
         if c.label_embedding not in LABEL_EMBEDDINGS:
             raise ConfigError(
                 f"method.label_embedding={c.label_embedding!r} is not one of: {', '.join(LABEL_EMBEDDINGS)}"
+            )
+        if c.state_embedding not in STATE_EMBEDDINGS:
+            raise ConfigError(
+                f"method.state_embedding={c.state_embedding!r} is not one of: {', '.join(STATE_EMBEDDINGS)}"
             )
         if c.reduction not in ("sum", "mean"):
             raise ConfigError(f"method.reduction={c.reduction!r} is not one of: sum, mean")
@@ -177,15 +187,15 @@ class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
         labels = class_text_features(text_cfg, list(self.task.class_names), templates=[config.prompt])
         assert isinstance(labels, torch.Tensor)
         self.width, self.text_encoder = int(labels.shape[1]), text_cfg["name"]
-        if learned:  # FedC-Tran next to FedLGT: the same width, learned embeddings
-            return
         states = class_text_features(text_cfg, list(config.state_words), templates=["{}"])
         assert isinstance(states, torch.Tensor)
         if config.label_embedding == "frozen_random":  # same shape and norm, no meaning
             g = torch.Generator().manual_seed(self.seed)
             labels = F.normalize(torch.randn(labels.shape, generator=g), dim=-1)
             states = F.normalize(torch.randn(states.shape, generator=g), dim=-1)
-        self.label_features, self.state_features = labels, states
+        # learned tables stay parameters of the model (None); FedC-Tran next to FedLGT: the same width
+        self.label_features = None if learned else labels
+        self.state_features = None if config.state_embedding == "learned" else states
 
     def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         """`model.d_model: null` becomes the text width whenever a text encoder is chosen, so
@@ -193,7 +203,7 @@ class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
         if self.width is None:
             return kwargs
         d = self.width
-        if self.label_features is None:  # learned: a default only
+        if self.label_features is None and self.state_features is None:  # all learned: a default only
             return kwargs if kwargs.get("d_model") is not None else {**kwargs, "d_model": d}
         if kwargs.get("d_model") not in (None, d):
             raise ConfigError(
@@ -204,7 +214,7 @@ class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
 
     def objective_kwargs(self) -> dict[str, Any]:
         kw = super().objective_kwargs()
-        for k in ("label_embedding", "prompt", "state_words"):
+        for k in ("label_embedding", "state_embedding", "prompt", "state_words"):
             kw.pop(k)
         return kw | {"label_features": self.label_features, "state_features": self.state_features}
 
@@ -221,7 +231,8 @@ class FedCTranConfig(FedLGTConfig):
 
 @METHODS.register("fedctran")
 class FedCTran(FedLGT):
-    """C-Tran with learned label and state embeddings, FedAvg (the paper's FedC-Tran)."""
+    """C-Tran with learned label embeddings and frozen text state embeddings (the authors'
+    code; `method.state_embedding=learned` learns them too, as the paper describes), FedAvg."""
 
     name = "fedctran"
     config_cls = FedCTranConfig

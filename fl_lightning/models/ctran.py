@@ -16,14 +16,16 @@ The label and state embeddings are learned parameters (C-Tran, FedC-Tran) until
 frozen text encoder): non-persistent buffers, so they are not in the state dict, never sent,
 averaged or checkpointed.
 
-Trunks: `cnn` (three 3x3 conv-ReLU-maxpool stages, 32/64/128 channels: 7x7 tokens of a 56x56
-image, the Fashion-MNIST mosaics) and `resnet18` (torchvision's, layer4's 512-channel map;
-weights only from a local file, `weights=<path>`, random otherwise).
+Trunks (`trunk=`): `cnn` (three 3x3 conv-ReLU-maxpool stages, 32/64/128 channels: 7x7 tokens
+of a 56x56 image, the Fashion-MNIST mosaics), `tiles` (one token per tile of a `grid` x `grid`
+image, each from the single-image backbone `tile_model`: models/tiles.py), `resnet18`
+(torchvision's, layer4's 512-channel map) and `efficientnet_lite0` (its 1280-channel last map,
+ImageNet weights from an installed package when `pretrained`: models/efficientnet.py).
+Pretrained trunk weights come from `model.weights=<file>` (models/weights.py), loaded at
+`weights_prefix`.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -43,21 +45,51 @@ def _cnn_trunk(in_channels: int) -> tuple[nn.Module, int]:
     return nn.Sequential(*layers), c
 
 
-def _resnet18_trunk(in_channels: int, weights: str | None) -> tuple[nn.Module, int]:
-    from torchvision.models import resnet18
+class ResNet18Trunk(nn.Module):
+    """torchvision's ResNet-18 up to layer4, under torchvision's names (so its state dict,
+    less `fc.`, is a weights file for this trunk); grey images are repeated to 3 channels."""
 
-    net = resnet18(weights=None)  # no download: pretrained weights come from `weights`
-    if weights:
-        path = Path(weights).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"model.weights={weights!r}: no such file (a torchvision resnet18 state dict)")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        net.load_state_dict(state.get("state_dict", state), strict=False)
-    if in_channels != 3:
-        net.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
-    stages = (net.conv1, net.bn1, net.relu, net.maxpool, net.layer1, net.layer2, net.layer3, net.layer4)
-    trunk = nn.Sequential(*stages)
-    return trunk, 512
+    def __init__(self) -> None:
+        super().__init__()
+        from torchvision.models import resnet18
+
+        net = resnet18(weights=None)  # no download: pretrained weights come from model.weights
+        self.conv1, self.bn1, self.relu, self.maxpool = net.conv1, net.bn1, net.relu, net.maxpool
+        self.layer1, self.layer2, self.layer3, self.layer4 = net.layer1, net.layer2, net.layer3, net.layer4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] == 1:
+            x = x.expand(-1, 3, -1, -1)
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        out: torch.Tensor = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return out
+
+
+def _trunk(
+    name: str, in_channels: int, image_size: int, grid: int, tile_model: str, input_size: int | None,
+    pretrained: bool,
+) -> tuple[nn.Module, int, str]:
+    """(trunk, its channel width, the weights prefix of what a weights file fills)."""
+    if name == "cnn":
+        trunk, width = _cnn_trunk(in_channels)
+        return trunk, width, "trunk."
+    if name == "tiles":
+        from .tiles import TileTrunk
+
+        tiles = TileTrunk(in_channels, image_size, grid, tile_model)
+        return tiles, tiles.width, "trunk.encoder."
+    if name == "resnet18":
+        if in_channels not in (1, 3):
+            raise ConfigError(f"model.trunk=resnet18 takes grey or RGB images (got {in_channels} channels)")
+        return ResNet18Trunk(), 512, "trunk."
+    if name == "efficientnet_lite0":
+        from .efficientnet import WIDTH, EfficientNetTrunk
+
+        return EfficientNetTrunk(in_channels, input_size or max(image_size, 64), pretrained), WIDTH, "trunk."
+    raise ConfigError(f"model.trunk={name!r} is not one of: {', '.join(TRUNKS)}")
+
+
+TRUNKS = ("cnn", "tiles", "resnet18", "efficientnet_lite0")
 
 
 class CTran(nn.Module):
@@ -73,17 +105,18 @@ class CTran(nn.Module):
         layers: int = 3,
         heads: int = 4,
         dropout: float = 0.1,
-        weights: str | None = None,
+        image_size: int = 56,
+        grid: int = 2,
+        tile_model: str = "cnn",
+        input_size: int | None = None,
+        pretrained: bool = True,
     ) -> None:
         super().__init__()
         if d_model % heads:
             raise ConfigError(f"model.d_model={d_model} must be a multiple of model.heads={heads}")
-        if trunk == "cnn":
-            self.trunk, width = _cnn_trunk(in_channels)
-        elif trunk == "resnet18":
-            self.trunk, width = _resnet18_trunk(in_channels, weights)
-        else:
-            raise ConfigError(f"model.trunk={trunk!r} is not one of: cnn, resnet18")
+        self.trunk, width, self.weights_prefix = _trunk(
+            trunk, in_channels, image_size, grid, tile_model, input_size, pretrained
+        )
         self.num_classes, self.d_model = num_classes, d_model
         self.proj = nn.Linear(width, d_model) if width != d_model else nn.Identity()
         self.label_emb = nn.Parameter(torch.randn(num_classes, d_model) * 0.02)
@@ -96,17 +129,20 @@ class CTran(nn.Module):
         self.head = nn.Linear(d_model, num_classes)  # per-label readout: its diagonal
         self.feature_dim = d_model
 
-    def fix_embeddings(self, labels: torch.Tensor, states: torch.Tensor) -> None:
-        """Use fixed label embeddings [C, d] and state embeddings [2, d] (positive, negative)
-        instead of learned ones: buffers outside the state dict, never trained or sent."""
-        if labels.shape != (self.num_classes, self.d_model) or states.shape != (2, self.d_model):
-            raise ConfigError(
-                f"fixed label/state embeddings of shape {tuple(labels.shape)}/{tuple(states.shape)} "
-                f"do not fit C-Tran with {self.num_classes} labels and d_model={self.d_model}"
-            )
-        del self.label_emb, self.state_emb
-        self.register_buffer("label_emb", labels.float().clone(), persistent=False)
-        self.register_buffer("state_emb", states.float().clone(), persistent=False)
+    def fix_embeddings(self, labels: torch.Tensor | None, states: torch.Tensor | None) -> None:
+        """Use fixed label embeddings [C, d] and/or state embeddings [2, d] (positive,
+        negative) instead of learned ones: buffers outside the state dict, never trained or
+        sent. None keeps that table learned."""
+        for name, value, rows in (("label_emb", labels, self.num_classes), ("state_emb", states, 2)):
+            if value is None:
+                continue
+            if value.shape != (rows, self.d_model):
+                raise ConfigError(
+                    f"fixed {name} of shape {tuple(value.shape)} does not fit C-Tran with "
+                    f"{self.num_classes} labels and d_model={self.d_model} (expected {(rows, self.d_model)})"
+                )
+            delattr(self, name)
+            self.register_buffer(name, value.float().clone(), persistent=False)
 
     def _state_vectors(self, states: torch.Tensor) -> torch.Tensor:
         table = torch.cat([torch.zeros_like(self.state_emb[:1]), self.state_emb])  # unknown = 0
@@ -140,9 +176,15 @@ def ctran(
     layers: int = 3,
     heads: int = 4,
     dropout: float = 0.1,
-    weights: str | None = None,
+    grid: int = 2,
+    tile_model: str = "cnn",
+    input_size: int | None = None,
+    pretrained: bool = True,
 ) -> CTran:
     """`d_model` None: 512 (C-Tran's and CLIP ViT-B/16's width); fedlgt and fedctran set it
-    to their text encoder's width."""
-    del image_size  # the token count follows the image; nothing depends on it
-    return CTran(num_classes, in_channels, trunk, d_model or 512, layers, heads, dropout, weights)
+    to their text encoder's width. `grid`, `tile_model`: trunk=tiles; `input_size`,
+    `pretrained` (ImageNet weights): trunk=efficientnet_lite0."""
+    return CTran(
+        num_classes, in_channels, trunk, d_model or 512, layers, heads, dropout, image_size, grid, tile_model,
+        input_size, pretrained,
+    )  # fmt: skip

@@ -25,6 +25,7 @@ from ..data.federated import FederatedSplit, split_from_config
 from ..data.registry import ArrayDataset, check_dataset, load_from_config
 from ..methods import METHODS
 from ..models import family
+from ..models.weights import MODEL_GENERIC_KEYS, load_trunk
 from .host import ClientSpec, build_objective
 
 
@@ -41,6 +42,7 @@ class Prepared:
     objective: ClientObjective[Any]  # the driver's copy: initial weights, global evaluation
     eval_spec: EvalSpec
     server_x: np.ndarray | None = None  # `data.server_subset`: unlabeled images for the server
+    weights_info: dict[str, Any] | None = None  # `model.weights`: the pretrained trunk loaded
 
 
 def _mapping(node: Any) -> dict[str, Any]:
@@ -67,16 +69,12 @@ def prepare(cfg: DictConfig) -> Prepared:
     method_cfg = OmegaConf.to_object(
         OmegaConf.merge(OmegaConf.structured(strategy_cls.config_cls), cfg.method)
     )
-    train_counts: tuple[int, ...] = ()
-    if not dataset.multilabel:
-        used = (
-            np.concatenate([np.asarray(t) for t in split.train])
-            if split.train
-            else np.zeros(0, dtype=np.int64)
-        )
-        train_counts = tuple(
-            int(c) for c in np.bincount(dataset.train_y[used], minlength=dataset.num_classes)
-        )
+    used = np.concatenate([np.asarray(t) for t in split.train]) if split.train else np.zeros(0, np.int64)
+    if dataset.multilabel:  # per label: the training samples that carry it
+        train_counts = tuple(int(c) for c in np.asarray(dataset.train_y[used]).sum(axis=0).round())
+    else:
+        counts = np.bincount(dataset.train_y[used], minlength=dataset.num_classes)
+        train_counts = tuple(int(c) for c in counts)
     task = TaskInfo(
         num_classes=dataset.num_classes,
         class_names=tuple(dataset.class_names),
@@ -96,7 +94,11 @@ def prepare(cfg: DictConfig) -> Prepared:
     eval_spec = strategy.eval_spec(
         ev.per_class, list(ev.longtail) if ev.longtail is not None else None, ev.threshold
     )
-    model_kwargs = {k: (list(v) if OmegaConf.is_list(v) else v) for k, v in cfg.model.items() if k != "name"}
+    model_kwargs = {
+        k: (list(v) if OmegaConf.is_list(v) else v)
+        for k, v in cfg.model.items()
+        if k not in MODEL_GENERIC_KEYS
+    }
     spec = ClientSpec(
         method=cfg.method.name,
         objective_kwargs=strategy.objective_kwargs(),
@@ -117,6 +119,9 @@ def prepare(cfg: DictConfig) -> Prepared:
     )
     torch.manual_seed(cfg.seed)
     objective = build_objective(spec)  # the driver's copy: initial weights, global evaluation
+    weights_info = None
+    if cfg.model.get("weights"):  # the pretrained trunk: in the initial global weights every client gets
+        weights_info = load_trunk(objective.model, str(cfg.model.weights))
     if family(spec.model) is None:
         spec.init_params = to_cpu(objective.model.state_dict())
         init_params: dict[str, torch.Tensor] | None = spec.init_params
@@ -126,7 +131,9 @@ def prepare(cfg: DictConfig) -> Prepared:
         init_params = _family_shared_params(spec, objective) or None
         spec.init_seed = int(cfg.seed)
     cfg = resolved_config(cfg, strategy.resolved(objective.model), spec)
-    return Prepared(cfg, dataset, split, strategy, spec, init_params, objective, eval_spec, server_x)
+    return Prepared(
+        cfg, dataset, split, strategy, spec, init_params, objective, eval_spec, server_x, weights_info
+    )
 
 
 def resolved_config(cfg: DictConfig, chosen: dict[str, Any], spec: ClientSpec) -> DictConfig:
@@ -142,7 +149,8 @@ def resolved_config(cfg: DictConfig, chosen: dict[str, Any], spec: ClientSpec) -
     if "text" in chosen:  # the whole group: an encoder's keys are not `none`'s
         out.text = OmegaConf.create(chosen["text"])
     out.merge_with({k: v for k, v in chosen.items() if k != "text"})
-    out.model = OmegaConf.create({"name": spec.model, **spec.model_kwargs})
+    # the builder's arguments as built, and the pretrained trunk the initial weights came from
+    out.model = OmegaConf.create({"name": spec.model, **spec.model_kwargs, "weights": cfg.model.get("weights")})
     if out.logger.group is None:
         out.logger.group = out.experiment
     for node in (out, out.method, out.model, out.text):

@@ -586,6 +586,9 @@ class Run:
             "startup_s": None if self.startup_s is None else round(self.startup_s, 3),
             "threads_per_client": placement.threads,
         }
+        out.update(self.p.strategy.run_summary())
+        if self.p.weights_info is not None:  # the pretrained trunk the run started from
+            out["model_weights"] = self.p.weights_info
         if self.cfg.eval.clients_sample is not None and self.cfg.eval.timing == "received":
             out["clients_evaluated_ids"] = list(self._eval_clients())  # whose splits client_* averages
         single_label = primary in ("accuracy", "client_accuracy")

@@ -9,7 +9,16 @@
 - `rows`: one configuration each (method and its switches, a control), as overrides; a row
   may add overrides for one scale only (`by_scale: {mini: [...]}`), carry the paper's
   number (`paper: 92.11`) and be left out of a scale (`scales: [paper]`);
-- `claims`: "row beats baseline on metric", with the direction the paper claims.
+- `claims`: "row beats baseline on metric", with the direction the paper claims;
+- `metrics` (optional): more per-round metrics to tabulate beside the claimed ones.
+
+A scale may `prepare` files once before its runs (a pretrained trunk: `fl-lightning pretrain`):
+each step names the file it `creates` (relative to the reproduction's folder) and the
+`fl-lightning` arguments that write it; it runs only while that file is missing. `{out}` in a
+step, a scale's or a row's overrides stands for the reproduction's folder. A row may also read
+its numbers from another row's runs under a metric prefix (`runs_of: clip2fl`,
+`metric_prefix: fedavg_head/`: CLIP2FL's own FedAvg head, i.e. FedAvg + distillation) instead
+of runs of its own.
 
 A claim's verdict comes from the paired difference over seeds (row minus baseline, the same
 seed: the same split and initial weights): its mean and 95% t-interval; **supported** when
@@ -40,6 +49,13 @@ from .loggers import read_jsonl
 SCALES = ("mini", "paper")
 STATS = ("final", "best")
 NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
+ROW_KEYS = {"label", "overrides", "by_scale", "scales", "paper", "runs_of", "metric_prefix"}
+
+
+@dataclass(frozen=True)
+class Prepare:
+    creates: str  # a file, relative to the reproduction's folder
+    command: list[str]  # `fl-lightning` arguments; `{out}` is the folder
 
 
 @dataclass(frozen=True)
@@ -49,6 +65,7 @@ class Scale:
     seeds: list[int]
     needs: str
     reach: float | None = None
+    prepare: tuple[Prepare, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,9 +76,17 @@ class Row:
     by_scale: dict[str, list[str]] = field(default_factory=dict)
     scales: tuple[str, ...] = SCALES
     paper: float | None = None
+    runs_of: str | None = None  # read another row's runs instead of running its own
+    metric_prefix: str = ""  # ... under this prefix of every metric
 
-    def args(self, scale: Scale) -> list[str]:
-        return [*scale.overrides, *self.overrides, *self.by_scale.get(scale.name, [])]
+    def args(self, scale: Scale, out: Path | str = "{out}") -> list[str]:
+        return [a.replace("{out}", str(out)) for a in (*scale.overrides, *self.overrides,
+                                                       *self.by_scale.get(scale.name, []))]  # fmt: skip
+
+    @property
+    def source(self) -> str:
+        """The row whose runs hold this row's numbers."""
+        return self.runs_of or self.id
 
 
 @dataclass(frozen=True)
@@ -84,9 +109,18 @@ class Spec:
     scales: dict[str, Scale]
     rows: dict[str, Row]
     claims: list[Claim]
+    metrics: tuple[str, ...] = ()
 
     def rows_for(self, scale: str) -> list[Row]:
         return [r for r in self.rows.values() if scale in r.scales]
+
+    def run_rows(self, scale: str) -> list[Row]:
+        """The rows of `scale` that have runs of their own."""
+        return [r for r in self.rows_for(scale) if r.runs_of is None]
+
+    def table_metrics(self, scale: str) -> list[str]:
+        claimed = sorted({c.metric for c in self.claims_for(scale)})
+        return claimed + [m for m in self.metrics if m not in claimed]
 
     def claims_for(self, scale: str) -> list[Claim]:
         ids = {r.id for r in self.rows_for(scale)}
@@ -110,7 +144,7 @@ def load_spec(path: Path) -> Spec:
         raise ConfigError(f"{path}: cannot read ({str(e).splitlines()[0]})") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a mapping")
-    unknown = set(doc) - {"title", "citation", "scales", "rows", "claims"}
+    unknown = set(doc) - {"title", "citation", "scales", "rows", "claims", "metrics"}
     if unknown:
         raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r}")
     scales: dict[str, Scale] = {}
@@ -121,9 +155,18 @@ def load_spec(path: Path) -> Spec:
         if not all(isinstance(x, int) and x >= 0 for x in seeds):
             raise ConfigError(f"{path}: scales.{s}.seeds must be non-negative integers")
         reach = body.get("reach")
+        steps = []
+        for i, step in enumerate(body.get("prepare") or []):
+            if not isinstance(step, dict) or set(step) != {"creates", "command"} or not step["command"]:
+                raise ConfigError(f"{path}: scales.{s}.prepare[{i}] needs `creates` (a file) and `command`")
+            creates = str(step["creates"])
+            if creates.startswith("/") or ".." in Path(creates).parts:
+                raise ConfigError(f"{path}: scales.{s}.prepare[{i}].creates must stay inside the folder")
+            command = _strings(step["command"], f"{path}: scales.{s}.prepare[{i}].command")
+            steps.append(Prepare(creates, command))
         scales[s] = Scale(
             s, _strings(body.get("overrides"), f"{path}: scales.{s}.overrides"), list(seeds),
-            str(body.get("needs", "")), None if reach is None else float(reach),
+            str(body.get("needs", "")), None if reach is None else float(reach), tuple(steps),
         )  # fmt: skip
     rows: dict[str, Row] = {}
     for rid, body in (doc.get("rows") or {}).items():
@@ -136,12 +179,25 @@ def load_spec(path: Path) -> Spec:
         if set(only) - set(SCALES):
             raise ConfigError(f"{path}: rows.{rid}.scales must be among {', '.join(SCALES)}")
         paper = body.get("paper")
+        unknown_keys = set(body) - ROW_KEYS
+        if unknown_keys:
+            raise ConfigError(f"{path}: rows.{rid}: unknown key {sorted(unknown_keys)[0]!r}")
+        runs_of = body.get("runs_of")
+        if runs_of is not None and (body.get("overrides") or by_scale):
+            raise ConfigError(f"{path}: rows.{rid} reads the runs of {runs_of!r}: it takes no overrides")
         rows[rid] = Row(
             rid, str(body.get("label", rid)),
             _strings(body.get("overrides"), f"{path}: rows.{rid}.overrides"),
             {k: _strings(v, f"{path}: rows.{rid}.by_scale.{k}") for k, v in by_scale.items()},
             only, None if paper is None else float(paper),
+            None if runs_of is None else str(runs_of), str(body.get("metric_prefix", "")),
         )  # fmt: skip
+    for row in rows.values():
+        src = rows.get(row.runs_of) if row.runs_of is not None else row
+        if src is None or src.runs_of is not None or not set(row.scales) <= set(src.scales):
+            raise ConfigError(
+                f"{path}: rows.{row.id}.runs_of must name a row with runs of its own in its scales"
+            )
     claims: list[Claim] = []
     for i, body in enumerate(doc.get("claims") or []):
         try:
@@ -158,7 +214,10 @@ def load_spec(path: Path) -> Spec:
         raise ConfigError(f"{path}: needs scales, rows and claims")
     if len({c.id for c in claims}) != len(claims):
         raise ConfigError(f"{path}: claim ids must be unique")
-    return Spec(name, str(doc.get("title", name)), str(doc.get("citation", "")), scales, rows, claims)
+    metrics = _strings(doc.get("metrics"), f"{path}: metrics")
+    return Spec(
+        name, str(doc.get("title", name)), str(doc.get("citation", "")), scales, rows, claims, tuple(metrics)
+    )
 
 
 # --- numbers ----------------------------------------------------------------------------
@@ -275,8 +334,8 @@ def build_report(
     """The Markdown report and its numbers, from the run directories under `runs_dir`."""
     sc = spec.scales[scale]
     rows = spec.rows_for(scale)
-    states = {(r.id, s): read_run(runs_dir / run_name(r.id, s)) for r in rows for s in seeds}
-    metrics = sorted({c.metric for c in spec.claims_for(scale)})
+    states = {(r.id, s): read_run(runs_dir / run_name(r.source, s)) for r in rows for s in seeds}
+    metrics = spec.table_metrics(scale)
     out: dict[str, Any] = {"paper": spec.name, "scale": scale, "seeds": list(seeds), "rows": {}, "claims": []}
     lines = [
         f"# Reproduction: {spec.title} ({scale} scale)",
@@ -309,12 +368,16 @@ def build_report(
             sep += "---|"
         lines += [head + (" paper |" if pct else ""), sep + ("---|" if pct else "")]
         for r in rows:
-            finals = _values(states, r.id, seeds, metric, "final")
-            bests = _values(states, r.id, seeds, metric, "best")
+            finals = _values(states, r, seeds, metric, "final")
+            bests = _values(states, r, seeds, metric, "best")
             bad = sum(states[(r.id, s)].status in ("diverged", "failed") for s in seeds)
             done = f"{len(finals)}/{len(seeds)}" + (f" ({bad} diverged)" if bad else "")
-            cells = [r.label, "`" + " ".join(r.overrides + r.by_scale.get(scale, [])) + "`", done,
-                     _pm(list(finals.values()), pct), _pm(list(bests.values()), pct)]  # fmt: skip
+            how = (
+                f"{spec.rows[r.runs_of].label}'s runs, `{r.metric_prefix}*`"
+                if r.runs_of is not None
+                else "`" + " ".join(r.overrides + r.by_scale.get(scale, [])) + "`"
+            )
+            cells = [r.label, how, done, _pm(list(finals.values()), pct), _pm(list(bests.values()), pct)]
             if sc.reach is not None and pct:
                 got = [first_round_reaching(states[(r.id, s)].records, metric, sc.reach) for s in finals]
                 hit = [x for x in got if x is not None]
@@ -325,13 +388,18 @@ def build_report(
             lines.append("| " + " | ".join(cells) + " |")
             out["rows"].setdefault(r.id, {})[metric] = {"final": finals, "best": bests, "diverged": bad}
         lines.append("")
+    notes = _pretrained_notes(rows, states, seeds)
+    if notes:
+        lines += ["## Pretrained parts", "", "What the runs started from, as their `summary.json` records it "
+                  "(held-out accuracy on the test set, mean over the row's completed seeds):", "", *notes, ""]
+        out["pretrained"] = notes
     # Claims.
     lines += ["## Claims", "",
               "| claim | metric | row − baseline | per seed | mean | 95% interval | paper | verdict |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for c in spec.claims_for(scale):
-        a = _values(states, c.row, seeds, c.metric, c.stat)
-        b = _values(states, c.baseline, seeds, c.metric, c.stat)
+        a = _values(states, spec.rows[c.row], seeds, c.metric, c.stat)
+        b = _values(states, spec.rows[c.baseline], seeds, c.metric, c.stat)
         p = paired(a, b, c.direction)
         pct = not lower_is_better(c.metric)
         k = 100.0 if pct else 1.0
@@ -378,13 +446,36 @@ def machine() -> str:
     return f"{cpu_model()}, Python {platform.python_version()}"
 
 
+def _pretrained_notes(
+    rows: Sequence[Row], states: dict[tuple[str, int], RunState], seeds: Sequence[int]
+) -> list[str]:
+    """One line per row whose runs started from a pretrained trunk (`model.weights`) or a
+    teacher (CLIP2FL): its held-out accuracy, so a control's strength is on the page."""
+    notes = []
+    for r in rows:
+        done = [states[(r.id, s)].summary for s in seeds if states[(r.id, s)].status == "completed"]
+        parts = []
+        trunk = [float(v) for d in done for k, v in ((d.get("model_weights") or {}).get("info") or {}).items()
+                 if k.startswith("held_out_") and isinstance(v, (int, float))]  # fmt: skip
+        if trunk:
+            arch = ((done[0].get("model_weights") or {}).get("arch")) or "trunk"
+            parts.append(f"pretrained {arch} trunk {sum(trunk) / len(trunk) * 100:.2f}%")
+        key = "teacher_held_out_accuracy"
+        teacher = [float(d[key]) for d in done if d.get(key) is not None]
+        if teacher:
+            parts.append(f"teacher {sum(teacher) / len(teacher) * 100:.2f}%")
+        if parts:
+            notes.append(f"- {r.label}: " + ", ".join(parts))
+    return notes
+
+
 def _values(
-    states: dict[tuple[str, int], RunState], row: str, seeds: Sequence[int], metric: str, stat: str
+    states: dict[tuple[str, int], RunState], row: Row, seeds: Sequence[int], metric: str, stat: str
 ) -> dict[int, float]:
     got: dict[int, float] = {}
     for s in seeds:
-        st = states[(row, s)]
-        v = run_value(st.records, metric, stat) if st.status == "completed" else None
+        st = states[(row.id, s)]
+        v = run_value(st.records, row.metric_prefix + metric, stat) if st.status == "completed" else None
         if v is not None:
             got[s] = v
     return got
@@ -398,19 +489,20 @@ def plot_curves(spec: Spec, scale: str, runs_dir: Path, seeds: Sequence[int], ou
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = sorted({c.metric for c in spec.claims_for(scale)})
+    metrics = spec.table_metrics(scale)
     rows = spec.rows_for(scale)
     fig, axes = plt.subplots(1, len(metrics), figsize=(7 * len(metrics), 4.5), squeeze=False)
     drawn = False
     for ax, metric in zip(axes[0], metrics, strict=True):
         for r in rows:
             curves = []
+            key = r.metric_prefix + metric
             for s in seeds:
-                st = read_run(runs_dir / run_name(r.id, s))
+                st = read_run(runs_dir / run_name(r.source, s))
                 if st.status != "completed":  # as in the tables: a diverged run is no curve
                     continue
-                c = {int(x["round"]): float(x[metric]) for x in st.records
-                     if x.get(metric) is not None and not x.get("diverged")}  # fmt: skip
+                c = {int(x["round"]): float(x[key]) for x in st.records
+                     if x.get(key) is not None and not x.get("diverged")}  # fmt: skip
                 if c:
                     curves.append(c)
             if not curves:

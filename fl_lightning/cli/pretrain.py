@@ -1,0 +1,165 @@
+"""`fl-lightning pretrain <overrides> --out FILE`: centralized training of a backbone on a
+held-out part of the training set that no client sees, written as a weights file
+(models/weights.py) with its test accuracy; `model.weights=FILE` then starts a run from it.
+
+    fl-lightning pretrain data=fmnist model=cnn --out weights/fmnist_cnn.pt
+    fl-lightning run +experiment=fedlgt_fmnist_lt model.weights=weights/fmnist_cnn.pt
+
+The held-out images are training indices [holdout_from, holdout_from + holdout_size) of the
+full training set (Fashion-MNIST: 55,000 to 60,000 by default, the range CLIP2FL's aligned
+teacher learns from); a run keeps its clients off them with `data.train_subset=<holdout_from>`
+(single images) or `data.source_subset=<holdout_from>` (the mosaics of fmnist_multilabel).
+Single-label data trains with cross-entropy, multi-label with binary cross-entropy; plain SGD
+with momentum 0.9 and a cosine schedule, a fixed seed. Accuracy (or C-AP) is measured on the
+test set (`data.test_subset` applies), and travels in the file (`info`) into every run's
+summary that loads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    holdout_from: int = 55000  # the first training index it learns from
+    holdout_size: int | None = None  # how many from there (None: to the end)
+    epochs: int = 10
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    batch_size: int = 64
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.holdout_from < 0 or (self.holdout_size is not None and self.holdout_size < 1):
+            raise ConfigError("--holdout-from must be >= 0 and --holdout-size >= 1")
+        if self.epochs < 1 or self.batch_size < 2 or not self.lr > 0 or not 0 <= self.momentum < 1:
+            raise ConfigError("--epochs >= 1, --batch-size >= 2, --lr > 0 and 0 <= --momentum < 1")
+        if self.weight_decay < 0 or self.seed < 0:
+            raise ConfigError("--weight-decay and --seed must be >= 0")
+
+
+def model_kwargs(cfg: Any) -> dict[str, Any]:
+    """The builder's arguments of `cfg.model` (plain values)."""
+    from omegaconf import OmegaConf
+
+    from ..models.weights import MODEL_GENERIC_KEYS
+
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(model, dict)
+    return {str(k): v for k, v in model.items() if k not in MODEL_GENERIC_KEYS}
+
+
+def pretrain(cfg: Any, pc: PretrainConfig, log_every: int = 1) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Train `cfg.model` on the held-out training images of `cfg.data`; (model, info)."""
+    from omegaconf import OmegaConf
+
+    from ..core.metrics import EvalSpec, TaskMetrics, primary_metric
+    from ..data.registry import load_from_config
+    from ..models import build_model
+
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    assert isinstance(data, dict)
+    ds = load_from_config(OmegaConf.create({**data, "train_subset": None}))
+    n = len(ds.train_y)
+    stop = n if pc.holdout_size is None else min(n, pc.holdout_from + pc.holdout_size)
+    if pc.holdout_from >= n or stop <= pc.holdout_from:
+        raise ConfigError(
+            f"hold-out [{pc.holdout_from}, {stop}) is empty: {cfg.data.name} has {n} training images"
+        )
+    x, y = ds.tensors(ds.train_x[pc.holdout_from : stop], ds.train_y[pc.holdout_from : stop])
+    kwargs = model_kwargs(cfg)
+    spec = EvalSpec(ds.num_classes, multilabel=ds.multilabel)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(pc.seed)
+        model = build_model(cfg.model.name, ds.num_classes, ds.in_channels, ds.image_size, **kwargs)
+        opt = torch.optim.SGD(
+            model.parameters(), lr=pc.lr, momentum=pc.momentum, weight_decay=pc.weight_decay
+        )
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, pc.epochs)
+        g = torch.Generator().manual_seed(pc.seed)
+        start = time.perf_counter()
+        for epoch in range(pc.epochs):
+            model.train()
+            perm, total = torch.randperm(len(y), generator=g), 0.0
+            for i in range(0, len(y), pc.batch_size):
+                sel = perm[i : i + pc.batch_size]
+                if len(sel) < 2:  # BatchNorm needs two
+                    continue
+                out = model(x[sel])
+                loss = (
+                    F.binary_cross_entropy_with_logits(out, y[sel])
+                    if ds.multilabel
+                    else F.cross_entropy(out, y[sel])
+                )
+                if not torch.isfinite(loss):
+                    raise ConfigError(
+                        f"pretraining diverged in epoch {epoch + 1} (non-finite loss): lower --lr"
+                    )
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                total += float(loss.detach()) * len(sel)
+            sched.step()
+            if log_every and (epoch + 1) % log_every == 0:
+                spent = time.perf_counter() - start
+                left = spent / (epoch + 1) * (pc.epochs - epoch - 1)
+                log.warning(
+                    "pretrain epoch %d/%d: loss %.4f (%.0f s, ~%.0f s left)",
+                    epoch + 1, pc.epochs, total / len(y), spent, left,
+                )  # fmt: skip
+    model.eval()
+    metrics = TaskMetrics(spec)
+    tx, ty = ds.tensors(ds.test_x, ds.test_y)
+    with torch.no_grad():
+        for i in range(0, len(ty), 1000):
+            metrics.update(model(tx[i : i + 1000]), ty[i : i + 1000])
+    scores = metrics.compute()
+    metric = primary_metric(spec)
+    info = {
+        "dataset": cfg.data.name, "arch": cfg.model.name, "train_range": [pc.holdout_from, stop],
+        "train_images": int(len(y)), "test_images": int(len(ty)), "metric": metric,
+        "held_out_" + metric: scores[metric], "pretrain": asdict(pc),
+        "in_channels": ds.in_channels, "image_size": ds.image_size, "num_classes": ds.num_classes,
+        "time_s": round(time.perf_counter() - start, 1),
+    }  # fmt: skip
+    return model, info
+
+
+def pretrain_command(overrides: list[str], out: str | None, pc: PretrainConfig) -> int:
+    from ..config import compose, validate_registered
+    from ..data.registry import check_dataset
+    from ..models.weights import save_weights
+
+    if not out:
+        raise ConfigError("fl-lightning pretrain needs --out FILE (where the weights file goes)")
+    path = Path(out).expanduser()
+    if path.is_dir() or (path.exists() and not path.is_file()):
+        raise ConfigError(f"--out {out} is a folder, not a file path")
+    pc.check()
+    cfg = compose(overrides)
+    validate_registered(cfg)  # model keys, data names: one line before any training
+    check_dataset(cfg.data.name, cfg.data.root, cfg.data.download)
+    model, info = pretrain(cfg, pc)
+    save_weights(path, model, cfg.model.name, model_kwargs(cfg), info)
+    lo, hi = info["train_range"]
+    metric = info["metric"]
+    print(
+        f"pretrained {cfg.model.name} on {cfg.data.name} training images [{lo}, {hi}) "
+        f"({info['train_images']}, "
+        f"{pc.epochs} epochs): {metric} {info['held_out_' + metric]:.4f} on {info['test_images']} test images"
+    )
+    print(f"weights: {path} (use model.weights={path}; keep clients off [{lo}, {hi}))")
+    return 0

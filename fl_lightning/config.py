@@ -377,6 +377,11 @@ def compose(overrides: list[str]) -> DictConfig:
         defaults.update(preset_groups)
         preset.setdefault("experiment", experiment)
     defaults.update(groups)
+    if preset_groups.get("method") not in (None, defaults.get("method")):
+        # a preset's `method:` block holds its own method's values (CLIP2FL's teacher), which
+        # another method chosen on the command line (`+experiment=clip2fl_cifar10_lt method=fedavg`,
+        # a baseline in the same setting) has no keys for
+        preset.pop("method", None)
     # The method's own group choices (its file's `defaults:`, e.g. FedTSP's model family):
     # above config.yaml, below an experiment preset and the command line.
     for group, name in method_group_defaults(defaults.get("method", "")).items():

@@ -105,17 +105,18 @@ def plan(
     return todo, done, wipe
 
 
-def prepare_steps(spec: Spec, scale: str, folder: Path) -> list[tuple[Path, list[str]]]:
-    """The scale's `prepare` steps whose file is missing: (file, `fl-lightning` arguments)."""
-    todo = []
+def prepare_steps(spec: Spec, scale: str, folder: Path) -> list[tuple[Path | None, list[str]]]:
+    """The scale's `prepare` steps to run: (the file it creates, or None; `fl-lightning`
+    arguments). A step whose file exists is done."""
+    todo: list[tuple[Path | None, list[str]]] = []
     for step in spec.scales[scale].prepare:
-        target = folder / step.creates
-        if not target.is_file():
+        target = None if step.creates is None else folder / step.creates
+        if target is None or not target.is_file():
             todo.append((target, [a.replace("{out}", str(folder)) for a in step.command]))
     return todo
 
 
-def run_prepare(steps: Sequence[tuple[Path, list[str]]], logs: Path) -> None:
+def run_prepare(steps: Sequence[tuple[Path | None, list[str]]], logs: Path) -> None:
     """Each step as its own `fl-lightning` process (its output also in `logs/`); a failure is
     one line naming the step and its log."""
     import subprocess
@@ -128,7 +129,7 @@ def run_prepare(steps: Sequence[tuple[Path, list[str]]], logs: Path) -> None:
             cmd = [sys.executable, "-m", "fl_lightning", *args]
             rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
         lines = log.read_text().strip().splitlines()
-        if rc != 0 or not target.is_file():
+        if rc != 0 or (target is not None and not target.is_file()):
             last = lines[-1] if lines else f"exit {rc}"
             raise ConfigError(f"prepare step `fl-lightning {' '.join(args)}` failed ({last}); log: {log}")
         for line in lines[-2:]:

@@ -21,7 +21,7 @@ from ..core.errors import ConfigError
 def teacher_command(action: str, overrides: list[str], rebuild: bool = False) -> int:
     from omegaconf import OmegaConf
 
-    from ..config import compose
+    from ..config import compose, validate_registered
 
     if action != "build":
         raise ConfigError(f"unknown teacher action {action!r}; valid: build")
@@ -30,6 +30,7 @@ def teacher_command(action: str, overrides: list[str], rebuild: bool = False) ->
     cfg = compose(overrides)
     if cfg.method.name != "clip2fl":
         raise ConfigError(f"the aligned teacher belongs to method=clip2fl (got method={cfg.method.name})")
+    validate_registered(cfg)  # the tower and its arguments, the hold-out: one line before any training
     from ..methods.clip2fl import CLIP2FLConfig, aligned_config, text_config
     from ..methods.teacher import load_or_build_aligned
     from .text import dataset_class_names

@@ -51,16 +51,28 @@ class CLIP2FLConfig(CReFFConfig):
     teacher_holdout_from: int = 55000  # it trains on training images from this index on
     teacher_holdout_size: int | None = None  # how many (None: to the end)
     teacher_arch: str = "resnet8"
-    teacher_model_kwargs: dict[str, Any] = field(default_factory=lambda: {"scaling": 2})
+    #: the tower's model arguments; null: its defaults here (resnet8: width 2, {scaling: 2})
+    teacher_model_kwargs: dict[str, Any] | None = None
     teacher_epochs: int = 15
     teacher_lr: float = 0.05
     teacher_seed: int = 0
 
 
+TEACHER_ARCH_DEFAULTS: dict[str, dict[str, Any]] = {"resnet8": {"scaling": 2}}
+
+
+def teacher_model_kwargs(c: CLIP2FLConfig) -> dict[str, Any]:
+    """`method.teacher_model_kwargs`, or the tower's defaults here when null (so another
+    `teacher_arch` needs no kwargs of resnet8's removed)."""
+    if c.teacher_model_kwargs is not None:
+        return dict(c.teacher_model_kwargs)
+    return dict(TEACHER_ARCH_DEFAULTS.get(c.teacher_arch, {}))
+
+
 def aligned_config(c: CLIP2FLConfig) -> AlignedTeacherConfig:
     return AlignedTeacherConfig(
         holdout_from=c.teacher_holdout_from, holdout_size=c.teacher_holdout_size, arch=c.teacher_arch,
-        model_kwargs=dict(c.teacher_model_kwargs), epochs=c.teacher_epochs, lr=c.teacher_lr,
+        model_kwargs=teacher_model_kwargs(c), epochs=c.teacher_epochs, lr=c.teacher_lr,
         logit_scale=c.teacher_scale, templates=tuple(c.templates), seed=c.teacher_seed,
     )  # fmt: skip
 
@@ -129,6 +141,18 @@ class CLIP2FL(CReFF):
             raise ConfigError(f"method.teacher={c.teacher!r}: expected one of {', '.join(TEACHERS)}")
         if c.beta <= 0 and c.pcl_weight <= 0:
             return  # CReFF: no teacher used
+        if c.teacher == "aligned" and c.beta > 0:  # the tower and its arguments, before any data
+            import inspect
+
+            from ..models import MODELS
+
+            params = inspect.signature(MODELS.get(c.teacher_arch)).parameters
+            bad = sorted(set(teacher_model_kwargs(c)) - set(params))
+            if bad:
+                raise ConfigError(
+                    f"method.teacher_model_kwargs has {bad[0]!r}, which model {c.teacher_arch} does not take "
+                    "(null gives the tower's defaults)"
+                )
         text, data = run.get("text") or {}, run.get("data") or {}
         if c.teacher == "clip":
             pre = text.get("pretrained") if text.get("name") == "clip" else None

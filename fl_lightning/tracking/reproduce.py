@@ -12,9 +12,11 @@
 - `claims`: "row beats baseline on metric", with the direction the paper claims;
 - `metrics` (optional): more per-round metrics to tabulate beside the claimed ones.
 
-A scale may `prepare` files once before its runs (a pretrained trunk: `fl-lightning pretrain`):
-each step names the file it `creates` (relative to the reproduction's folder) and the
-`fl-lightning` arguments that write it; it runs only while that file is missing. `{out}` in a
+A scale may `prepare` what its runs need before they start (a pretrained trunk: `fl-lightning
+pretrain`; CLIP2FL's teachers: `fl-lightning teacher build`): each step gives the
+`fl-lightning` arguments and may name the file it `creates` (relative to the reproduction's
+folder), in which case it runs only while that file is missing; a step without one (a
+builder that caches, and prints what it built) runs every time. `{out}` in a
 step, a scale's or a row's overrides stands for the reproduction's folder. A row may also read
 its numbers from another row's runs under a metric prefix (`runs_of: clip2fl`,
 `metric_prefix: fedavg_head/`: CLIP2FL's own FedAvg head, i.e. FedAvg + distillation) instead
@@ -54,8 +56,8 @@ ROW_KEYS = {"label", "overrides", "by_scale", "scales", "paper", "runs_of", "met
 
 @dataclass(frozen=True)
 class Prepare:
-    creates: str  # a file, relative to the reproduction's folder
     command: list[str]  # `fl-lightning` arguments; `{out}` is the folder
+    creates: str | None = None  # a file relative to the folder; None: run every time (a cache's builder)
 
 
 @dataclass(frozen=True)
@@ -157,13 +159,15 @@ def load_spec(path: Path) -> Spec:
         reach = body.get("reach")
         steps = []
         for i, step in enumerate(body.get("prepare") or []):
-            if not isinstance(step, dict) or set(step) != {"creates", "command"} or not step["command"]:
-                raise ConfigError(f"{path}: scales.{s}.prepare[{i}] needs `creates` (a file) and `command`")
-            creates = str(step["creates"])
-            if creates.startswith("/") or ".." in Path(creates).parts:
+            if not isinstance(step, dict) or not step.get("command") or set(step) - {"creates", "command"}:
+                raise ConfigError(
+                    f"{path}: scales.{s}.prepare[{i}] needs a `command` (and may name what it `creates`)"
+                )
+            creates = None if step.get("creates") is None else str(step["creates"])
+            if creates is not None and (creates.startswith("/") or ".." in Path(creates).parts):
                 raise ConfigError(f"{path}: scales.{s}.prepare[{i}].creates must stay inside the folder")
             command = _strings(step["command"], f"{path}: scales.{s}.prepare[{i}].command")
-            steps.append(Prepare(creates, command))
+            steps.append(Prepare(command, creates))
         scales[s] = Scale(
             s, _strings(body.get("overrides"), f"{path}: scales.{s}.overrides"), list(seeds),
             str(body.get("needs", "")), None if reach is None else float(reach), tuple(steps),

@@ -19,6 +19,7 @@ from fl_lightning.config import compose
 from fl_lightning.core.messages import Broadcast, ClientPayload
 from fl_lightning.methods.fedlgt import LGTObjective, label_mask_training
 from fl_lightning.models.ctran import NEGATIVE, POSITIVE, UNKNOWN, CTran
+from fl_lightning.models.weights import load_trunk
 from fl_lightning.runtime.runner import start_run
 
 from .conftest import small
@@ -76,8 +77,10 @@ def test_resnet18_trunk_loads_a_local_weights_file(tmp_path):
     ref = resnet18(weights=None)
     torch.save(ref.state_dict(), tmp_path / "r18.pt")
     weights = str(tmp_path / "r18.pt")
-    m = CTran(4, in_channels=3, trunk="resnet18", d_model=64, layers=1, heads=2, weights=weights)
-    assert torch.equal(m.trunk[0].weight, ref.conv1.weight)  # conv1 is the trunk's first layer
+    m = CTran(4, in_channels=3, trunk="resnet18", d_model=64, layers=1, heads=2)
+    load_trunk(m, weights)  # model.weights=<a torchvision state dict>: its fc is dropped
+    assert torch.equal(m.trunk.conv1.weight, ref.conv1.weight)  # conv1 is the trunk's first layer
+    assert torch.equal(m.trunk.layer4[1].bn2.running_var, ref.layer4[1].bn2.running_var)
     assert m(torch.randn(2, 3, 64, 64)).shape == (2, 4)
 
 
@@ -191,12 +194,41 @@ def test_label_embeddings_are_never_sent_and_fedctran_is_fedlgt_learned_bit_for_
     a = torch.load(sorted((ctran_dir / "checkpoints").glob("round-*.pt"))[-1], weights_only=True)
     b = torch.load(sorted((learned_dir / "checkpoints").glob("round-*.pt"))[-1], weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    # FedLGT sends everything FedC-Tran sends but the embeddings: 10 labels + 2 states, 384-d
-    # float32 (model.d_model null: both take MiniLM's width)
-    per_client = (10 + 2) * 384 * 4
+    # FedLGT sends everything FedC-Tran sends but the label embeddings: 10 labels, 384-d float32
+    # (model.d_model null: both take MiniLM's width); FedC-Tran's state embeddings are frozen text
+    # features as in the authors' code, sent by neither
+    per_client = 10 * 384 * 4
     for c, g in zip(ctran, lgt, strict=True):
         assert c["bytes_up"] - g["bytes_up"] == c["clients"] * per_client
         assert c["bytes_down"] - g["bytes_down"] == c["clients"] * per_client
+
+
+@pytest.mark.parametrize(
+    ("extra", "label_learned", "state_learned"),
+    [
+        (["method=fedctran"], True, False),  # the authors' code: learned labels, frozen text states
+        (["method=fedctran", "method.state_embedding=learned"], True, True),  # the paper's wording
+        (["method=fedlgt"], False, False),
+        (["method=fedlgt", "method.state_embedding=learned"], False, True),
+        (["method=fedlgt", "method.label_embedding=frozen_random"], False, False),
+    ],
+)
+def test_which_embedding_tables_are_learned_and_sent(
+    tmp_path, data_root, extra, label_learned, state_learned
+):
+    from fl_lightning.runtime.build import prepare
+
+    p = prepare(compose(small(tmp_path, *ML, "runtime=serial", *extra)))
+    model = p.objective.model
+    keys = set(p.init_params or {})
+    for name, learned in (("label_emb", label_learned), ("state_emb", state_learned)):
+        assert (name in keys) is learned  # a learned table is in the state dict: sent and averaged
+        assert isinstance(getattr(model, name), torch.nn.Parameter) is learned
+    if not state_learned and "frozen_random" not in extra[-1]:  # the text features of the state words
+        from fl_lightning.text import class_text_features
+
+        words = class_text_features({"name": "minilm"}, ["positive", "negative"], templates=["{}"])
+        assert torch.equal(model.state_emb, words.float())
 
 
 def test_ca_mle_with_epsilon_0_equals_ca_mle_off(tmp_path, data_root):

@@ -126,7 +126,8 @@ def test_bad_weights_are_one_line_before_any_work(trunk_file, tmp_path, data_roo
     # a family of architectures takes no single trunk; a mismatch is named once the model is built
     for extra, says in ((["method=fedproto", "model=htfe_cnn3"], "family of architectures"),
                         (["model=cnn_bn"], "does not fit this model")):  # fmt: skip
-        rc = main(["run", *small(tmp_path, "runtime=serial", f"model.weights={trunk_file}", *extra), "--quiet"])
+        args = small(tmp_path, "runtime=serial", f"model.weights={trunk_file}", *extra)
+        rc = main(["run", *args, "--quiet"])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and says in err[0], err
     assert not list(tmp_path.glob("*/*/summary.json"))

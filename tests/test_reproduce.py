@@ -122,6 +122,53 @@ def test_reproduce_end_to_end_verdicts_by_hand_and_a_kill(conf, tmp_path, data_r
     assert json.loads((runs / "fast_s1" / "summary.json").read_text())["rounds_completed"] == 2
 
 
+PREP = """
+title: prep
+citation: a test of prepare steps and rows read from another row's runs
+scales:
+  mini:
+    prepare:
+      - creates: w/cnn.pt
+        command: [pretrain, data=fmnist, model=cnn, data.test_subset=200, --holdout-size, "300",
+                  --epochs, "1", --out, "{out}/w/cnn.pt"]
+    overrides: [data=fmnist, data.train_subset=600, data.test_subset=200, fl.num_clients=3, fl.rounds=1,
+                fl.batch_size=32, runtime=serial, data.partition=iid, "model.weights={out}/w/cnn.pt"]
+    seeds: [0]
+    needs: Fashion-MNIST
+rows:
+  a: {label: FedAvg, overrides: [method=fedavg]}
+  b: {label: FedAvg's client-side view, runs_of: a, metric_prefix: client/}
+metrics: [train_loss]
+claims:
+  - {id: same, text: the same runs, row: a, baseline: b, metric: accuracy}
+"""
+
+
+def test_prepare_steps_and_rows_read_from_another_rows_runs(conf, tmp_path, data_root):
+    (conf / "reproduce" / "prep.yaml").write_text(PREP)
+    out = tmp_path / "rep"
+    assert main(["reproduce", "prep", "--out", str(out), "logger=none"]) == 0
+    weights = out / "w" / "cnn.pt"
+    made = weights.stat().st_mtime_ns
+    assert (out / "logs" / "prepare-0.log").is_file()
+    runs = sorted(p.name for p in (out / "prep_mini").iterdir())
+    assert runs == ["a_s0"]  # row b has no runs of its own
+    summary = json.loads((out / "prep_mini" / "a_s0" / "summary.json").read_text())
+    assert summary["model_weights"]["path"] == str(weights)  # the prepared trunk, with {out} filled in
+    numbers = json.loads((out / "results.json").read_text())
+    metrics = (out / "prep_mini" / "a_s0" / "metrics.jsonl").read_text()
+    lines = [json.loads(x) for x in metrics.splitlines()]
+    assert numbers["rows"]["a"]["train_loss"]["final"] == {"0": lines[-1]["train_loss"]}
+    assert numbers["rows"]["b"]["train_loss"]["final"] == {"0": lines[-1]["client/train_loss"]}
+    report = (out / "report.md").read_text()
+    assert "## Rows: `train_loss`" in report and "FedAvg's runs, `client/*`" in report
+    acc = summary["model_weights"]["info"]["held_out_accuracy"]
+    assert f"- FedAvg: pretrained cnn trunk {acc * 100:.2f}%" in report
+    # again: the prepared file exists, the step does not run; the finished run is kept
+    assert main(["reproduce", "prep", "--out", str(out), "logger=none"]) == 0
+    assert weights.stat().st_mtime_ns == made
+
+
 def test_paired_verdicts_by_hand():
     # diffs 0.02, 0.04, 0.03: mean 0.03, sd 0.01, t(0.975, 2) = 4.302652729911275
     p = paired({0: 0.52, 1: 0.54, 2: 0.53}, {0: 0.50, 1: 0.50, 2: 0.50, 3: 0.1}, "higher")
@@ -142,9 +189,18 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
     for name, scale in spec.scales.items():
         assert scale.needs, f"{paper} {name}: say what data or weights it needs"
         assert spec.claims_for(name)
-        for row in spec.rows_for(name):
-            cfg = compose([*row.args(scale), f"output_dir={tmp_path}", "logger=none"])
-            validate_registered(cfg)
+        out = tmp_path / name
+        for step in scale.prepare:  # what a step creates, made for real but small (a runs' input)
+            if step.creates is not None and step.command[0] == "pretrain":
+                args = [a.replace("{out}", str(out)) for a in step.command]
+                assert main([*args, "--epochs", "1", "--holdout-size", "64", "data.test_subset=100"]) == 0
+        clip = tmp_path / "ViT-B-32.pt"  # CLIP weights, which a paper scale's `needs` asks the user for
+        clip.touch()
+        for row in spec.run_rows(name):
+            args = [*row.args(scale, out), f"output_dir={tmp_path}", "logger=none"]
+            if compose(args).text.name == "clip":
+                args.append(f"text.pretrained={clip}")
+            validate_registered(compose(args))
 
 
 @pytest.mark.parametrize(
@@ -155,6 +211,10 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
         (TINY.replace("  fast:", "  Fast-1:"), "lower-case name"),
         (TINY.replace("direction: lower", "direction: down"), "direction higher|lower"),
         (TINY.replace("seeds: [0, 1]", "seeds: [-1]"), "non-negative"),
+        (TINY.replace("    seeds: [0, 1]", "    prepare: [{creates: /x, command: [ls]}]\n    seeds: [0]"),
+         "must stay inside the folder"),
+        (TINY.replace("  slow: {", "  alias: {runs_of: nope}\n  slow: {"), "runs_of must name a row"),
+        (TINY.replace("  slow: {", "  al: {runs_of: fast, overrides: [x]}\n  slow: {"), "no overrides"),
     ],
 )
 def test_bad_claims_file_is_one_line(conf, text, says, capsys):

@@ -150,7 +150,8 @@ def resolved_config(cfg: DictConfig, chosen: dict[str, Any], spec: ClientSpec) -
         out.text = OmegaConf.create(chosen["text"])
     out.merge_with({k: v for k, v in chosen.items() if k != "text"})
     # the builder's arguments as built, and the pretrained trunk the initial weights came from
-    out.model = OmegaConf.create({"name": spec.model, **spec.model_kwargs, "weights": cfg.model.get("weights")})
+    weights = cfg.model.get("weights")
+    out.model = OmegaConf.create({"name": spec.model, **spec.model_kwargs, "weights": weights})
     if out.logger.group is None:
         out.logger.group = out.experiment
     for node in (out, out.method, out.model, out.text):

@@ -62,14 +62,14 @@ def test_the_trunk_loads_into_every_backbone_that_has_it(trunk_file):
     ctran = build_model("ctran", 10, 1, 56, trunk="tiles", d_model=64, heads=2, layers=1)
     load_trunk(ctran, trunk_file)
     _same(ctran.state_dict(), state, "trunk.encoder.")
-    # each tile's token is the single-image trunk's features of that tile
-    x = torch.randn(3, 1, 56, 56)
+    # each tile's token is the single-image trunk's features of that tile (in float64: batches of
+    # 12 tiles and of 3 images may take different float32 kernels)
+    x = torch.randn(3, 1, 56, 56, dtype=torch.float64)
     with torch.no_grad():
-        tok = ctran.trunk(x)  # [B, D, 2, 2]
-        cnn.eval()
-        top_right = cnn.forward_features(x[:, :, :28, 28:])
+        tok = ctran.double().trunk(x)  # [B, D, 2, 2]
+        top_right = cnn.double().eval().forward_features(x[:, :, :28, 28:])
     assert tok.shape == (3, 512, 2, 2)
-    assert torch.allclose(tok[:, :, 0, 1], top_right, atol=1e-6, rtol=0)
+    assert torch.allclose(tok[:, :, 0, 1], top_right, atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize(

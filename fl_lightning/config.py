@@ -151,6 +151,9 @@ class RuntimeConfig:
     #: a cold CLI run on a private local Ray starts Ray and its client workers while the driver
     #: imports torch and Lightning (`runtime/early.py`); false: one after the other. Same numbers.
     early_start: bool = True
+    #: train a round's clients K at a time in one process, their weights stacked (torch.func);
+    #: same numbers to float rounding, for methods whose client step is written for it; 0: one by one
+    batched: int = 0
 
 
 @dataclass
@@ -549,6 +552,8 @@ def validate(cfg: DictConfig) -> None:
         positive(f"runtime.{key}", rt[key])
     if rt.num_gpus is not None and rt.num_gpus < 0:
         raise ConfigError(f"runtime.num_gpus must be >= 0 (got {rt.num_gpus})")
+    if rt.batched < 0:
+        raise ConfigError(f"runtime.batched must be >= 0 (got {rt.batched})")
 
 
 def check_weights_file(cfg: DictConfig) -> None:
@@ -582,11 +587,20 @@ def validate_registered(cfg: DictConfig) -> None:
             raise ConfigError(f"{bad} must be a finite number (got {cfg.method[bad.split('.', 1)[1]]})")
     # A method may refuse an optimiser its algorithm does not hold under (SCAFFOLD: momentum):
     # a classmethod `check_optim(method_config, optim)` raising ConfigError, before any data.
+    optim = OmegaConf.to_container(cfg.optim, resolve=True)
+    assert isinstance(optim, dict)
+    optim_cfg = OptimConfig(**{str(k): v for k, v in optim.items()})
     check_optim = getattr(strategy, "check_optim", None)
     if callable(check_optim):
-        optim = OmegaConf.to_container(cfg.optim, resolve=True)
-        assert isinstance(optim, dict)
-        check_optim(method_cfg, OptimConfig(**{str(k): v for k, v in optim.items()}))
+        check_optim(method_cfg, optim_cfg)
+    if cfg.runtime.batched:  # before any data; the model's layers once it is built (`model_refusal`)
+        from .core.batched import batched_refusal
+        from .models import family
+
+        why = batched_refusal(cfg.method.name, strategy.objective_cls, optim_cfg, cfg.runtime.precision,
+                              family(cfg.model.name) is not None)  # fmt: skip
+        if why:
+            raise ConfigError(f"runtime.batched={cfg.runtime.batched}: {why}; use runtime.batched=0")
     # ... and a run it cannot do (CLIP2FL's teacher=clip without CLIP weights): `check_run`.
     run = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(run, dict)

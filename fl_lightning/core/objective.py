@@ -20,13 +20,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .batched import MaskedStep
 from .messages import Broadcast, ClientPayload, ClientUpdate
 from .metrics import EvalSpec, TaskMetrics
 from .optim import OptimConfig
@@ -146,6 +147,10 @@ class ClientObjective(L.LightningModule, Generic[BroadcastT]):
     `before_fit` for a pass over the local data, `end_round` to send more,
     `eval_heads` for several named evaluations of one model.
     """
+
+    #: `runtime.batched`: this class's client step is `masked_terms` (and `epoch_sums`) under
+    #: plain SGD. Read from the class's own body: a subclass that changes the step declares it anew.
+    batched_step: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -298,6 +303,34 @@ class ClientObjective(L.LightningModule, Generic[BroadcastT]):
             self._term_sums[k] = self._term_sums[k] + t if k in self._term_sums else t
         self._loss_count += n
         return loss
+
+    # --- runtime.batched: the same step as a pure function of the weights ----------------
+    def masked_terms(self, step: MaskedStep) -> dict[str, torch.Tensor]:
+        """`loss_terms` on one client's padded batch, as masked means (`core/batched.py`). Pure:
+        it runs under `vmap(grad(...))` over clients, so it reads from `self` only what is the
+        same for every client of the round (the broadcast's, set by `begin_round`/`on_train_start`)."""
+        y = step.y
+        if y.dim() == 2:
+            per = F.binary_cross_entropy_with_logits(step.logits, y.to(step.logits.dtype), reduction="none")
+            return {"bce": step.mean(per.mean(1))}
+        return {"ce": step.mean(F.cross_entropy(step.logits, y, reduction="none"))}
+
+    def epoch_sums(self, step: MaskedStep) -> dict[str, torch.Tensor]:
+        """Sums over a step's examples (padding weighs 0) that the host adds up over each local
+        epoch, from zero at every epoch's start; `end_batched` gets the last epoch's. Default: none."""
+        return {}
+
+    def end_batched(
+        self, loss_sum: torch.Tensor, term_sums: dict[str, torch.Tensor], count: int,
+        epoch_sums: dict[str, torch.Tensor],
+    ) -> None:  # fmt: skip
+        """After batched training, with this client's trained weights loaded: what the fit's
+        `training_step`s (and hooks) would have left for `end_round` to read."""
+        self._loss_sum, self._term_sums, self._loss_count = loss_sum, dict(term_sums), count
+
+    def batched_refusal(self) -> str | None:
+        """Why this objective, as configured, cannot train batched (one line); None: it can."""
+        return None
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]

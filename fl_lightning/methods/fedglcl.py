@@ -95,6 +95,7 @@ def build_projector(in_dim: int, out_dim: int, kind: str = "bn_relu") -> nn.Sequ
 
 class GLCLObjective(ModelContrastive[GLCLBroadcast], ProximalTerm[GLCLBroadcast]):
     class_features: torch.Tensor  # [C, d] a non-persistent buffer, set every round
+    batched_step = True  # its logits are `classify(represent(x))`; + FedProx's term; MOON's refused
 
     def __init__(
         self,

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from ..core.batched import MaskedStep
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import BroadcastT, ClientObjective
 from ..core.strategy import MethodConfig, Strategy
@@ -91,6 +92,8 @@ class LocalClassMeans(ClientObjective[BroadcastT]):
 
 
 class FedProtoObjective(ClientObjective[BroadcastT]):
+    batched_step = True
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -136,6 +139,26 @@ class FedProtoObjective(ClientObjective[BroadcastT]):
         self._sums.index_add_(0, y, zd)
         self._n.index_add_(0, y, torch.ones_like(y, dtype=zd.dtype))
         return terms
+
+    def masked_terms(self, step: MaskedStep) -> dict[str, torch.Tensor]:
+        terms = super().masked_terms(step)
+        if self._protos is not None and self.lam > 0:  # MSE over the examples of seen classes
+            keep = step.w * self._has[step.y].to(step.w.dtype)
+            sq = ((step.z - self._p[step.y]) ** 2).sum(1)
+            terms["proto"] = self.lam * (sq * keep).sum() / (keep.sum().clamp(min=1) * step.z.shape[1])
+        return terms
+
+    def epoch_sums(self, step: MaskedStep) -> dict[str, torch.Tensor]:
+        classes = torch.arange(self.num_classes, device=step.y.device)  # not F.one_hot: it reads y's range
+        onehot = (step.y[:, None] == classes).to(step.z.dtype) * step.w[:, None]
+        return {"sums": onehot.T @ step.z.detach(), "n": onehot.sum(0)}
+
+    def end_batched(
+        self, loss_sum: torch.Tensor, term_sums: dict[str, torch.Tensor], count: int,
+        epoch_sums: dict[str, torch.Tensor],
+    ) -> None:  # fmt: skip
+        super().end_batched(loss_sum, term_sums, count, epoch_sums)
+        self._sums, self._n = epoch_sums["sums"], epoch_sums["n"]
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
         update = super().end_round(payload, num_examples)

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..core.batched import MaskedStep
 from ..core.messages import Broadcast, ServerState
 from ..core.objective import BroadcastT, ClientObjective
 from ..core.strategy import MethodConfig, Strategy
@@ -38,8 +39,20 @@ class ProximalTerm(ClientObjective[BroadcastT]):
             terms["prox"] = 0.5 * self.prox_mu * sq
         return terms
 
+    def masked_terms(self, step: MaskedStep) -> dict[str, torch.Tensor]:
+        terms = super().masked_terms(step)
+        if self.prox_mu > 0:  # the anchor is where this client's training started
+            sq = torch.zeros((), device=step.x.device)
+            for k, a in step.start.items():
+                if k.startswith("model."):
+                    sq = sq + ((step.params[k] - a) ** 2).sum()
+            terms["prox"] = 0.5 * self.prox_mu * sq
+        return terms
+
 
 class FedProxObjective(ProximalTerm[Broadcast]):
+    batched_step = True
+
     def __init__(self, model: torch.nn.Module, mu: float = 0.001, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
         self.prox_mu = mu

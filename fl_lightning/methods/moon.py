@@ -58,6 +58,11 @@ class ModelContrastive(ClientObjective[BroadcastT]):
             terms["moon"] = self.moon_mu * F.cross_entropy(logits / self.moon_temperature, target)
         return terms
 
+    def batched_refusal(self) -> str | None:
+        if self.moon_mu > 0:
+            return "method.moon_mu > 0: MOON's term needs each client's previous model beside its own"
+        return super().batched_refusal()
+
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
         update = super().end_round(payload, num_examples)
         if self.moon_mu > 0:  # the previous model of the next round, kept with the client

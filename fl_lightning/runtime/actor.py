@@ -78,6 +78,9 @@ class ClientActor:
     def fit(self, broadcast: Broadcast, payload: ClientPayload) -> ClientUpdate:
         return self.host.fit(broadcast, payload)
 
+    def fit_many(self, broadcast: Broadcast, payloads: list[ClientPayload]) -> list[ClientUpdate]:
+        return self.host.fit_many(broadcast, payloads)
+
     def evaluate(self, broadcast: Broadcast, payload: ClientPayload) -> ClientEval:
         return self.host.evaluate(broadcast, payload)
 

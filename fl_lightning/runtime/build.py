@@ -15,6 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import clients_per_round, participation, validate_registered
+from ..core.batched import model_refusal
 from ..core.errors import ConfigError
 from ..core.metrics import EvalSpec
 from ..core.objective import ClientObjective
@@ -116,9 +117,12 @@ def prepare(cfg: DictConfig) -> Prepared:
         bn_stats=cfg.fl.bn_stats,
         resident_shards=bool(cfg.runtime.resident_shards),
         precision=str(cfg.runtime.precision),
+        batched=int(cfg.runtime.batched),
     )
     torch.manual_seed(cfg.seed)
     objective = build_objective(spec)  # the driver's copy: initial weights, global evaluation
+    if spec.batched and (why := model_refusal(objective)):  # before Ray or any file
+        raise ConfigError(f"runtime.batched={spec.batched}: {why}; use runtime.batched=0")
     weights_info = None
     if cfg.model.get("weights"):  # the pretrained trunk: in the initial global weights every client gets
         weights_info = load_trunk(objective.model, str(cfg.model.weights))

@@ -49,6 +49,11 @@ class SerialExecutor:
         self.retries: list[str] = []
 
     def fit(self, plan: RoundPlan) -> Iterator[ClientUpdate]:
+        k = self.host.spec.batched  # runtime.batched: k clients at a time, stacked
+        if k:
+            for i in range(0, len(plan.payloads), k):
+                yield from self.host.fit_many(plan.broadcast, plan.payloads[i : i + k])
+            return
         for payload in plan.payloads:
             yield self.host.fit(plan.broadcast, payload)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import logging
 import signal
 import threading
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from ..core.batched import model_refusal
 from ..core.bn_stats import BNStats, collect_bn_stats
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientEval, ClientPayload, ClientUpdate
@@ -38,6 +40,7 @@ from ..core.types import ClientId, ClientState, StateDict
 from ..data.registry import ArrayDataset
 from ..methods import METHODS
 from ..models import MODELS, architecture, build_client_model
+from .batched import Shard, train_stacked
 
 
 @dataclass
@@ -70,6 +73,8 @@ class ClientSpec:
     #: runtime.resident_shards: batches by index from the shard on the fit's device (no loader)
     resident_shards: bool = True
     precision: str = "32"  # runtime.precision, Lightning's: 32 | bf16-mixed | 16-mixed
+    #: runtime.batched: train this many of a round's clients at a time, stacked (`fit_many`); 0: one by one
+    batched: int = 0
 
 
 class ResidentBatches:
@@ -105,6 +110,33 @@ class ResidentBatches:
         if n % bs and not self.drop_last:
             idx = order[(n // bs) * bs :]
             yield self.x[idx], self.y[idx]
+
+
+def drop_last(n: int, batch_size: int) -> bool:
+    """Whether a fit drops its shard's last batch: only one of a single example (batch norm fails on it)."""
+    return n % batch_size == 1 and n > 1
+
+
+def batch_indices(
+    n: int, batch_size: int, seed: int, epochs: int, steps: int | None = None
+) -> list[tuple[int, torch.Tensor]]:
+    """(epoch, example indices) of every step of a fit over `n` examples, in order: the batches
+    `ResidentBatches` (and the DataLoader) draw from the fit's generator, over `epochs` epochs, or
+    the first `steps` of as many epochs as they need (Lightning's max_steps). Like Lightning, an
+    epoch takes `len(batches)` batches and asks for no more: when they come out even, the
+    sampler's second randperm is never drawn."""
+    g = torch.Generator().manual_seed(seed)
+    order = torch.arange(n)
+    batches = ResidentBatches(order, order, batch_size, g, drop_last(n, batch_size), torch.device("cpu"))
+    out: list[tuple[int, torch.Tensor]] = []
+    epoch = 0
+    while len(batches) and (epoch < epochs if steps is None else len(out) < steps):
+        for idx, _ in itertools.islice(batches, len(batches)):
+            out.append((epoch, idx))
+            if steps is not None and len(out) == steps:
+                break
+        epoch += 1
+    return out
 
 
 def build_objective(spec: ClientSpec, client_id: ClientId = 0) -> ClientObjective[Any]:
@@ -281,10 +313,10 @@ class ClientHost:
 
     def _loader(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> DataLoader | ResidentBatches:
         bs, g = self.spec.batch_size, torch.Generator().manual_seed(seed)
-        drop_last = len(y) % bs == 1 and len(y) > 1  # a last batch of one sample breaks batch norm
+        drop = drop_last(len(y), bs)
         if self.spec.resident_shards:
-            return ResidentBatches(x, y, bs, g, drop_last, self._device())
-        return DataLoader(TensorDataset(x, y), batch_size=bs, shuffle=True, generator=g, drop_last=drop_last)
+            return ResidentBatches(x, y, bs, g, drop, self._device())
+        return DataLoader(TensorDataset(x, y), batch_size=bs, shuffle=True, generator=g, drop_last=drop)
 
     def fit(self, broadcast: Broadcast, payload: ClientPayload) -> ClientUpdate:
         cid = payload.client_id
@@ -312,6 +344,52 @@ class ClientHost:
         update.metrics["fit_time_s"] = time.perf_counter() - start
         update.evaluation = evaluation
         return update
+
+    def fit_many(self, broadcast: Broadcast, payloads: list[ClientPayload]) -> list[ClientUpdate]:
+        """`fit` for each payload, the clients trained together with stacked weights
+        (`runtime.batched`, `batched.py`): each sees the batches and steps it would see alone,
+        so the updates are `fit`'s to float rounding. `fit_time_s` is each one's share of the
+        time. Only for objectives that declare `batched_step` (checked before the run starts)."""
+        start = time.perf_counter()
+        s, device = self.spec, self._device()
+        with torch_threads(s.threads):
+            starts, shards = [], []
+            for p in payloads:
+                torch.manual_seed(p.seed)
+                obj = self._begin(broadcast, p, dict(self.states.get(p.client_id, {})))
+                obj.to(device)
+                starts.append({n: t.detach().clone() for n, t in obj.named_parameters()})
+                x, y = self.train[p.client_id]
+                steps = batch_indices(len(y), s.batch_size, p.seed, s.local_epochs, s.local_steps)
+                shards.append(Shard(x, y, steps))
+            reason = model_refusal(obj) or (
+                f"{type(obj).__name__} trains in phases or before_fit"
+                if obj.phases() != [Phase()] or type(obj).before_fit is not ClientObjective.before_fit
+                else None
+            )
+            if reason:  # the config checks refuse these before the run; a new method can still get here
+                raise ConfigError(f"runtime.batched: {reason}")
+            obj.on_train_start()  # the round's state every client shares (FedProto's prototypes)
+            obj.train()
+            trained = train_stacked(obj, starts, shards, s.optim, s.batch_size, device)
+            share = (time.perf_counter() - start) / len(payloads)
+            updates = []
+            for k, p in enumerate(payloads):
+                cid, state = p.client_id, dict(self.states.get(p.client_id, {}))
+                obj = self._begin(broadcast, p, state)
+                with torch.no_grad():
+                    for n, t in obj.named_parameters():
+                        if n in trained.params:
+                            t.copy_(trained.params[n][k])
+                obj.end_batched(*trained.client(k))
+                evaluation = self._evaluate(obj, cid) if p.evaluate and cid in self.test else None
+                update = obj.end_round(p, num_examples=len(shards[k].y))
+                if state or cid in self.states:
+                    self.states[cid] = state
+                update.metrics["fit_time_s"] = share
+                update.evaluation = evaluation
+                updates.append(update)
+        return updates
 
     def evaluate(self, broadcast: Broadcast, payload: ClientPayload) -> ClientEval:
         cid = payload.client_id

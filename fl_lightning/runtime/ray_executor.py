@@ -120,14 +120,19 @@ class RayExecutor:
         # driver holds O(actors) tasks, not one per client (10,000 at a client evaluation of
         # 10,000 clients cost ~260 MB and a quadratic `ray.wait`), and an actor always has its
         # next client queued. Results do not depend on the order (each client's own seed).
-        queues: dict[int, deque[ClientPayload]] = defaultdict(deque)
+        # runtime.batched=k: a task is k of the actor's clients, trained together (`fit_many`).
+        k = self._spec.batched if method == "fit" else 0
+        mine: dict[int, list[ClientPayload]] = defaultdict(list)
         for p in plan.payloads:
-            queues[self.placement.assignment[p.client_id]].append(p)
-        pending: dict[Any, tuple[ClientPayload, int, Any]] = {}
+            mine[self.placement.assignment[p.client_id]].append(p)
+        size = k or 1
+        queues = {a: deque(ps[i : i + size] for i in range(0, len(ps), size)) for a, ps in mine.items()}
+        pending: dict[Any, tuple[list[ClientPayload], int, Any]] = {}
 
-        def submit(p: ClientPayload, tries: int) -> None:
-            actor = self._actor_of(p)
-            pending[getattr(actor, method).remote(bref, p)] = (p, tries, actor)
+        def submit(unit: list[ClientPayload], tries: int) -> None:
+            actor = self._actor_of(unit[0])
+            ref = actor.fit_many.remote(bref, unit) if k else getattr(actor, method).remote(bref, unit[0])
+            pending[ref] = (unit, tries, actor)
 
         def refill(index: int) -> None:
             if queues[index]:
@@ -140,31 +145,35 @@ class RayExecutor:
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             ref = done[0]
-            payload, tries, actor = pending.pop(ref)
-            index = self.placement.assignment[payload.client_id]
+            unit, tries, actor = pending.pop(ref)
+            index = self.placement.assignment[unit[0].client_id]
             try:
                 result = ray.get(ref)
             except (RayTaskError, RayActorError) as e:
                 cause = _cause(e)
                 if isinstance(e, RayActorError) and self.actors[index] is actor:
                     self._restart(index)  # once per dead actor
+                ids = ", ".join(str(p.client_id) for p in unit)
                 if tries == 0:
-                    log.warning("client %d failed (%s); retrying once", payload.client_id, cause)
-                    self.retries.append(f"round {plan.round}: client {payload.client_id}: {cause}")
-                    submit(payload, 1)
+                    log.warning("client %s failed (%s); retrying once", ids, cause)
+                    self.retries += [f"round {plan.round}: client {p.client_id}: {cause}" for p in unit]
+                    submit(unit, 1)
                     continue
-                dropped += 1
-                msg = f"round {plan.round}: client {payload.client_id} failed: {cause}"
-                self.failures.append(msg)
+                dropped += len(unit)
+                msgs = [f"round {plan.round}: client {p.client_id} failed: {cause}" for p in unit]
+                self.failures += msgs
                 if dropped > self.max_client_failures:
                     raise ClientFailure(
-                        f"{msg} (fl.max_client_failures={self.max_client_failures})"
+                        f"{msgs[0]} (fl.max_client_failures={self.max_client_failures})"
                     ) from None
-                log.warning("%s; dropped for this round", msg)
+                log.warning("round %d: client %s failed: %s; dropped for this round", plan.round, ids, cause)
                 refill(index)
                 continue
             refill(index)
-            yield result
+            if k:
+                yield from result
+            else:
+                yield result
 
     def _restart(self, index: int) -> None:
         """A fresh actor in place of a dead one, with its clients' state from the last

@@ -8,9 +8,10 @@ evaluation (accuracy of the aggregated model on the same test images, batches of
 `eval.batch_size`, on the GPU when there is one), written the way a Flower user writes them:
 a `ClientApp` whose train function loads its partition once per actor process (as
 `flwr-datasets` does) and trains a plain PyTorch loop; a `ServerApp` running Flower's `FedAvg`
-(every client every round, no federated evaluation) with a centralised `evaluate_fn`. Each
-actor keeps its shard resident (on its GPU where it has one) and draws batches through a
-DataLoader or by index on the device (`spec["batches"]`, see `_batches`).
+(every client every round, or `spec["per_round"]` of them sampled by Flower; no federated
+evaluation) with a centralised `evaluate_fn`. Each actor keeps its shard resident (on its GPU
+where it has one) and draws batches through a DataLoader or by index on the device
+(`spec["batches"]`, see `_batches`).
 
 Ray actors import this module by name (the benchmarks folder is on the driver's sys.path,
 which Flower hands to its workers), so its top-level imports are only what a client needs.
@@ -180,8 +181,9 @@ def server_app_for(spec: dict[str, Any]) -> ServerApp:
             return MetricRecord({"accuracy": acc})
 
         n = int(cfg.fl.num_clients)
+        k = int(spec.get("per_round") or n)  # Flower's FedAvg samples k of the n nodes each round
         strategy = TimedFedAvg(
-            fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n
+            fraction_train=k / n, fraction_evaluate=0.0, min_train_nodes=k, min_available_nodes=n
         )
         strategy.start(
             grid=grid,

@@ -84,6 +84,7 @@ def child_fl_lightning(spec: dict[str, Any]) -> dict[str, Any]:
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     stamps["eval_s"] = [r["time_eval_s"] for r in recs]
     stamps["accuracy"] = [r["accuracy"] for r in recs]
+    stamps["fit_s"] = [r["time_fit_s"] for r in recs]
     return {"stamps": stamps, "num_actors": summary.get("num_actors")}
 
 

@@ -108,7 +108,9 @@ def ref_client(method, strategy, model, start, x, y, seed, protos, dtype):
                 logits = m.forward_head(z)
             loss = F.cross_entropy(logits, yb)
             if method == "fedprox":
-                loss = loss + 0.5 * strategy.config.mu * sum(((q - a) ** 2).sum() for q, a in zip(m.parameters(), anchor))
+                loss = loss + 0.5 * strategy.config.mu * sum(
+                    ((q - a) ** 2).sum() for q, a in zip(m.parameters(), anchor, strict=True)
+                )
             if method == "fedproto" and protos is not None:
                 p, has = protos
                 keep = has[yb]
@@ -120,13 +122,17 @@ def ref_client(method, strategy, model, start, x, y, seed, protos, dtype):
             loss.backward()
             opt.step()
     assert sums is not None and counts is not None
-    return {k: v.detach().clone() for k, v in m.state_dict().items()}, sums / counts.clamp(min=1)[:, None], counts
+    return (
+        {k: v.detach().clone() for k, v in m.state_dict().items()},
+        sums / counts.clamp(min=1)[:, None],
+        counts,
+    )
 
 
 def weighted(states, weights):
     total = sum(weights)
-    return {k: sum(s[k].double() * (w / total) for s, w in zip(states, weights)).to(states[0][k].dtype)
-            for k in states[0]}  # fmt: skip
+    pairs = list(zip(states, weights, strict=True))
+    return {k: sum(s[k].double() * (w / total) for s, w in pairs).to(states[0][k].dtype) for k in states[0]}
 
 
 class Reference:
@@ -134,7 +140,9 @@ class Reference:
 
     def __init__(self, method, p, shards, dtype):
         self.method, self.p, self.dtype = method, p, dtype
-        self.data = {c: p.dataset.tensors(p.dataset.train_x[i], p.dataset.train_y[i]) for c, i in shards.items()}
+        self.data = {
+            c: p.dataset.tensors(p.dataset.train_x[i], p.dataset.train_y[i]) for c, i in shards.items()
+        }
         self.glob = {k: v.to(dtype) for k, v in p.init_params.items()}
         self.personal: dict[int, dict] = {}
         self.protos = None  # FedProto's broadcast: (count-weighted mean per class, seen classes)
@@ -153,7 +161,10 @@ class Reference:
             self.personal.update(out)
             ups = [self.client_protos[c] for c in out]
             counts = sum(n for _, n in ups)
-            mean = sum(pr.double() * n.double()[:, None] for pr, n in ups) / counts.clamp(min=1).double()[:, None]
+            mean = (
+                sum(pr.double() * n.double()[:, None] for pr, n in ups)
+                / counts.clamp(min=1).double()[:, None]
+            )
             self.protos = (mean.to(self.dtype), counts > 0)
         else:  # FedAvg of the weights, by examples
             self.glob = weighted([out[c] for c in out], [len(self.data[c][1]) for c in out])
@@ -190,13 +201,18 @@ def run_paths(method, p, shards, executors) -> None:
         with torch_threads(1):  # as the engine's fits (threads=1): the float32 loop uses their kernels
             ref32, ref64 = (flat(r.round(plan)) for r in refs)
         if method == "fedproto":
-            for r, f in zip(refs, (ref32, ref64)):
+            for r, f in zip(refs, (ref32, ref64), strict=True):
                 f |= {f"{c}/protos": pr for c, (pr, _) in r.client_protos.items()}
             for name in executors:  # examples per class over the last epoch: exact
-                assert all(torch.equal(n, refs[1].client_protos[c][1].long()) for c, n in counts[name].items())
+                assert all(
+                    torch.equal(n, refs[1].client_protos[c][1].long()) for c, n in counts[name].items()
+                )
         for name in executors:
             match(got[name], (ref32, ref64))
-            if method != "fedproto":  # the aggregate
+            if method == "fedproto":  # the aggregate: prototypes, or weights
+                agg = {"protos": states[name].prototypes}
+                match(agg, tuple({"protos": r.protos[0]} for r in refs))
+            else:
                 match(states[name].global_params, (refs[0].glob, refs[1].glob))
         if len(got) == 2:  # and the two engine paths directly, at one tolerance
             tols = f32_tolerances(ref32, ref64)
@@ -211,8 +227,56 @@ def test_batched_equals_sequential_per_client(method, tmp_path, data_root):
     assert (p.spec.batched, p.spec.optim.momentum) == (0, MOM)
 
     def serial(k: int):
-        host = ClientHost(dataclasses.replace(p.spec, batched=k, threads=1, accelerator="cpu"), p.dataset, shards)
+        host = ClientHost(
+            dataclasses.replace(p.spec, batched=k, threads=1, accelerator="cpu"), p.dataset, shards
+        )
         return SerialExecutor(host), host
 
     # 5 clients a round in chunks of 3 and 2: a chunk mixes clients of different sizes
     run_paths(method, p, shards, {"sequential": serial(0), "batched": serial(3)})
+
+
+def test_batched_under_ray_each_actor_trains_its_share(tmp_path, data_root, ray_session):
+    """Two actors for 8 clients; each trains its share of the round 2 at a time (`fit_many`).
+    A batch of clients that fails is retried once, then dropped client by client."""
+    from fl_lightning.runtime.ray_executor import RayExecutor
+
+    p, shards = prepared(tmp_path, "fedavg")
+    spec = dataclasses.replace(p.spec, batched=2, threads=1, accelerator="cpu")
+    placement = plan_placement(len(SIZES), total_cpus=2, total_gpus=0, placement="pool", num_actors=2)
+    ex = RayExecutor(
+        spec, p.dataset, [shards[c] for c in range(len(SIZES))], [], placement, max_client_failures=5
+    )
+    try:
+        ex.ready()
+        run_paths("fedavg", p, shards, {"ray": (ex, None)})
+        assert ex.failures == [] and ex.retries == []
+        plan = p.strategy.configure_round(p.strategy.init_state(p.init_params), 3, round_rng(0, 3))
+        plan.broadcast.global_params = {**plan.broadcast.global_params, "no.such.layer": torch.zeros(1)}
+        assert list(ex.fit(plan)) == []
+        for lines in (ex.retries, ex.failures):  # one line per client
+            assert sorted(int(f.split("client ")[1].split()[0].rstrip(":")) for f in lines) == plan.client_ids
+            assert all(f.startswith("round 3: client ") and "KeyError" in f for f in lines)
+    finally:
+        ex.close()
+
+
+BAD = [
+    (["method=moon"], "method 'moon' cannot train clients batched: its client step (MoonObjective)"),
+    (["method=scaffold"], "method 'scaffold' cannot train clients batched"),
+    (["model=cnn_bn"], "the model has batch norm (features.1)"),
+    (["optim.name=adam"], "optim.name=adam: batched clients train with plain SGD only"),
+    (["optim.grad_clip=1.0"], "optim.grad_clip: batched clients do not clip gradients"),
+    (["runtime.precision=bf16-mixed"], "runtime.precision=bf16-mixed: batched clients train in 32-bit only"),
+    (["method=fedglcl", "method.moon_mu=1"], "method.moon_mu > 0: MOON's term needs each client's previous"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD, ids=[" ".join(b[0]) for b in BAD])
+def test_a_method_or_model_that_cannot_run_batched_says_so_in_one_line(overrides, message, tmp_path, capsys):
+    code = main(["run", *small(tmp_path, "runtime=serial", "runtime.batched=4"), *overrides])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("fl-lightning: error: runtime.batched=4: "), err
+    assert message in err and err.rstrip().endswith("use runtime.batched=0")
+    assert list(tmp_path.iterdir()) == []  # nothing was written

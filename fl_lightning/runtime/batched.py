@@ -5,7 +5,7 @@ buffer each round) applied to the stack: the step of `torch.optim.SGD`, written 
 
 Each client's batches are the ones it draws alone (`host.batch_indices`: same seed, order,
 epochs and steps), padded to the batch size with weight 0; a client whose steps have run out
-keeps its weights and momentum (`torch.where` on an `active` mask). The whole schedule (indices,
+keeps its weights (its step is multiplied by an `active` mask). The whole schedule (indices,
 weights, masks) is built before the first step and moved to the device once, and the loop reads
 nothing back: on a GPU the steps queue without a host sync until the host copies the results.
 
@@ -78,9 +78,10 @@ class _Forward(nn.Module):
 
 def _schedule(
     shards: list[Shard], batch_size: int, device: torch.device, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[bool]]:
     """Every step's padded indices [S, K, B], example weights [S, K, B], active clients [S, K]
-    and epoch starts [S, K] (a client's first step of an epoch), on the device."""
+    and epoch starts [S, K] (a client's first step of an epoch), on the device; and, read on
+    the host, whether each step has every client active."""
     k_clients, steps = len(shards), max((len(s.steps) for s in shards), default=0)
     idx = torch.zeros(steps, k_clients, batch_size, dtype=torch.long)
     w = torch.zeros(steps, k_clients, batch_size, dtype=dtype)
@@ -94,7 +95,7 @@ def _schedule(
             active[t, k] = True
             new_epoch[t, k] = epoch != previous
             previous = epoch
-    return idx.to(device), w.to(device), active.to(device), new_epoch.to(device)
+    return idx.to(device), w.to(device), active.to(device), new_epoch.to(device), active.all(1).tolist()
 
 
 def _stack_data(shards: list[Shard], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,7 +131,7 @@ def train_stacked(
     start = {n: torch.stack([s[n] for s in starts]).to(device) for n in starts[0]}
     params = {n: start[n].clone() for n in trainable}
     dtype = next(iter(start.values())).dtype
-    idx, w, active, new_epoch = _schedule(shards, batch_size, device, dtype)
+    idx, w, active, new_epoch, everyone = _schedule(shards, batch_size, device, dtype)
     xs, ys = _stack_data(shards, device)
     xs = xs.to(dtype) if xs.is_floating_point() else xs
     forward = _Forward(objective)
@@ -165,15 +166,15 @@ def train_stacked(
         for name, v in sums.items():  # from zero where a client starts an epoch (FedProto's reset)
             before = epoch_sums.get(name)
             epoch_sums[name] = v if before is None else before * _expand(fresh, v).to(v.dtype) + v
-        with torch.no_grad():  # torch.optim.SGD's step (dampening 0, no Nesterov), per client
+        with torch.no_grad():  # torch.optim.SGD's step (dampening 0, no Nesterov), in place
             for name in trainable:
-                g, p, on_k = grads[name], params[name], _expand(on, params[name])
+                g, p = grads[name], params[name]  # g: this step's own tensor
                 if wd != 0:
-                    g = g.add(p, alpha=wd)
-                if mu != 0:
+                    g.add_(p, alpha=wd)
+                if mu != 0:  # a client's steps are its first ones: once done, its buffer is unused
                     buf = momentum.get(name)
-                    buf = g.clone() if buf is None else torch.where(on_k, buf.mul(mu).add(g), buf)
-                    momentum[name] = g = buf
-                params[name] = torch.where(on_k, p.add(g, alpha=-lr), p)
+                    momentum[name] = g = g if buf is None else buf.mul_(mu).add_(g)
+                # clients whose steps have run out keep their weights (x 1.0 is exact, x 0.0 adds 0)
+                p.add_(g if everyone[t] else g * _expand(on, p).to(g.dtype), alpha=-lr)
     counts = [sum(len(ix) for _, ix in s.steps) for s in shards]
     return Trained(params, loss_sum, term_sums, counts, epoch_sums)

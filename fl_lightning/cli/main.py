@@ -108,7 +108,11 @@ def _parser() -> argparse.ArgumentParser:
     txt.add_argument("--templates", default=None, help="simple | small | imagenet80 | a template with {}")
     txt.add_argument("--descriptions", action="store_true", help="per-class descriptions, not templates")
     txt.add_argument("--out", default=None, help="PNG path (default: <output_dir>/text/...png)")
-    txt.add_argument("--cache-dir", default=None, help="default: ~/.cache/fl_lightning/text")
+    txt.add_argument(
+        "--cache-dir", default=None,
+        help="default: $FL_LIGHTNING_TEXT_CACHE, else $FL_LIGHTNING_DATA/.cache/text, "
+        "else ~/.cache/fl_lightning/text",
+    )  # fmt: skip
     return p
 
 
@@ -144,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if hasattr(args, "quiet"):
+        from ..core.progress import env_enabled, set_enabled
+
+        set_enabled(env_enabled() and not args.quiet)  # --quiet: no progress of long steps either
     if args.cmd in ("run", "resume", "sweep", "teacher", "reproduce", "pretrain"):
         from ..runtime.signals import stop_on_sigterm
 

@@ -9,6 +9,17 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 
+def cache_dir(kind: str, env: str) -> Path:
+    """Where the cache `kind` (text, teachers, ...) lives: `$<env>` when set; else, when
+    `$FL_LIGHTNING_DATA` moves the datasets, `$FL_LIGHTNING_DATA/.cache/<kind>` beside their
+    decoded images (so one variable moves everything a machine stores); else
+    `~/.cache/fl_lightning/<kind>`, beside the default data root."""
+    for value, sub in ((os.environ.get(env), ""), (os.environ.get("FL_LIGHTNING_DATA"), f".cache/{kind}")):
+        if value:
+            return Path(os.path.expandvars(value)).expanduser() / sub
+    return Path("~/.cache/fl_lightning").expanduser() / kind
+
+
 def save_figure(fig: Any, path: str | Path) -> Path:
     """`fig.savefig` as PNG to a temporary file beside `path`, then renamed: a reader (the W&B
     upload, a dashboard) never sees half a picture, and a failed write leaves nothing."""

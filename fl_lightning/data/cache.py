@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError
+from ..core.progress import progress
 
 log = logging.getLogger("fl_lightning")
 
@@ -48,8 +49,13 @@ def decode_images(paths: Sequence[Path], size: int) -> np.ndarray:
             out[i] = decode_image(paths[i], size)
         except (OSError, ValueError) as e:
             raise ConfigError(f"cannot read image {paths[i]}: {e}") from None
+        bar.update()
 
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+    # once per dataset (then cached), but minutes for a large folder
+    with (
+        progress(f"decoding images at {size}px", len(paths), "image") as bar,
+        ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool,
+    ):
         list(pool.map(one, range(len(paths))))
     return out
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..core.errors import ConfigError
+from ..core.progress import progress
 from ..core.registry import Registry
 from .longtail import longtail_indices
 
@@ -75,19 +76,22 @@ def dirichlet(
         )
     classes = np.unique(labels)
     by_class = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
-    for _try in range(max_tries):
-        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-        sizes = np.zeros(num_clients, dtype=np.int64)
-        for idx in by_class:
-            p = rng.dirichlet(np.full(num_clients, alpha))
-            p = p * (sizes < n / num_clients)
-            p = p / p.sum() if p.sum() > 0 else np.full(num_clients, 1.0 / num_clients)
-            cuts = (np.cumsum(p) * len(idx)).astype(np.int64)[:-1]
-            for k, chunk in enumerate(np.split(idx, cuts)):
-                parts[k].append(chunk)
-                sizes[k] += len(chunk)
-        if sizes.min() >= min_size:
-            return [np.sort(np.concatenate(p)) for p in parts]
+    # redraws (min_size) on a large dataset can take minutes: shown, with the most left
+    with progress(f"dirichlet partition ({n} samples, {num_clients} clients)", max_tries, "draw") as bar:
+        for _try in range(max_tries):
+            parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+            sizes = np.zeros(num_clients, dtype=np.int64)
+            for idx in by_class:
+                p = rng.dirichlet(np.full(num_clients, alpha))
+                p = p * (sizes < n / num_clients)
+                p = p / p.sum() if p.sum() > 0 else np.full(num_clients, 1.0 / num_clients)
+                cuts = (np.cumsum(p) * len(idx)).astype(np.int64)[:-1]
+                for k, chunk in enumerate(np.split(idx, cuts)):
+                    parts[k].append(chunk)
+                    sizes[k] += len(chunk)
+            bar.update(smallest_client=int(sizes.min()))
+            if sizes.min() >= min_size:
+                return [np.sort(np.concatenate(p)) for p in parts]
     raise ConfigError(
         f"dirichlet partition with alpha={alpha} gave some client fewer than "
         f"data.min_size={min_size} samples in {max_tries} draws; lower data.min_size, "
@@ -122,28 +126,31 @@ def dirichlet_balanced(
     step = int(aux / num_clients * n)
     classes = np.unique(labels)
     workers: list[np.ndarray] = []
-    for i, w in enumerate(chunk_workers):
-        chunk = order[i * step : (i + 1) * step] if i < num_chunks - 1 else order[i * step :]
-        by_class = [chunk[labels[chunk] == c] for c in classes]
-        target = len(chunk) / w
-        for _try in range(max_tries):
-            batches: list[list[np.ndarray]] = [[] for _ in range(w)]
-            sizes = np.zeros(w, dtype=np.int64)
-            for idx in by_class:
-                p = rng.dirichlet(np.full(w, alpha)) * (sizes < target)
-                p = p / p.sum() if p.sum() > 0 else np.full(w, 1.0 / w)
-                cuts = (np.cumsum(p) * len(idx)).astype(np.int64)[:-1]
-                for k, part in enumerate(np.split(idx, cuts)):
-                    batches[k].append(part)
-                    sizes[k] += len(part)
-            if sizes.min() >= int(0.5 * target):
-                break
-        else:
-            raise ConfigError(
-                f"dirichlet_balanced with alpha={alpha} could not give every worker half its share "
-                f"in {max_tries} draws; raise data.alpha or use fewer clients"
-            )
-        workers += [np.concatenate(b) for b in batches]
+    bar = progress(f"dirichlet_balanced partition ({n} samples, {num_clients} clients)", num_chunks, "chunk")
+    with bar:
+        for i, w in enumerate(chunk_workers):
+            chunk = order[i * step : (i + 1) * step] if i < num_chunks - 1 else order[i * step :]
+            by_class = [chunk[labels[chunk] == c] for c in classes]
+            target = len(chunk) / w
+            for _try in range(max_tries):
+                batches: list[list[np.ndarray]] = [[] for _ in range(w)]
+                sizes = np.zeros(w, dtype=np.int64)
+                for idx in by_class:
+                    p = rng.dirichlet(np.full(w, alpha)) * (sizes < target)
+                    p = p / p.sum() if p.sum() > 0 else np.full(w, 1.0 / w)
+                    cuts = (np.cumsum(p) * len(idx)).astype(np.int64)[:-1]
+                    for k, part in enumerate(np.split(idx, cuts)):
+                        batches[k].append(part)
+                        sizes[k] += len(part)
+                if sizes.min() >= int(0.5 * target):
+                    break
+            else:
+                raise ConfigError(
+                    f"dirichlet_balanced with alpha={alpha} could not give every worker half its share "
+                    f"in {max_tries} draws; raise data.alpha or use fewer clients"
+                )
+            workers += [np.concatenate(b) for b in batches]
+            bar.update()
     flat = np.concatenate(workers)
     return [np.sort(p) for p in np.array_split(flat, num_clients)]  # CReFF's partition_balance
 

@@ -28,6 +28,7 @@ from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState, extend
 from ..core.objective import ClientObjective, on_shared_features
 from ..core.params import to_cpu
+from ..core.progress import progress
 from ..core.strategy import MethodConfig, ServerContext, Strategy
 from ..core.types import ClientId, Metrics, StateDict
 from . import METHODS
@@ -132,17 +133,19 @@ def retrain_head(
     opt = torch.optim.SGD(head.parameters(), lr=lr, momentum=momentum)
     head.train()
     last = 0.0
-    for _ in range(epochs):
-        order = torch.randperm(len(y), generator=gen)
-        total = torch.zeros((), dtype=torch.float64, device=z.device)
-        for i in range(0, len(y), batch_size):
-            idx = order[i : i + batch_size].to(z.device)
-            opt.zero_grad()
-            loss = F.cross_entropy(head(z[idx]), y[idx])
-            loss.backward()
-            opt.step()
-            total += loss.detach().double() * len(idx)
-        last = float(total) / len(y)
+    with progress("classifier calibration", epochs, "epoch") as bar:
+        for _ in range(epochs):
+            order = torch.randperm(len(y), generator=gen)
+            total = torch.zeros((), dtype=torch.float64, device=z.device)
+            for i in range(0, len(y), batch_size):
+                idx = order[i : i + batch_size].to(z.device)
+                opt.zero_grad()
+                loss = F.cross_entropy(head(z[idx]), y[idx])
+                loss.backward()
+                opt.step()
+                total += loss.detach().double() * len(idx)
+            last = float(total) / len(y)
+            bar.update(loss=last)
     return last
 
 

@@ -35,7 +35,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.errors import ConfigError
+from ..core.files import cache_dir
 from ..core.objective import Backbone
+from ..core.progress import progress
 from ..core.types import StateDict
 
 log = logging.getLogger(__name__)
@@ -47,9 +49,9 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 def default_cache_dir() -> Path:
-    """`$FL_LIGHTNING_TEACHER_CACHE`, else `~/.cache/fl_lightning/teachers`."""
-    env = os.environ.get("FL_LIGHTNING_TEACHER_CACHE")
-    return Path(env).expanduser() if env else Path("~/.cache/fl_lightning/teachers").expanduser()
+    """`$FL_LIGHTNING_TEACHER_CACHE`, else `$FL_LIGHTNING_DATA/.cache/teachers`, else
+    `~/.cache/fl_lightning/teachers` (`core.files.cache_dir`)."""
+    return cache_dir("teachers", "FL_LIGHTNING_TEACHER_CACHE")
 
 
 @dataclass(frozen=True)
@@ -184,11 +186,12 @@ def _load_data(data: Mapping[str, Any]) -> Any:
 
 
 def train_aligned_teacher(
-    data: Mapping[str, Any], text: Tensor, cfg: AlignedTeacherConfig, log_every: int = 0
+    data: Mapping[str, Any], text: Tensor, cfg: AlignedTeacherConfig
 ) -> tuple[StateDict, dict[str, Any]]:
     """Train the image tower on the held-out training images against the frozen class-text
     features `text` [C, d]; returns its weights and info (held-out accuracy: nearest class
-    text on the test set, the first `data.test_subset` images if set; sizes)."""
+    text on the test set, the first `data.test_subset` images if set; sizes). Shows its
+    progress (`core.progress`): minutes to hours on a CPU at the default size."""
     from ..models import build_model, feature_dim_key
 
     ds = _load_data(data)
@@ -204,7 +207,9 @@ def train_aligned_teacher(
     if key is None:
         raise ConfigError(f"teacher arch {cfg.arch!r} has no settable feature dimension")
     kwargs = {**cfg.model_kwargs, key: int(text.shape[1])}
-    with torch.random.fork_rng(devices=[]):
+    batches = -(-len(y) // cfg.batch_size)
+    what = f"teacher build ({cfg.arch}, {len(y)} images)"
+    with torch.random.fork_rng(devices=[]), progress(what, cfg.epochs * batches, "batch") as bar:
         torch.manual_seed(cfg.seed)
         tower = build_model(cfg.arch, ds.num_classes, ds.in_channels, ds.image_size, **kwargs)
         t = F.normalize(text.float(), dim=-1)
@@ -214,10 +219,10 @@ def train_aligned_teacher(
         tower.train()
         for epoch in range(cfg.epochs):
             perm = torch.randperm(len(y), generator=g)
-            total = 0.0
             for i in range(0, len(y), cfg.batch_size):
                 sel = perm[i : i + cfg.batch_size]
                 if len(sel) < 2:
+                    bar.update(epoch=f"{epoch + 1}/{cfg.epochs}")
                     continue
                 logits = (
                     cfg.logit_scale
@@ -228,10 +233,8 @@ def train_aligned_teacher(
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                total += float(loss.detach()) * len(sel)
+                bar.update(epoch=f"{epoch + 1}/{cfg.epochs}", loss=float(loss.detach()))
             sched.step()
-            if log_every and (epoch + 1) % log_every == 0:
-                log.warning("teacher epoch %d/%d: loss %.4f", epoch + 1, cfg.epochs, total / len(y))
     tower.eval()
     tx, ty = ds.tensors(ds.test_x, ds.test_y)
     correct = 0

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from ..core.progress import progress
 from ..core.types import StateDict
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (student logits, teacher targets)
@@ -71,19 +72,21 @@ def distill(
     first = last = float("nan")
     avg: StateDict | None = None
     taken = 0
-    for step, idx in enumerate(order, start=1):
-        optimizer.zero_grad()
-        loss = loss_fn(student(x[idx].to(device)), targets[idx].to(device))
-        loss.backward()
-        optimizer.step()
-        last = float(loss.detach())
-        first = last if step == 1 else first
-        if average_every and step % average_every == 0:
-            taken += 1
-            now = {k: v.detach().clone() for k, v in student.state_dict().items()}
-            if avg is None:
-                avg = now
-            else:
-                for k, v in now.items():
-                    avg[k] = avg[k] + (v - avg[k]) / taken if v.is_floating_point() else v
+    with progress("server distillation", len(order), "step") as bar:
+        for step, idx in enumerate(order, start=1):
+            optimizer.zero_grad()
+            loss = loss_fn(student(x[idx].to(device)), targets[idx].to(device))
+            loss.backward()
+            optimizer.step()
+            last = float(loss.detach())
+            first = last if step == 1 else first
+            bar.update(loss=last)
+            if average_every and step % average_every == 0:
+                taken += 1
+                now = {k: v.detach().clone() for k, v in student.state_dict().items()}
+                if avg is None:
+                    avg = now
+                else:
+                    for k, v in now.items():
+                        avg[k] = avg[k] + (v - avg[k]) / taken if v.is_floating_point() else v
     return first, last, avg

@@ -1,5 +1,5 @@
 """CReFF's federated features (Shang et al., IJCAI 2022) and CLIP2FL's prototype contrastive
-term (shared/papers/001; spec: shared/methods/fedglcl_clip2fl.md, B.1.4-B.1.5).
+term (CLIP2FL, arXiv:2312.08648).
 
 A linear classifier (W [C, d], b [C]) and, per class c, the gradient of the mean cross-entropy
 of features of class c: clients compute it on real features, the server on its synthetic
@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ..core.progress import progress
 
 
 def class_gradient(weight: Tensor, bias: Tensor, z: Tensor, c: int) -> tuple[Tensor, Tensor]:
@@ -102,14 +104,16 @@ def optimise_features(
 
     v = features.detach().clone()
     before: tuple[float, float] | None = None
-    for _ in range(steps):
-        v.requires_grad_(True)
-        match, pcl = losses(v)
-        if before is None:
-            before = (float(match.detach()), float(pcl.detach()) if pcl is not None else 0.0)
-        total = match + pcl_weight * pcl if pcl is not None else match
-        (grad,) = torch.autograd.grad(total, v)
-        v = (v.detach() - lr * grad).detach()
+    with progress("federated feature optimisation", steps, "step") as bar:
+        for _ in range(steps):
+            v.requires_grad_(True)
+            match, pcl = losses(v)
+            if before is None:
+                before = (float(match.detach()), float(pcl.detach()) if pcl is not None else 0.0)
+            total = match + pcl_weight * pcl if pcl is not None else match
+            (grad,) = torch.autograd.grad(total, v)
+            v = (v.detach() - lr * grad).detach()
+            bar.update()  # no loss shown: reading it would wait for the GPU every step
     with torch.no_grad():
         match, pcl = losses(v)
     after = (float(match), float(pcl) if pcl is not None else 0.0)
@@ -134,16 +138,18 @@ def retrain_classifier(
     w = ((torch.rand(num_classes, d, generator=generator) * 2 - 1) * bound).to(x)
     b = ((torch.rand(num_classes, generator=generator) * 2 - 1) * bound).to(x)
     last = 0.0
-    for _ in range(epochs):
-        perm = torch.randperm(n, generator=generator).to(dev)
-        total = torch.zeros((), dtype=torch.float64, device=dev)
-        for i in range(0, n, batch_size):
-            sel = perm[i : i + batch_size]
-            xb = x[sel]
-            logp = torch.log_softmax(xb @ w.T + b, dim=-1)
-            err = (logp.exp() - onehot[sel]) / len(sel)
-            total -= (logp * onehot[sel]).sum().double()
-            w = w - lr * (err.T @ xb)
-            b = b - lr * err.sum(0)
-        last = float(total) / n
+    with progress("classifier re-training", epochs, "epoch") as bar:
+        for _ in range(epochs):
+            perm = torch.randperm(n, generator=generator).to(dev)
+            total = torch.zeros((), dtype=torch.float64, device=dev)
+            for i in range(0, n, batch_size):
+                sel = perm[i : i + batch_size]
+                xb = x[sel]
+                logp = torch.log_softmax(xb @ w.T + b, dim=-1)
+                err = (logp.exp() - onehot[sel]) / len(sel)
+                total -= (logp * onehot[sel]).sum().double()
+                w = w - lr * (err.T @ xb)
+                b = b - lr * err.sum(0)
+            last = float(total) / n
+            bar.update(loss=last)
     return w, b, last

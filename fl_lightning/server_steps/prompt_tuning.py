@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..core.progress import progress
+
 LN_100 = math.log(100.0)
 LN_1000 = math.log(1000.0)
 
@@ -170,15 +172,17 @@ class PromptTuner:
             }
             opt.load_state_dict({"state": state, "param_groups": opt.state_dict()["param_groups"]})
         image, losses = image.to(dev), []
-        for _ in range(steps):
-            loss = prototype_infonce(self._features(v), image, s, present, direction)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if max_logit_scale is not None:
-                with torch.no_grad():
-                    s.clamp_(max=max_logit_scale)
-            losses.append(float(loss.detach()))
+        with progress("server prompt tuning", steps, "step") as bar:
+            for _ in range(steps):
+                loss = prototype_infonce(self._features(v), image, s, present, direction)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if max_logit_scale is not None:
+                    with torch.no_grad():
+                        s.clamp_(max=max_logit_scale)
+                losses.append(float(loss.detach()))
+                bar.update(loss=losses[-1])
         with torch.no_grad():  # one forward gives the new prototypes and the loss after tuning
             text = self._features(v).float()
             losses.append(float(prototype_infonce(text, image, s, present, direction)))

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.progress import progress
 from ..core.types import StateDict
 
 
@@ -133,14 +134,16 @@ def _train_global_prototypes(
     protos, labels = protos.to(device), labels.to(device)
     loss = torch.zeros(())
     gen.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(labels), generator=g).to(device)
-        for i in range(0, len(order), batch_size):
-            b = order[i : i + batch_size]
-            loss = adaptive_margin_loss(protos[b], labels[b], gen(), margin)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+    with progress("global prototype training", epochs, "epoch") as bar:
+        for _ in range(epochs):
+            order = torch.randperm(len(labels), generator=g).to(device)
+            for i in range(0, len(order), batch_size):
+                b = order[i : i + batch_size]
+                loss = adaptive_margin_loss(protos[b], labels[b], gen(), margin)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            bar.update()
     gen.eval()
     with torch.no_grad():
         out = gen().cpu()

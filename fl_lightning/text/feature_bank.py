@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..core.files import cache_dir
 from . import build_text_encoder, text_feature_identity
 from .prompts import DESCRIPTION_TEMPLATE, class_prompts, description_prompts
 from .prompts import templates as resolve_templates
@@ -35,9 +36,9 @@ CACHE_VERSION = 1
 
 
 def default_cache_dir() -> Path:
-    """`$FL_LIGHTNING_TEXT_CACHE`, else `~/.cache/fl_lightning/text`."""
-    env = os.environ.get("FL_LIGHTNING_TEXT_CACHE")
-    return Path(env).expanduser() if env else Path("~/.cache/fl_lightning/text").expanduser()
+    """`$FL_LIGHTNING_TEXT_CACHE`, else `$FL_LIGHTNING_DATA/.cache/text`, else
+    `~/.cache/fl_lightning/text` (`core.files.cache_dir`)."""
+    return cache_dir("text", "FL_LIGHTNING_TEXT_CACHE")
 
 
 def prompts_for(

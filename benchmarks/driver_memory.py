@@ -22,7 +22,7 @@ private (RssAnon) and file-backed/shared pages (RssFile, RssShmem: Ray's object 
 shared memory mapped into the driver).
 
 Run: `python benchmarks/driver_memory.py --clients 20,200,1000`
-(writes `benchmarks/results/driver_memory.json`). The scaling table of issue 18 (fixed data
+(writes `benchmarks/results/driver_memory.json`). The scaling table (fixed data
 and participation, only the number of clients grows):
 `python benchmarks/driver_memory.py --clients 10,100,1000,10000 --per-round 100
 --train-images 60000 --out benchmarks/results/driver_scaling.json`.

@@ -1,4 +1,4 @@
-"""The round's path (issue 18 points 3 and 4), before and after, on the benchmark workload
+"""The round's path (overlapped evaluation, resident shards), before and after, on the benchmark workload
 (`bench_workload.py`):
 
   before  eval.overlap=false runtime.resident_shards=false: a torch DataLoader per fit, and the

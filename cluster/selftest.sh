@@ -27,7 +27,7 @@
 # non-zero with one line at the first failure; the step logs are then kept in
 # /tmp/fl_selftest_logs.*. Nothing is kept after a success.
 #
-# Ray stays on loopback (shared/RAY_LOCAL.md): the node user's shell exports
+# Ray stays on loopback (as fl_lightning/runtime/local_ray.py keeps it): the node user's shell exports
 # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, RAY_USAGE_STATS_ENABLED=0, RAY_USAGE_STATS_REPORT_URL=
 # http://127.0.0.1:9/, RAY_AUTH_MODE=disabled and its own RAY_TMPDIR/TMPDIR before `ray up`
 # starts anything (HOME holds the ray_bootstrap_config.yaml that `ray up` uploads); the ray CLI
@@ -233,7 +233,7 @@ install -d -m 700 -o "$NODE_USER" -g "$NODE_USER" "$NODE_HOME/.ssh"
 install -m 600 -o "$NODE_USER" -g "$NODE_USER" "$WORK/ssh/id_ed25519.pub" "$NODE_HOME/.ssh/authorized_keys"
 install -d -m 700 -o "$NODE_USER" -g "$NODE_USER" "$WORK/n" "$WORK/nt"
 
-# The node user's shell: Ray on loopback (shared/RAY_LOCAL.md) for everything `ray up` starts,
+# The node user's shell: Ray on loopback (as fl_lightning/runtime/local_ray.py keeps it) for everything `ray up` starts,
 # and this machine's pip configuration (package index) for the node's venv.
 {
   echo "# fl_lightning selftest: keep Ray on loopback"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# FedAvg vs CReFF vs CLIP2FL on long-tailed Fashion-MNIST (docs/results_clip2fl.md, issue 11
-# point 7) in conf/experiment/clip2fl_fmnist_lt.yaml's setting (imbalance factor 100, 20 clients,
+# FedAvg vs CReFF vs CLIP2FL on long-tailed Fashion-MNIST (docs/results_clip2fl.md) in
+# conf/experiment/clip2fl_fmnist_lt.yaml's setting (imbalance factor 100, 20 clients,
 # 8 per round, Dirichlet 0.5, ResNet-8 at width 2, the aligned teacher), shortened for one CPU
 # core: ROUNDS rounds of EPOCHS local epochs, evaluation every 2 rounds, and SGD at LR for all
 # three (CLIP2FL diverges in round 1 at the paper's 0.1 here: docs/results_clip2fl.md).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FedDTR against the personalised-FL baselines (docs/results_feddtr.md, issue 13 point 5) in
+# FedDTR against the personalised-FL baselines (docs/results_feddtr.md) in
 # conf/experiment/feddtr_fmnist.yaml's protocol (20 clients, all of them every round,
 # Dirichlet 0.1, 25% of each client's data as its test split, batch 10, 1 local epoch, plain SGD
 # lr 0.005), shortened for one CPU core: the first TRAIN images and ROUNDS rounds.

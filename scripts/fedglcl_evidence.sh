@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FedGLCL against FedAvg / FedProx / MOON on Fashion-MNIST (docs/results.md, issue 15 point 4).
+# FedGLCL against FedAvg / FedProx / MOON on Fashion-MNIST (docs/results.md).
 # Every method gets the same BN-free CNN (FedGLCL's projector is then linear:
 # method.projector=auto), the same data, partition, rounds and plain SGD.
 #   PARTS="shards dirichlet"  METHODS="fedavg fedglcl fedprox moon"  SEEDS="0 1 2"  OUT=runs

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # FedAvg vs FedC-Tran vs FedLGT (+ the frozen-random ablation) on the Fashion-MNIST
-# multi-label mosaics (docs/results_fedlgt.md, issue 12 point 6); the setting is
+# multi-label mosaics (docs/results_fedlgt.md); the setting is
 # conf/experiment/fedlgt_fmnist_multilabel.yaml. Runs with a summary.json are skipped.
 #   SEEDS="0 1 2"  OUT=runs  RUNS="fedavg fedctran fedlgt frozen"
 set -euo pipefail

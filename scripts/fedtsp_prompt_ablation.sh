@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# FedTSP's prompt-tuning ablation at the paper's server budget (issue 15 point 4;
-# docs/results_fedtsp.md): FedTSP with its method defaults (E_s = 20 prompt steps per round,
+# FedTSP's prompt-tuning ablation at the paper's server budget (docs/results_fedtsp.md): FedTSP with its method defaults (E_s = 20 prompt steps per round,
 # prompt lr 0.01 without momentum, logit scale from ln 100, clients' SGD lr 0.01 without
 # momentum, as the authors' code) against the same with frozen prompts, 3 seeds.
 # server/prototype_shift_mean|max and server/prompt_loss_before|after are in metrics.jsonl.

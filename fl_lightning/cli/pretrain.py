@@ -17,7 +17,6 @@ summary that loads it.
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,9 +25,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..core.centralized import fit_centralized
 from ..core.errors import ConfigError
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,7 @@ def model_kwargs(cfg: Any) -> dict[str, Any]:
     return {str(k): v for k, v in model.items() if k not in MODEL_GENERIC_KEYS}
 
 
-def pretrain(cfg: Any, pc: PretrainConfig, log_every: int = 1) -> tuple[torch.nn.Module, dict[str, Any]]:
+def pretrain(cfg: Any, pc: PretrainConfig) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Train `cfg.model` on the held-out training images of `cfg.data`; (model, info)."""
     from omegaconf import OmegaConf
 
@@ -82,45 +80,17 @@ def pretrain(cfg: Any, pc: PretrainConfig, log_every: int = 1) -> tuple[torch.nn
     x, y = ds.tensors(ds.train_x[pc.holdout_from : stop], ds.train_y[pc.holdout_from : stop])
     kwargs = model_kwargs(cfg)
     spec = EvalSpec(ds.num_classes, multilabel=ds.multilabel)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(pc.seed)
-        model = build_model(cfg.model.name, ds.num_classes, ds.in_channels, ds.image_size, **kwargs)
-        opt = torch.optim.SGD(
-            model.parameters(), lr=pc.lr, momentum=pc.momentum, weight_decay=pc.weight_decay
-        )
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, pc.epochs)
-        g = torch.Generator().manual_seed(pc.seed)
-        start = time.perf_counter()
-        for epoch in range(pc.epochs):
-            model.train()
-            perm, total = torch.randperm(len(y), generator=g), 0.0
-            for i in range(0, len(y), pc.batch_size):
-                sel = perm[i : i + pc.batch_size]
-                if len(sel) < 2:  # BatchNorm needs two
-                    continue
-                out = model(x[sel])
-                loss = (
-                    F.binary_cross_entropy_with_logits(out, y[sel])
-                    if ds.multilabel
-                    else F.cross_entropy(out, y[sel])
-                )
-                if not torch.isfinite(loss):
-                    raise ConfigError(
-                        f"pretraining diverged in epoch {epoch + 1} (non-finite loss): lower --lr"
-                    )
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                total += float(loss.detach()) * len(sel)
-            sched.step()
-            if log_every and (epoch + 1) % log_every == 0:
-                spent = time.perf_counter() - start
-                left = spent / (epoch + 1) * (pc.epochs - epoch - 1)
-                log.warning(
-                    "pretrain epoch %d/%d: loss %.4f (%.0f s, ~%.0f s left)",
-                    epoch + 1, pc.epochs, total / len(y), spent, left,
-                )  # fmt: skip
-    model.eval()
+
+    def loss_fn(model: torch.nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        out = model(xb)
+        return F.binary_cross_entropy_with_logits(out, yb) if ds.multilabel else F.cross_entropy(out, yb)
+
+    start = time.perf_counter()
+    model = fit_centralized(
+        lambda: build_model(cfg.model.name, ds.num_classes, ds.in_channels, ds.image_size, **kwargs),
+        loss_fn, x, y, epochs=pc.epochs, lr=pc.lr, momentum=pc.momentum, weight_decay=pc.weight_decay,
+        batch_size=pc.batch_size, seed=pc.seed, what=f"pretrain {cfg.model.name} ({len(y)} images)",
+    )  # fmt: skip
     metrics = TaskMetrics(spec)
     tx, ty = ds.tensors(ds.test_x, ds.test_y)
     with torch.no_grad():

@@ -36,6 +36,24 @@ def save_figure(fig: Any, path: str | Path) -> Path:
     return path
 
 
+def atomic_torch_save(obj: Any, path: str | Path) -> Path:
+    """`torch.save` to a temporary file beside `path`, then renamed: a cache or weights file is
+    whole or absent, never half written (a killed build, a full disk)."""
+    import torch  # here: the CLI imports this module before torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
 def open_new(path: Path) -> BinaryIO:
     """`path` opened for writing as a new file of its own: a leftover of the same name (a
     stale temporary file, or a planted link) is removed first, and O_EXCL | O_NOFOLLOW make

@@ -22,8 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,10 +32,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..core.centralized import fit_centralized
 from ..core.errors import ConfigError
-from ..core.files import cache_dir
+from ..core.files import atomic_torch_save, cache_dir
 from ..core.objective import Backbone
-from ..core.progress import progress
 from ..core.types import StateDict
 
 log = logging.getLogger(__name__)
@@ -207,35 +205,17 @@ def train_aligned_teacher(
     if key is None:
         raise ConfigError(f"teacher arch {cfg.arch!r} has no settable feature dimension")
     kwargs = {**cfg.model_kwargs, key: int(text.shape[1])}
-    batches = -(-len(y) // cfg.batch_size)
-    what = f"teacher build ({cfg.arch}, {len(y)} images)"
-    with torch.random.fork_rng(devices=[]), progress(what, cfg.epochs * batches, "batch") as bar:
-        torch.manual_seed(cfg.seed)
-        tower = build_model(cfg.arch, ds.num_classes, ds.in_channels, ds.image_size, **kwargs)
-        t = F.normalize(text.float(), dim=-1)
-        opt = torch.optim.SGD(tower.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(cfg.epochs, 1))
-        g = torch.Generator().manual_seed(cfg.seed)
-        tower.train()
-        for epoch in range(cfg.epochs):
-            perm = torch.randperm(len(y), generator=g)
-            for i in range(0, len(y), cfg.batch_size):
-                sel = perm[i : i + cfg.batch_size]
-                if len(sel) < 2:
-                    bar.update(epoch=f"{epoch + 1}/{cfg.epochs}")
-                    continue
-                logits = (
-                    cfg.logit_scale
-                    * F.normalize(cast(Backbone, tower).forward_features(x[sel]), dim=-1)
-                    @ t.T
-                )
-                loss = F.cross_entropy(logits, y[sel])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                bar.update(epoch=f"{epoch + 1}/{cfg.epochs}", loss=float(loss.detach()))
-            sched.step()
-    tower.eval()
+    t = F.normalize(text.float(), dim=-1)
+
+    def cosine_ce(tower: nn.Module, xb: Tensor, yb: Tensor) -> Tensor:
+        emb = F.normalize(cast(Backbone, tower).forward_features(xb), dim=-1)
+        return F.cross_entropy(cfg.logit_scale * emb @ t.T, yb)
+
+    tower = fit_centralized(
+        lambda: build_model(cfg.arch, ds.num_classes, ds.in_channels, ds.image_size, **kwargs),
+        cosine_ce, x, y, epochs=cfg.epochs, lr=cfg.lr, momentum=cfg.momentum, batch_size=cfg.batch_size,
+        seed=cfg.seed, what=f"teacher build ({cfg.arch}, {len(y)} images)",
+    )  # fmt: skip
     tx, ty = ds.tensors(ds.test_x, ds.test_y)
     correct = 0
     with torch.no_grad():
@@ -277,11 +257,7 @@ def load_or_build_aligned(
         state, info = train_aligned_teacher(data, text, cfg)
         info["build_time_s"] = time.perf_counter() - start
         blob = {"state": state, "info": info}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            torch.save(blob, f)
-        os.replace(tmp, path)
+        atomic_torch_save(blob, path)
         log.info("aligned teacher written to %s (held-out accuracy %.4f)", path, info["held_out_accuracy"])
     info = dict(blob["info"])
     spec = TeacherSpec(

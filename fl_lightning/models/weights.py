@@ -20,8 +20,6 @@ first key that differs, so a file for another architecture is never half-loaded.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ import torch
 from torch import nn
 
 from ..core.errors import ConfigError
+from ..core.files import atomic_torch_save
 
 FORMAT = "fl_lightning.weights"
 MODEL_GENERIC_KEYS = ("name", "weights")  # `model.*` keys that are not the builder's arguments
@@ -49,20 +48,11 @@ def save_weights(
 ) -> Path:
     """Write `model`'s trunk as a weights file (whole or not at all)."""
     path = Path(path).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
     blob = {
         "format": FORMAT, "version": VERSION, "arch": arch, "model_kwargs": dict(model_kwargs),
         "state_dict": trunk_state(model), "info": dict(info),
     }  # fmt: skip
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(blob, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_torch_save(blob, path)
 
 
 def read_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..core.files import cache_dir
+from ..core.files import atomic_torch_save, cache_dir
 from . import build_text_encoder, text_feature_identity
 from .prompts import DESCRIPTION_TEMPLATE, class_prompts, description_prompts
 from .prompts import templates as resolve_templates
@@ -75,18 +73,6 @@ def encode_class_prompts(encoder: Any, prompts: Sequence[Sequence[str]]) -> Tens
     return F.normalize(torch.stack(out), dim=-1)
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def class_text_features(
     encoder_cfg: Mapping,
     class_names: Sequence[str],
@@ -119,7 +105,7 @@ def class_text_features(
     if feats is None:
         enc = encoder if encoder is not None else build_text_encoder(encoder_cfg)
         feats = encode_class_prompts(enc, prompts)
-        _atomic_save({"key": key, "features": feats, "class_names": list(class_names)}, path)
+        atomic_torch_save({"key": key, "features": feats, "class_names": list(class_names)}, path)
         log.info("text features for %d classes (%s) written to %s", len(class_names), name, path)
     if return_info:
         return feats, {"cache_hit": hit, "path": path, "key": key, "prompts": prompts}

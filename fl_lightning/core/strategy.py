@@ -12,6 +12,7 @@ of its own dataclasses, typed.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
@@ -109,13 +110,60 @@ StateT = TypeVar("StateT", bound=ServerState)
 BroadcastT = TypeVar("BroadcastT", bound=Broadcast)
 
 
+#: the class attributes a strategy's generic arguments (config, state, broadcast) give
+GENERIC_ATTRS = ("config_cls", "state_cls", "broadcast_cls")
+
+
+def _generic_args(cls: type) -> dict[str, type]:
+    """What `cls`'s bases say `Strategy`'s three type parameters are, where they are classes:
+    `Strategy[C, S, B]` directly, or through a generic subclass (`ServerDistillation[C]`, whose
+    own base is `Strategy[ConfigT, ServerState, Broadcast]`)."""
+
+    def resolve(base: Any, env: dict[Any, Any]) -> dict[str, type]:
+        origin = typing.get_origin(base) or base
+        if not (isinstance(origin, type) and issubclass(origin, Strategy)):
+            return {}
+        args = [env.get(a, a) for a in typing.get_args(base)]
+        params = getattr(origin, "__parameters__", ())
+        if origin is Strategy:
+            return {k: a for k, a in zip(GENERIC_ATTRS, args, strict=False) if isinstance(a, type)}
+        inner = dict(zip(params, args, strict=False)) if len(params) == len(args) else {}
+        for b in origin.__dict__.get("__orig_bases__", ()):
+            found = resolve(b, inner)
+            if found:
+                return found
+        return {}
+
+    for base in cls.__dict__.get("__orig_bases__", ()):
+        found = resolve(base, {})
+        if found:
+            return found
+    return {}
+
+
 class Strategy(Generic[ConfigT, StateT, BroadcastT]):
+    """The driver side of a method. `config_cls`, `state_cls` and `broadcast_cls` come from the
+    generic arguments (`class FedFoo(Strategy[FedFooConfig, FedFooState, Broadcast])`); a class
+    may still set one, to a subclass of its generic argument (TypeError otherwise)."""
+
     name: ClassVar[str] = "fedavg"
     config_cls: ClassVar[type[MethodConfig]] = MethodConfig
     objective_cls: ClassVar[type[ClientObjective[Any]]] = ClientObjective
     #: the server state and broadcast classes `init_state` and `broadcast` build
     state_cls: type[StateT]
     broadcast_cls: type[BroadcastT]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for attr, arg in _generic_args(cls).items():
+            declared = cls.__dict__.get(attr)
+            if declared is None:
+                setattr(cls, attr, arg)
+            elif not (isinstance(declared, type) and issubclass(declared, arg)):
+                raise TypeError(
+                    f"{cls.__qualname__}.{attr} = {getattr(declared, '__qualname__', declared)} is not "
+                    f"its generic argument {arg.__qualname__} (or a subclass of it)"
+                )
     #: True for methods without one global model (personal weights): they are evaluated
     #: on each client's own test split, so the data must have one.
     personalised: bool = False
@@ -155,7 +203,10 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
     # --- client side, built inside hosts ---------------------------------------------
     def objective_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the client objective (picklable; shipped to hosts once).
-        Default: the method config's fields, by name."""
+        Default: the method config's fields, by name; none for a method whose clients train
+        FedAvg's objective (`objective_cls` is `ClientObjective`: a server-side method)."""
+        if self.objective_cls is ClientObjective:
+            return {}
         kwargs = {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config)}
         kwargs.pop("name")
         return kwargs

@@ -66,9 +66,6 @@ class FedAvgM(Strategy[FedAvgMConfig, FedAvgMState, Broadcast]):
             raise ConfigError(f"method.server_lr must be > 0 (got {config.server_lr})")
         super().__init__(config, *args, **kwargs)
 
-    def objective_kwargs(self) -> dict[str, Any]:
-        return {}  # a server-side method: clients train FedAvg's objective
-
     def aggregate(self, state: FedAvgMState, updates: Sequence[ClientUpdate]) -> FedAvgMState:
         avg = super().aggregate(state, updates)
         w, mean = state.global_params, avg.global_params

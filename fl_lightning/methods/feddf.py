@@ -70,9 +70,6 @@ class ServerDistillation(Strategy[DistillConfigT, ServerState, Broadcast]):
     def check_run(cls, config: DistillConfigT, run: dict[str, Any]) -> None:
         require_server_subset(cls.name, run)
 
-    def objective_kwargs(self) -> dict[str, Any]:
-        return {}  # a server-side method: clients train FedAvg's objective
-
     def server_update(
         self, state: ServerState, updates: Sequence[ClientUpdate], ctx: ServerContext
     ) -> tuple[ServerState, Metrics]:

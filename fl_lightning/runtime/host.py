@@ -11,6 +11,7 @@ resume.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import itertools
 import logging
@@ -318,12 +319,18 @@ class ClientHost:
             return ResidentBatches(x, y, bs, g, drop, self._device())
         return DataLoader(TensorDataset(x, y), batch_size=bs, shuffle=True, generator=g, drop_last=drop)
 
+    def _state_copy(self, cid: ClientId) -> ClientState:
+        """A deep copy of client `cid`'s resident state for one fit or evaluation: whatever the
+        objective does to it, in place included (a tensor's `add_`), reaches the resident state
+        only through a fit that completes."""
+        return copy.deepcopy(self.states.get(cid, {}))
+
     def fit(self, broadcast: Broadcast, payload: ClientPayload) -> ClientUpdate:
         cid = payload.client_id
         x, y = self.train[cid]
         start = time.perf_counter()
         # the objective works on a copy: a fit that fails leaves the resident state as it was
-        state = dict(self.states.get(cid, {}))
+        state = self._state_copy(cid)
         with torch_threads(self.spec.threads):
             torch.manual_seed(payload.seed)
             obj = self._begin(broadcast, payload, state)
@@ -394,7 +401,7 @@ class ClientHost:
     def evaluate(self, broadcast: Broadcast, payload: ClientPayload) -> ClientEval:
         cid = payload.client_id
         with torch_threads(self.spec.threads):
-            return self._evaluate(self._begin(broadcast, payload, dict(self.states.get(cid, {}))), cid)
+            return self._evaluate(self._begin(broadcast, payload, self._state_copy(cid)), cid)
 
     def _evaluate(self, obj: ClientObjective[Any], cid: ClientId) -> ClientEval:
         x, y = self.test[cid]
@@ -407,7 +414,7 @@ class ClientHost:
         cid = payload.client_id
         x, _ = self.train[cid]
         with torch_threads(self.spec.threads):
-            obj = self._begin(broadcast, payload, dict(self.states.get(cid, {})))
+            obj = self._begin(broadcast, payload, self._state_copy(cid))
             obj.to(self._device())
             return collect_bn_stats(obj.model, obj.forward, x, self.spec.batch_size, cid)
 

@@ -1,0 +1,195 @@
+"""Methods anywhere: a method registers by being imported (every module of `fl_lightning.methods`,
+the modules installed packages name under the entry-point group `fl_lightning.methods`, modules
+a run names with `methods=`); a strategy's config, state and broadcast classes come from its
+generic arguments; a method that changes only the server passes its clients nothing; a fit
+works on a deep copy of its client's state."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import torch
+
+from fl_lightning.core.errors import ConfigError
+from fl_lightning.core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
+from fl_lightning.core.objective import ClientObjective
+from fl_lightning.core.strategy import MethodConfig, OptimConfig, Strategy, TaskInfo, round_rng
+from fl_lightning.methods import METHODS, import_methods
+from fl_lightning.runtime.host import ClientHost
+
+from .test_methods import Toy, digits, toy_spec  # noqa: F401  (digits: a fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def fresh_names(tmp_path_factory) -> tuple[str, str, str]:
+    """One fresh interpreter (its stdout: the package's file and the registered names; its
+    stderr) over a copy of the package with one more file in `methods/` (nothing else
+    edited), and a site folder holding two distributions as pip leaves them (a .dist-info with
+    `entry_points.txt`): one names its module under `fl_lightning.methods`, one is broken."""
+    tmp = tmp_path_factory.mktemp("fresh")
+    shutil.copytree(REPO / "fl_lightning", tmp / "fl_lightning", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp / "fl_lightning" / "methods" / "fedtoyfile.py").write_text(
+        "from ..core.strategy import FedAvgStrategy\nfrom . import METHODS\n\n\n"
+        '@METHODS.register("fedtoyfile")\nclass FedToyFile(FedAvgStrategy):\n    name = "fedtoyfile"\n'
+    )
+    site = tmp / "site"
+    (site / "extpkg").mkdir(parents=True)
+    (site / "extpkg" / "__init__.py").write_text("")
+    (site / "extpkg" / "fedext.py").write_text(
+        "from fl_lightning.core.strategy import FedAvgStrategy\n"
+        "from fl_lightning.methods import METHODS\n\n\n"
+        '@METHODS.register("fedext")\nclass FedExt(FedAvgStrategy):\n    name = "fedext"\n'
+    )
+    for dist, value in (("extpkg", "extpkg.fedext"), ("brokenpkg", "brokenpkg.nowhere")):
+        info = site / f"{dist}-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text(f"[fl_lightning.methods]\n{dist} = {value}\n")
+    code = "import fl_lightning.methods as m; print(m.__file__); print(' '.join(m.METHODS.names()))"
+    env = {**os.environ, "PYTHONPATH": f"{tmp}{os.pathsep}{site}"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp, capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    where, names = out.stdout.splitlines()[-2:]
+    return where, names, out.stderr
+
+
+def test_a_file_dropped_into_methods_registers_without_editing_init(fresh_names, tmp_path_factory):
+    where, names, _ = fresh_names
+    assert where.startswith(str(tmp_path_factory.getbasetemp()))  # the copy, not the installed package
+    assert "fedtoyfile" in names.split() and set(METHODS.names()) <= set(names.split())
+
+
+def test_an_installed_package_registers_its_methods_through_the_entry_point_group(fresh_names):
+    """... and a broken one is one warning that stops nothing."""
+    _, names, err = fresh_names
+    assert "fedext" in names.split() and "fedavg" in names.split()
+    assert "entry point brokenpkg = brokenpkg.nowhere (group fl_lightning.methods) failed to import" in err
+    assert "ModuleNotFoundError" in err
+
+
+def test_import_methods_says_in_one_line_what_is_wrong(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="methods='../x' is not a module name"):
+        import_methods(["../x"])
+    with pytest.raises(ConfigError, match="methods=nowhere_such_pkg: cannot import it .ModuleNotFoundError"):
+        import_methods(["nowhere_such_pkg"])
+    with pytest.raises(ConfigError, match="methods=json registers no method"):
+        import_methods(["json"])
+    assert import_methods(["fl_lightning.methods.fedadam"]) == ["fedadam"]
+
+
+# --- the class attributes from the generic arguments ----------------------------------------
+@dataclass
+class GConfig(MethodConfig):
+    name: str = "g"
+
+
+@dataclass
+class GState(ServerState):
+    extra: int = 0
+
+
+@dataclass
+class GBroadcast(Broadcast):
+    extra: int = 0
+
+
+C = TypeVar("C", bound=MethodConfig)
+
+
+def test_config_state_and_broadcast_classes_come_from_the_generic_arguments():
+    class Direct(Strategy[GConfig, GState, GBroadcast]):
+        pass
+
+    assert (Direct.config_cls, Direct.state_cls, Direct.broadcast_cls) == (GConfig, GState, GBroadcast)
+
+    class Half(Strategy[C, GState, Broadcast]):  # a generic base of a family (ServerAdaptive)
+        pass
+
+    class Leaf(Half[GConfig]):
+        pass
+
+    assert (Leaf.config_cls, Leaf.state_cls, Leaf.broadcast_cls) == (GConfig, GState, Broadcast)
+
+    class Narrower(Strategy[MethodConfig, ServerState, Broadcast]):  # a subclass may be declared
+        config_cls = GConfig
+
+    assert Narrower.config_cls is GConfig and Narrower.state_cls is ServerState
+    with pytest.raises(TypeError, match="state_cls = ServerState is not its generic argument GState"):
+
+        class Wrong(Strategy[GConfig, GState, Broadcast]):
+            state_cls = ServerState
+
+    for name in METHODS.names():  # every registered method: its attributes agree with its arguments
+        cls = METHODS.get(name)
+        assert isinstance(cls.state_cls(round=0, global_params=None), ServerState), name
+        assert issubclass(cls.broadcast_cls, Broadcast) and issubclass(cls.config_cls, MethodConfig), name
+
+
+# --- server-only methods ----------------------------------------------------------------------
+@dataclass
+class ServerOnlyConfig(MethodConfig):
+    name: str = "server_only"
+    server_step: float = 0.5  # nothing a client takes
+
+
+def test_a_server_only_method_passes_its_clients_nothing(digits):  # noqa: F811
+    class ServerOnly(Strategy[ServerOnlyConfig, ServerState, Broadcast]):
+        pass
+
+    strategy = ServerOnly(ServerOnlyConfig(), 2, 2, 0, TaskInfo(num_classes=10))
+    assert strategy.objective_kwargs() == {}
+    obj = ServerOnly.build_objective(Toy(), OptimConfig(), **strategy.objective_kwargs())
+    assert type(obj) is ClientObjective
+    for name in ("fedavgm", "feddf", "fedadam", "fedyogi", "fedadagrad"):  # none overrides it
+        assert "objective_kwargs" not in vars(METHODS.get(name)), name
+
+
+# --- client state: a deep copy per fit ----------------------------------------------------------
+class InPlace(ClientObjective[Broadcast]):
+    """Counts its fits in its client's state, in place (nested too), and fails when told."""
+
+    fail = False
+
+    def begin_round(self, broadcast: Broadcast, payload: ClientPayload | None) -> None:
+        super().begin_round(broadcast, payload)
+        self.client_state.setdefault("count", torch.zeros(()))
+        self.client_state.setdefault("nested", {"twice": torch.ones(2)})
+
+    def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
+        self.client_state["count"].add_(1)
+        self.client_state["nested"]["twice"].mul_(2)
+        if InPlace.fail:
+            raise RuntimeError("planted failure after the state was changed in place")
+        return super().end_round(payload, num_examples)
+
+
+class InPlaceStrategy(Strategy[MethodConfig, ServerState, Broadcast]):
+    objective_cls = InPlace
+
+
+def test_a_failed_fit_leaves_the_resident_state_as_it_was(digits, monkeypatch):  # noqa: F811
+    monkeypatch.setitem(METHODS._entries, "test_inplace", InPlaceStrategy)  # only for this test
+    monkeypatch.setattr(InPlace, "fail", False)
+    ds, shards = digits
+    strategy = InPlaceStrategy(MethodConfig(), 1, 1, 0, TaskInfo(num_classes=10))
+    init = {k: v.clone() for k, v in Toy().state_dict().items()}
+    host = ClientHost(toy_spec("test_inplace", {}, init), ds, {0: shards[0]})
+    state: Any = strategy.init_state(init)
+    plan = strategy.configure_round(state, 1, round_rng(0, 1))
+    host.fit(plan.broadcast, plan.payloads[0])
+    kept = host.states[0]
+    assert float(kept["count"]) == 1 and kept["nested"]["twice"].tolist() == [2.0, 2.0]
+    monkeypatch.setattr(InPlace, "fail", True)
+    with pytest.raises(RuntimeError, match="planted failure"):
+        host.fit(plan.broadcast, plan.payloads[0])
+    assert float(host.states[0]["count"]) == 1 and host.states[0]["nested"]["twice"].tolist() == [2.0, 2.0]

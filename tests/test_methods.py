@@ -74,6 +74,35 @@ def digits():
     return ds, {0: idx0, 1: idx1}
 
 
+#: three clients of different sizes for two rounds with partial participation: with seed 0 and
+#: 2 clients a round, round 1 trains clients 0 and 1, round 2 clients 0 and 2 (client 0 brings
+#: its state from round 1, client 2 starts fresh, client 1 sits out)
+SIZES3 = {0: 70, 1: 50, 2: 40}
+
+
+@pytest.fixture(scope="module")
+def digits3():
+    ds = load_dataset("digits", "")
+    y = ds.train_y
+    shards = {0: np.flatnonzero(y < 6)[:70], 1: np.flatnonzero(y >= 3)[:50]}
+    shards[2] = np.flatnonzero(y % 2 == 0)[200:240]
+    assert {c: len(i) for c, i in shards.items()} == SIZES3
+    return ds, shards
+
+
+def cast(params: dict, dt) -> dict:
+    """Floating tensors in `dt`, the rest as they are."""
+    return {k: v.to(dt) if v.is_floating_point() else v.clone() for k, v in params.items()}
+
+
+def example_mean(models: list[tuple[int, dict]], key: str, dt) -> torch.Tensor:
+    """Σ n_k w_k / Σ n_k over (client, state) pairs, written out (integer buffers rounded back)."""
+    total = sum(SIZES3[c] for c, _ in models)
+    acc = sum(SIZES3[c] * m[key].to(torch.float64) for c, m in models) / total
+    ref = models[0][1][key]
+    return acc.to(dt) if ref.is_floating_point() else acc.round().to(ref.dtype)
+
+
 def toy_spec(name: str, objective_kwargs: dict, init, momentum: float = MOM) -> ClientSpec:
     return ClientSpec(method=name, objective_kwargs=objective_kwargs, model="toy", model_kwargs={},
                       optim=OptimConfig(lr=LR, momentum=momentum), num_classes=10, in_channels=1,
@@ -109,6 +138,29 @@ def one_round(name: str, digits, task_extra: dict | None = None, momentum: float
     out = RoundResult((strategy, plan, updates, new, init, obj))
     out.host = host
     return out
+
+
+def two_rounds(name: str, data, **method_kwargs):
+    """Two rounds of `name` on the three clients of `digits3`, 2 a round (|S| = 2 < N = 3),
+    through the strategy and one host as a run does them, plain SGD: (init, plans, states
+    after each round, host)."""
+    ds, shards = data
+    cls = METHODS.get(name)
+    config = cls.config_cls(**method_kwargs)
+    strategy = cls(config, num_clients=3, clients_per_round=2, seed=0, task=TaskInfo(num_classes=10))
+    torch.manual_seed(0)
+    obj = cls.build_objective(Toy(), OptimConfig(lr=LR, momentum=0.0), **strategy.objective_kwargs())
+    init = to_cpu(obj.model.state_dict())
+    host = ClientHost(toy_spec(name, strategy.objective_kwargs(), init, momentum=0.0), ds, shards)
+    state, plans, states = strategy.init_state(init), [], []
+    for rnd in (1, 2):
+        plan = strategy.configure_round(state, rnd, round_rng(0, rnd))
+        updates = sorted((host.fit(plan.broadcast, p) for p in plan.payloads), key=lambda u: u.client_id)
+        state, _ = strategy.server_update(strategy.aggregate(state, updates), updates, ctx(strategy, rnd))
+        plans.append(plan)
+        states.append(state)
+    assert [p.client_ids for p in plans] == [[0, 1], [0, 2]]  # partial: client 1 sits out round 2
+    return init, plans, states, host
 
 
 def manual_fit(

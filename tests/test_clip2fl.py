@@ -39,6 +39,7 @@ from fl_lightning.runtime.host import ClientHost
 from fl_lightning.server_steps.federated_features import prototype_contrastive
 
 from .conftest import small
+from .run_files import assert_same_run
 from .test_methods import LR, MOM, Toy, ctx, manual_fit, match, toy_spec, twin
 from .test_pfl import clients3  # noqa: F401  (fixture)
 
@@ -349,6 +350,7 @@ def test_cli_clip2fl_longtail_writes_group_accuracy_and_resumes_exactly(tmp_path
     assert main(["run", *args, "fl.rounds=1", "experiment=cut", "run_id=b", "--quiet"]) == 0
     assert main(["resume", str(tmp_path / "cut" / "b"), "fl.rounds=2", "--quiet"]) == 0
     assert _lines(tmp_path / "cut" / "b") == lines
+    assert_same_run(tmp_path / "cut" / "b", full, stateful=False)  # the features and classifier too
 
 
 def test_teacher_clip_without_weights_is_one_line_before_any_work(tmp_path, capsys):

@@ -19,6 +19,8 @@ import pytest
 from fl_lightning.core.params import nbytes
 from fl_lightning.models import build_model
 
+from .run_files import assert_same_run
+
 pytestmark = pytest.mark.slow
 
 HIDDEN = 64  # cnn with a 64-unit hidden layer: ~1 MiB of weights per client
@@ -124,3 +126,4 @@ def test_kill_and_resume_with_200_stateful_clients_ends_identical(runs, tmp_path
     assert not (run_dir / "checkpoints" / "round-000003.json").exists(), "finished before it was killed"
     assert main(["resume", str(run_dir), "--quiet"]) == 0
     assert _records(run_dir) == _records(runs / "ray200")
+    assert_same_run(run_dir, runs / "ray200")  # every metric; the server's and every client's state

@@ -1,4 +1,6 @@
-"""A run killed at any moment resumes from its last checkpoint and ends the same."""
+"""A run killed at any moment resumes from its last checkpoint and ends the same: every metric
+of every round (losses included) and the final server and client state, bit for bit. SCAFFOLD
+with 2 of 4 clients a round: both sides keep state, and clients that sat out keep theirs."""
 import json
 import os
 import signal
@@ -11,6 +13,7 @@ from fl_lightning.config import compose
 from fl_lightning.runtime.runner import start_run
 
 from .conftest import small
+from .run_files import assert_same_run
 
 
 def _accs(run_dir):
@@ -18,7 +21,8 @@ def _accs(run_dir):
 
 
 def test_killed_run_resumes_to_the_same_result(tmp_path, data_root):
-    args = small(tmp_path, "fl.rounds=4", "runtime=serial", "data.train_subset=3000")
+    args = small(tmp_path, "fl.rounds=4", "runtime=serial", "data.train_subset=3000", "method=scaffold",
+                 "fl.clients_per_round=2")  # fmt: skip
     full, full_dir = start_run(compose([*args, "experiment=full", "run_id=a"]), console=False)
 
     exe = os.path.join(os.path.dirname(sys.executable), "fl-lightning")
@@ -55,6 +59,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path, data_root):
     assert resumed["rounds_completed"] == 4
     assert resumed["final_accuracy"] == full["final_accuracy"]
     assert _accs(killed_dir) == _accs(full_dir)  # every round, none twice
+    assert_same_run(killed_dir, full_dir)  # losses, bytes, client counts; server and client state
 
 
 def test_corrupt_checkpoint_gives_one_line(tmp_path, data_root, capsys):

@@ -15,6 +15,13 @@ Installed by the CLI and by every client worker before anything imports Lightnin
 `import fl_lightning` (a user's own process decides). Changes nothing when torchmetrics is
 already imported, or with `FL_LIGHTNING_LEAN_IMPORTS=0` (a method that uses torchmetrics'
 FID or BERTScore, say). Needs neither torch nor Lightning.
+
+It swaps two private names of lightning_utilities, so it is contained: it acts only for the
+versions in `TESTED` (any other: torchmetrics imports as it comes), and any exception on its
+way (a name renamed upstream, an import that fails with the backends hidden) makes it step
+aside and torchmetrics import as it comes; only an error torchmetrics raises on its own is
+raised. Delete this module once torchmetrics imports its optional backends lazily (upstream:
+https://github.com/Lightning-AI/torchmetrics/issues/3457).
 """
 
 from __future__ import annotations
@@ -26,38 +33,57 @@ import os
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from importlib import metadata
 from types import ModuleType
 from typing import Any
 
 #: torchmetrics' optional backends that our metrics never use
 HIDDEN = frozenset({"transformers", "torchvision", "scipy", "matplotlib"})
+#: the distributions (and versions) this was tested with: the private names it swaps are
+#: lightning_utilities', read by torchmetrics' import
+TESTED = {"torchmetrics": "1.9.0", "lightning-utilities": "0.15.3"}
 
 
-def install() -> None:
-    """Hide `HIDDEN` from torchmetrics' availability checks when it is first imported."""
-    if os.environ.get("FL_LIGHTNING_LEAN_IMPORTS", "1") == "0" or "torchmetrics" in sys.modules:
+def tested() -> bool:
+    """Whether the installed torchmetrics and lightning_utilities are the `TESTED` versions
+    (read from package metadata: nothing is imported)."""
+    try:
+        return all(metadata.version(dist) == want for dist, want in TESTED.items())
+    except Exception:  # not installed, unreadable metadata: not what was tested
+        return False
+
+
+def install(target: str = "torchmetrics") -> None:
+    """Hide `HIDDEN` from torchmetrics' availability checks when it is first imported (`target`:
+    the package to watch, for tests). Does nothing unless enabled, `tested()`, and `target` not
+    imported yet; never raises."""
+    try:
+        if os.environ.get("FL_LIGHTNING_LEAN_IMPORTS", "1") == "0" or target in sys.modules:
+            return
+        if not tested() or any(isinstance(f, _Finder) and f.target == target for f in sys.meta_path):
+            return
+        sys.meta_path.insert(0, _Finder(target))
+    except Exception:  # a speed-up only: whatever went wrong, imports stay as they come
         return
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
 
 
 @contextlib.contextmanager
 def _hidden() -> Iterator[None]:
     """torchmetrics' flags are lightning_utilities RequirementCache objects (package metadata,
     then find_spec) and its __init__ calls package_available: both look these two names up
-    in `lightning_utilities.core.imports`, so they are swapped there while it imports."""
+    in `lightning_utilities.core.imports`, so they are swapped there while it imports. Where
+    either name is missing (renamed upstream), nothing is swapped."""
     try:
-        from importlib.metadata import PackageNotFoundError
-
         import lightning_utilities.core.imports as lui
-    except ImportError:  # a torchmetrics without lightning_utilities: nothing to hide from
+
+        version, available = lui._version, lui.package_available
+    except Exception:  # no lightning_utilities, or not the names we swap: nothing to hide
         yield
         return
-    version, available = lui._version, lui.package_available
 
     def hidden_version(name: str) -> str:
         if name in HIDDEN:
-            raise PackageNotFoundError(name)
+            raise metadata.PackageNotFoundError(name)
         return version(name)
 
     def hidden_available(name: str) -> bool:
@@ -83,33 +109,50 @@ class _Loader(importlib.abc.Loader):
         module.__loader__ = self.inner  # resources and reloads go to the real loader
         if module.__spec__ is not None:
             module.__spec__.loader = self.inner
-        with _hidden():
+        initial = set(vars(module))  # what the import system set: __spec__, __path__, ...
+        try:
+            with _hidden():
+                self.inner.exec_module(module)
+        except Exception:
+            # Failed with the backends hidden (an upstream change we were not tested on, or
+            # torchmetrics' own error): import it again as it comes, from a clean namespace and
+            # with its submodules imported again. Its own error is raised from there.
+            for name in set(vars(module)) - initial:
+                delattr(module, name)
+            prefix = module.__name__ + "."
+            for name in [m for m in sys.modules if m.startswith(prefix)]:
+                del sys.modules[name]
             self.inner.exec_module(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Answers once, for `torchmetrics` itself; stays in `sys.meta_path` (removing it while
-    another thread walks the list could make that thread skip a finder)."""
+    """Answers once, for the `target` package itself (torchmetrics); stays in `sys.meta_path`
+    (removing it while another thread walks the list could make that thread skip a finder).
+    Any exception while it looks: it answers nothing and the usual finders import the package."""
 
-    def __init__(self) -> None:
+    def __init__(self, target: str = "torchmetrics") -> None:
+        self.target = target
         self._lock = threading.Lock()
         self._done = False
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != "torchmetrics" or self._done:
+        if fullname != self.target or self._done:
             return None
         with self._lock:
             if self._done:
                 return None
             self._done = True
-        for finder in sys.meta_path:  # the spec the rest of the chain would give
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader)
-                return spec
+        try:
+            for finder in sys.meta_path:  # the spec the rest of the chain would give
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                        spec.loader = _Loader(spec.loader)
+                    return spec
+        except Exception:
+            return None
         return None

@@ -3,10 +3,16 @@ interpreter (this test process has imported torchmetrics long ago)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+from fl_lightning import lean_imports
 
 HEAVY = ("transformers", "scipy.signal", "matplotlib", "torchvision")
 
@@ -57,3 +63,71 @@ print("never")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 3, out.stderr
     assert out.stdout.split() == ["thread", "ran", "atexit", "ran"]
+
+
+# --- contained: only the tested versions, and it steps aside on any exception ----------------
+def _fake(tmp_path: Path, name: str, body: str) -> None:
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "sub.py").write_text("")
+    head = "import lightning_utilities.core.imports as lui\nfrom . import sub\n"
+    (pkg / "__init__.py").write_text(head + body + "\n")
+
+
+@pytest.fixture
+def fresh_imports(tmp_path, monkeypatch):
+    """A path for fake packages, `sys.meta_path` and `sys.modules` restored afterwards."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    before = set(sys.modules)
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+def test_a_package_imported_lean_sees_the_backends_hidden(fresh_imports) -> None:
+    import lightning_utilities.core.imports as lui
+
+    available = lui.package_available
+    assert available("matplotlib")  # installed: what the fake must not see
+    _fake(fresh_imports, "fakemetrics_seen", "SEES = lui.package_available('matplotlib')")
+    lean_imports.install(target="fakemetrics_seen")
+    assert importlib.import_module("fakemetrics_seen").SEES is False
+    assert lui.package_available is available  # swapped back
+
+
+def test_a_package_that_fails_with_the_backends_hidden_is_imported_as_it_comes(fresh_imports) -> None:
+    """As a torchmetrics would whose use of the swapped names changed upstream."""
+    import lightning_utilities.core.imports as lui
+
+    available = lui.package_available
+    _fake(fresh_imports, "fakemetrics_fails",
+          "if not lui.package_available('matplotlib'):\n    raise AttributeError('renamed upstream')\n"
+          "SEES = lui.package_available('matplotlib')")  # fmt: skip
+    lean_imports.install(target="fakemetrics_fails")
+    module = importlib.import_module("fakemetrics_fails")
+    assert module.SEES is True and "fakemetrics_fails.sub" in sys.modules
+    assert lui.package_available is available
+    _fake(fresh_imports, "fakemetrics_own_error", "raise ValueError('its own bug')")
+    lean_imports.install(target="fakemetrics_own_error")
+    with pytest.raises(ValueError, match="its own bug"):  # not hidden behind ours
+        importlib.import_module("fakemetrics_own_error")
+
+
+def test_nothing_is_swapped_where_the_private_names_are_gone(monkeypatch) -> None:
+    import lightning_utilities.core.imports as lui
+
+    available = lui.package_available
+    monkeypatch.delattr(lui, "_version")
+    with lean_imports._hidden():
+        assert lui.package_available is available
+
+
+def test_only_the_tested_versions_are_changed(fresh_imports, monkeypatch) -> None:
+    assert lean_imports.tested()  # this environment is the tested one (pyproject pins Lightning)
+    monkeypatch.setitem(lean_imports.TESTED, "torchmetrics", "0.0.1")
+    assert not lean_imports.tested()
+    _fake(fresh_imports, "fakemetrics_untested", "SEES = lui.package_available('matplotlib')")
+    lean_imports.install(target="fakemetrics_untested")
+    assert not any(getattr(f, "target", "") == "fakemetrics_untested" for f in sys.meta_path)
+    assert importlib.import_module("fakemetrics_untested").SEES is True

@@ -363,7 +363,7 @@ class ClientHost:
             starts, shards = [], []
             for p in payloads:
                 torch.manual_seed(p.seed)
-                obj = self._begin(broadcast, p, dict(self.states.get(p.client_id, {})))
+                obj = self._begin(broadcast, p, self._state_copy(p.client_id))
                 obj.to(device)
                 starts.append({n: t.detach().clone() for n, t in obj.named_parameters()})
                 x, y = self.train[p.client_id]
@@ -382,7 +382,7 @@ class ClientHost:
             share = (time.perf_counter() - start) / len(payloads)
             updates = []
             for k, p in enumerate(payloads):
-                cid, state = p.client_id, dict(self.states.get(p.client_id, {}))
+                cid, state = p.client_id, self._state_copy(p.client_id)
                 obj = self._begin(broadcast, p, state)
                 with torch.no_grad():
                     for n, t in obj.named_parameters():

@@ -42,6 +42,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .core.errors import ConfigError
 from .core.optim import OPTIMIZERS, OptimConfig
+from .core.registry import METHOD_ENTRY_POINTS
 
 GROUPS = ("method", "data", "model", "text", "runtime", "logger")
 
@@ -182,6 +183,29 @@ class RootConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    #: modules outside the package imported for the methods they register, comma-separated
+    #: (`methods=mypkg.fedfoo`); an installed package can name its modules under the entry-point
+    #: group `fl_lightning.methods` instead, and needs no key
+    methods: str = ""
+
+
+def method_modules(value: Any) -> list[str]:
+    """The modules a `methods` value names (comma-separated; empty: none)."""
+    return [m.strip() for m in str(value or "").split(",") if m.strip()]
+
+
+def _unlisted_method(name: str, modules: list[str]) -> bool:
+    """Whether method `name`, without a file in conf/method/, may be registered elsewhere: by a
+    module the run names (`methods=`), or under its name by an installed package's entry point
+    (read from package metadata: nothing is imported here). `validate_registered` imports them
+    and checks the name."""
+    if not SAFE_NAME.fullmatch(name) or (conf_dir() / "method" / f"{name}.yaml").is_file():
+        return False
+    if modules:
+        return True
+    from importlib.metadata import entry_points
+
+    return any(ep.name == name for ep in entry_points(group=METHOD_ENTRY_POINTS))
 
 
 def choices(group: str) -> list[str]:
@@ -225,8 +249,12 @@ def check_names(cfg: DictConfig) -> None:
             )
 
 
-def _group_file(group: str, name: str) -> dict:
+def _group_file(group: str, name: str, unlisted: bool = False) -> dict:
+    """`conf/<group>/<name>.yaml`; `unlisted`: a method registered outside conf/ has none, and
+    its config dataclass holds every default."""
     path = conf_dir() / group / f"{name}.yaml"
+    if unlisted and not path.is_file():
+        return {"name": name}
     if not SAFE_NAME.fullmatch(name) or not path.is_file():  # never a file outside conf/<group>/
         valid = ", ".join(choices(group)) or "(none)"
         raise ConfigError(f"unknown {'dataset' if group == 'data' else group} {name!r}; valid: {valid}")
@@ -236,9 +264,9 @@ def _group_file(group: str, name: str) -> dict:
     return data
 
 
-def method_defaults(name: str) -> dict[str, dict[str, Any]]:
+def method_defaults(name: str, unlisted: bool = False) -> dict[str, dict[str, Any]]:
     """The run-level defaults (`optim:`, `fl:` blocks) of method `name`'s file, as written."""
-    data = _group_file("method", name)
+    data = _group_file("method", name, unlisted)
     out: dict[str, dict[str, Any]] = {}
     for block in METHOD_DEFAULT_BLOCKS:
         value = data.get(block)
@@ -393,8 +421,12 @@ def compose(overrides: list[str]) -> DictConfig:
     missing = [g for g in GROUPS if g not in defaults]
     if missing:
         raise ConfigError(f"config.yaml names no default for: {', '.join(missing)}")
-    files = {g: _group_file(g, defaults[g]) for g in GROUPS if g not in ("data",)}
-    run_defaults = method_defaults(defaults["method"])
+    # a method outside conf/method/ (`methods=` or an entry point): its dataclass has its defaults
+    given = [d.split("=", 1)[1] for d in dotted if d.split("=", 1)[0] == "methods"]
+    modules = method_modules(given[-1] if given else preset.get("methods"))
+    unlisted = _unlisted_method(defaults["method"], modules)
+    files = {g: _group_file(g, defaults[g], g == "method" and unlisted) for g in GROUPS if g not in ("data",)}
+    run_defaults = method_defaults(defaults["method"], unlisted)
     for block in (*METHOD_DEFAULT_BLOCKS, "defaults"):
         files["method"].pop(block, None)
     try:
@@ -568,9 +600,10 @@ def validate_registered(cfg: DictConfig) -> None:
     """Checks against the registries (imports the methods, models and datasets)."""
     from .data.partition import PARTITIONERS
     from .data.registry import DATASETS
-    from .methods import METHODS
+    from .methods import METHODS, import_methods
     from .models import MODELS
 
+    import_methods(method_modules(cfg.methods))
     strategy = METHODS.get(cfg.method.name)
     try:
         method_cfg = OmegaConf.to_object(
@@ -648,14 +681,33 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
         raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
     for item in overrides:
         key = item.split("=", 1)[0]
-        if "=" not in item or not any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE):
+        resumable = any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE)
+        if "=" not in item or not (resumable or key == "methods"):  # methods: the same, as consent
             raise ConfigError(
                 f"cannot change {key!r} on resume; "
                 "only fl.rounds, runtime.*, logger.*, eval.batch_size, eval.device and method.allow_momentum"
             )
+    _consent_to_modules(path, overrides, "resume it", same=True)
     given = {item.split("=", 1)[0] for item in overrides}
     machine = [f"{k}={v}" for k, v in MACHINE_CHOICES.items() if k not in given]
     return _saved_config(path, [*machine, *overrides])
+
+
+def _consent_to_modules(path: Path, overrides: list[str], how: str, same: bool) -> None:
+    """A saved config that names modules to import (`methods=`) is run only when the command
+    line names them too: a run directory (someone else's, untrusted) never makes us import a
+    module on its own. `same`: the command line may not name other modules (a resume)."""
+    doc = _read_yaml(path)
+    saved = method_modules(doc.get("methods"))
+    given = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0] == "methods"]
+    if same and given and method_modules(given[-1]) != saved:
+        raise ConfigError(f"cannot change 'methods' on resume (the run's: {','.join(saved) or 'none'})")
+    if saved and not given:
+        names = ",".join(saved)
+        raise ConfigError(
+            f"{path} imports its method from {names}: {how} with methods={names} to allow that "
+            "(a run directory alone never makes fl-lightning import a module)"
+        )
 
 
 def rerun_config(source: Path, overrides: list[str]) -> DictConfig:
@@ -671,6 +723,7 @@ def rerun_config(source: Path, overrides: list[str]) -> DictConfig:
             raise ConfigError(
                 f"bad override {item!r} with --from: only key=value (groups and presets are the file's)"
             )
+    _consent_to_modules(path, overrides, "run --from it", same=False)
     return _saved_config(path, ["run_id=null", *overrides])
 
 

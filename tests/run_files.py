@@ -6,15 +6,12 @@ state before it changes an accuracy)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from fl_lightning.runtime import checkpoint
 
 #: metrics that measure the machine, not the run
 MACHINE = re.compile(r"time|_s$|_mb$|rss|anon")
@@ -26,22 +23,40 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
     return [{k: v for k, v in json.loads(line).items() if not MACHINE.search(k)} for line in lines]
 
 
+def _tree(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """A checkpoint's JSON tree with its tensors put in; dataclasses stay dicts that name their
+    class (`__dataclass__`), so no class is looked up: this reads any run's files, a method's
+    from outside the package included."""
+    if isinstance(obj, list):
+        return [_tree(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "__tensor__" in obj:
+        return tensors[obj["__tensor__"]]
+    if "__dict__" in obj:
+        return {_tree(k, tensors): _tree(v, tensors) for k, v in obj["__dict__"]}
+    return {k: _tree(v, tensors) for k, v in obj.items()}
+
+
 def final_state(run_dir: Path) -> tuple[Any, dict[int, Any]]:
-    """The newest checkpoint's server state and the state of every client it names."""
-    path = checkpoint.latest(Path(run_dir))
-    assert path is not None, f"no checkpoint in {run_dir}"
-    state, _, index = checkpoint.load(path)
-    return state, {c: checkpoint.load_client_state(Path(run_dir), c, r) for c, r in sorted(index.items())}
+    """The newest checkpoint's server state and the state of every client it names, as trees."""
+    ckdir = Path(run_dir) / "checkpoints"
+    found = sorted(ckdir.glob("round-*.json"))
+    assert found, f"no checkpoint in {run_dir}"
+    doc = json.loads(found[-1].read_text())
+    server = _tree(doc["state"], torch.load(found[-1].with_suffix(".pt"), weights_only=True))
+    clients = {}
+    for c, r in doc["clients"]:
+        saved = torch.load(ckdir / "clients" / f"c{c:07d}-r{r:06d}.pt", weights_only=True)
+        clients[int(c)] = _tree(json.loads(saved["tree"]), saved["tensors"])
+    return server, clients
 
 
 def assert_equal(a: Any, b: Any, where: str = "state") -> None:
-    """Bit-identical: tensors by `torch.equal` (dtype included), dataclasses field by field."""
+    """Bit-identical: tensors by `torch.equal` (dtype included), containers item by item."""
     assert type(a) is type(b), f"{where}: {type(a).__name__} vs {type(b).__name__}"
     if isinstance(a, torch.Tensor):
         assert a.dtype == b.dtype and torch.equal(a, b), where
-    elif dataclasses.is_dataclass(a):
-        for f in dataclasses.fields(a):
-            assert_equal(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
     elif isinstance(a, dict):
         assert list(a) == list(b), f"{where}: keys {list(a)} vs {list(b)}"
         for k in a:

@@ -193,3 +193,34 @@ def test_a_failed_fit_leaves_the_resident_state_as_it_was(digits, monkeypatch): 
     with pytest.raises(RuntimeError, match="planted failure"):
         host.fit(plan.broadcast, plan.payloads[0])
     assert float(host.states[0]["count"]) == 1 and host.states[0]["nested"]["twice"].tolist() == [2.0, 2.0]
+
+
+# --- `methods=`: a run's own modules, and what a run directory may not do -------------------
+def test_a_method_outside_conf_is_named_with_methods_and_checked_once_imported(tmp_path):
+    from fl_lightning.config import compose, validate_registered
+
+    cfg = compose(["method=fedelsewhere", "methods=json", f"output_dir={tmp_path}"])
+    assert cfg.method.name == "fedelsewhere" and cfg.methods == "json"  # no conf/method file needed
+    with pytest.raises(ConfigError, match="methods=json registers no method"):
+        validate_registered(cfg)
+    with pytest.raises(ConfigError, match="unknown method 'fedelsewhere'"):  # without methods=
+        compose(["method=fedelsewhere"])
+
+
+def test_a_run_directory_alone_never_imports_a_module(tmp_path):
+    from fl_lightning.config import compose, load_run_config, rerun_config, to_yaml
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = compose(["method=fedavg", f"output_dir={tmp_path}", "run_id=r"])
+    cfg.methods = "somepkg.fedfoo"  # what a shared run directory's config.yaml may say
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    with pytest.raises(ConfigError, match="imports its method from somepkg.fedfoo: resume it with "
+                                          "methods=somepkg.fedfoo to allow that"):  # fmt: skip
+        load_run_config(run_dir, ["fl.rounds=3"])
+    with pytest.raises(ConfigError, match="cannot change 'methods' on resume"):
+        load_run_config(run_dir, ["methods=otherpkg.x"])
+    assert load_run_config(run_dir, ["methods=somepkg.fedfoo"]).methods == "somepkg.fedfoo"
+    with pytest.raises(ConfigError, match="run --from it with methods=somepkg.fedfoo"):
+        rerun_config(run_dir, [])
+    assert rerun_config(run_dir, ["methods=otherpkg.x"]).methods == "otherpkg.x"  # a new run may

@@ -40,3 +40,8 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
+
+
+#: the entry-point group under which installed packages name the modules of their methods
+#: (`fl_lightning.methods` imports them; config reads the names without importing)
+METHOD_ENTRY_POINTS = "fl_lightning.methods"

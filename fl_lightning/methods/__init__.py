@@ -26,15 +26,13 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
 from ..core.errors import ConfigError
-from ..core.registry import Registry
+from ..core.registry import METHOD_ENTRY_POINTS, Registry
 
 if TYPE_CHECKING:
     from ..core.strategy import Strategy
 
 METHODS: Registry[type[Strategy]] = Registry("method")
 
-#: the entry-point group installed packages name their method modules under
-ENTRY_POINT_GROUP = "fl_lightning.methods"
 #: a module name as `methods=` takes it: dotted identifiers, nothing else (no paths)
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
@@ -72,13 +70,13 @@ def _import_package_modules() -> None:
 def _import_entry_points() -> None:
     """A package whose module fails to import is one warning, and its methods are unknown: a
     broken plugin must not stop runs of every other method (nor `fl-lightning list`)."""
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in entry_points(group=METHOD_ENTRY_POINTS):
         try:
             ep.load()  # importing the module registers its methods
         except Exception as e:
             logging.getLogger("fl_lightning").warning(
                 "entry point %s = %s (group %s) failed to import, its methods are not registered: %s: %s",
-                ep.name, ep.value, ENTRY_POINT_GROUP, type(e).__name__, e,
+                ep.name, ep.value, METHOD_ENTRY_POINTS, type(e).__name__, e,
             )  # fmt: skip
 
 

@@ -102,6 +102,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     }
     spec = ClientSpec(
         method=cfg.method.name,
+        method_module=strategy_cls.__module__,
         objective_kwargs=strategy.objective_kwargs(),
         model=cfg.model.name,
         model_kwargs=strategy.model_kwargs(cfg.model.name, model_kwargs),

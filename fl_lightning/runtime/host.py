@@ -39,7 +39,7 @@ from ..core.params import to_cpu
 from ..core.strategy import client_seed
 from ..core.types import ClientId, ClientState, StateDict
 from ..data.registry import ArrayDataset
-from ..methods import METHODS
+from ..methods import METHODS, import_methods
 from ..models import MODELS, architecture, build_client_model
 from .batched import Shard, train_stacked
 
@@ -74,6 +74,9 @@ class ClientSpec:
     #: runtime.resident_shards: batches by index from the shard on the fit's device (no loader)
     resident_shards: bool = True
     precision: str = "32"  # runtime.precision, Lightning's: 32 | bf16-mixed | 16-mixed
+    #: the module of the method's strategy, imported by a host that has not registered the
+    #: method (a package's own, named by the run's `methods=`): a worker then registers it too
+    method_module: str = ""
     #: runtime.batched: train this many of a round's clients at a time, stacked (`fit_many`); 0: one by one
     batched: int = 0
 
@@ -152,6 +155,8 @@ def build_objective(spec: ClientSpec, client_id: ClientId = 0) -> ClientObjectiv
     model = build_client_model(
         spec.model, client_id, spec.num_classes, spec.in_channels, spec.image_size, **spec.model_kwargs
     )
+    if spec.method not in METHODS and spec.method_module:
+        import_methods([spec.method_module], what="the method's module")
     strategy = METHODS.get(spec.method)
     _check_call(f"method {spec.method!r}", strategy.objective_cls, spec.objective_kwargs, ("model",))
     objective = strategy.build_objective(model, spec.optim, **spec.objective_kwargs)

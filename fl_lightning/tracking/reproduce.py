@@ -8,7 +8,8 @@
   round the report shows, optional);
 - `rows`: one configuration each (method and its switches, a control), as overrides; a row
   may add overrides for one scale only (`by_scale: {mini: [...]}`), carry the paper's
-  number (`paper: 92.11`) and be left out of a scale (`scales: [paper]`);
+  numbers (`paper: 92.11` for the metric of the file's first claim, or one per metric:
+  `paper: {c_ap: 60.9, c_f1: 55.1}`) and be left out of a scale (`scales: [paper]`);
 - `claims`: "row beats baseline on metric", with the direction the paper claims;
 - `metrics` (optional): more per-round metrics to tabulate beside the claimed ones.
 
@@ -77,7 +78,7 @@ class Row:
     overrides: list[str]
     by_scale: dict[str, list[str]] = field(default_factory=dict)
     scales: tuple[str, ...] = SCALES
-    paper: float | None = None
+    paper: dict[str, float] = field(default_factory=dict)  # the paper's number per metric
     runs_of: str | None = None  # read another row's runs instead of running its own
     metric_prefix: str = ""  # ... under this prefix of every metric
 
@@ -173,6 +174,7 @@ def load_spec(path: Path) -> Spec:
             str(body.get("needs", "")), None if reach is None else float(reach), tuple(steps),
         )  # fmt: skip
     rows: dict[str, Row] = {}
+    scalar_papers: dict[str, float] = {}  # `paper: 92.11`: the first claim's metric, once claims are read
     for rid, body in (doc.get("rows") or {}).items():
         if not NAME.match(str(rid)) or not isinstance(body, dict):
             raise ConfigError(f"{path}: row {rid!r} must be a lower-case name with a mapping")
@@ -183,6 +185,10 @@ def load_spec(path: Path) -> Spec:
         if set(only) - set(SCALES):
             raise ConfigError(f"{path}: rows.{rid}.scales must be among {', '.join(SCALES)}")
         paper = body.get("paper")
+        if not (paper is None or isinstance(paper, (int, float)) or (
+            isinstance(paper, dict) and all(isinstance(v, (int, float)) for v in paper.values())
+        )):
+            raise ConfigError(f"{path}: rows.{rid}.paper must be a number or a mapping metric: number")
         unknown_keys = set(body) - ROW_KEYS
         if unknown_keys:
             raise ConfigError(f"{path}: rows.{rid}: unknown key {sorted(unknown_keys)[0]!r}")
@@ -193,9 +199,11 @@ def load_spec(path: Path) -> Spec:
             rid, str(body.get("label", rid)),
             _strings(body.get("overrides"), f"{path}: rows.{rid}.overrides"),
             {k: _strings(v, f"{path}: rows.{rid}.by_scale.{k}") for k, v in by_scale.items()},
-            only, None if paper is None else float(paper),
+            only, {str(k): float(v) for k, v in paper.items()} if isinstance(paper, dict) else {},
             None if runs_of is None else str(runs_of), str(body.get("metric_prefix", "")),
         )  # fmt: skip
+        if isinstance(paper, (int, float)):
+            scalar_papers[rid] = float(paper)
     for row in rows.values():
         src = rows.get(row.runs_of) if row.runs_of is not None else row
         if src is None or src.runs_of is not None or not set(row.scales) <= set(src.scales):
@@ -216,6 +224,8 @@ def load_spec(path: Path) -> Spec:
         claims.append(claim)
     if not scales or not rows or not claims:
         raise ConfigError(f"{path}: needs scales, rows and claims")
+    for rid, value in scalar_papers.items():
+        rows[rid].paper[claims[0].metric] = value
     if len({c.id for c in claims}) != len(claims):
         raise ConfigError(f"{path}: claim ids must be unique")
     metrics = _strings(doc.get("metrics"), f"{path}: metrics")
@@ -341,6 +351,7 @@ def build_report(
     states = {(r.id, s): read_run(runs_dir / run_name(r.source, s)) for r in rows for s in seeds}
     metrics = spec.table_metrics(scale)
     out: dict[str, Any] = {"paper": spec.name, "scale": scale, "seeds": list(seeds), "rows": {}, "claims": []}
+    every = " ".join(o.replace("{out}", str(runs_dir.parent)) for o in sc.overrides)
     lines = [
         f"# Reproduction: {spec.title} ({scale} scale)",
         "",
@@ -352,7 +363,7 @@ def build_report(
         command,
         "```",
         "",
-        f"Every run: `{' '.join(sc.overrides)}`. Seeds: {', '.join(map(str, seeds))}. "
+        f"Every run: `{every}`. Seeds: {', '.join(map(str, seeds))}. "
         f"Needs: {sc.needs or '-'}. Machine: {machine()}.",
         "",
         "Verdicts: the paired difference (row minus baseline, same seed) over the seeds where both "
@@ -388,7 +399,7 @@ def build_report(
                 shown = (f"{sum(hit) / len(hit):.1f}" if hit else "never") + f" ({len(hit)}/{len(got)})"
                 cells.append(shown if got else "–")
             if pct:
-                cells.append("–" if r.paper is None else f"{r.paper:g}")
+                cells.append(f"{r.paper[metric]:g}" if metric in r.paper else "–")
             lines.append("| " + " | ".join(cells) + " |")
             out["rows"].setdefault(r.id, {})[metric] = {"final": finals, "best": bests, "diverged": bad}
         lines.append("")
@@ -408,7 +419,8 @@ def build_report(
         pct = not lower_is_better(c.metric)
         k = 100.0 if pct else 1.0
         ra, rb = spec.rows[c.row], spec.rows[c.baseline]
-        paper = "–" if ra.paper is None or rb.paper is None or not pct else f"{ra.paper - rb.paper:+.2f}"
+        known = c.metric in ra.paper and c.metric in rb.paper and pct
+        paper = f"{ra.paper[c.metric] - rb.paper[c.metric]:+.2f}" if known else "–"
         per_seed = ", ".join(f"{d * k:+.2f}" for d in p.diffs) or "–"
         for r in (ra, rb):  # a seed that drops out because a row diverged is said, not hidden
             gone = [s for s in seeds if states[(r.id, s)].status in ("diverged", "failed")]
@@ -495,9 +507,13 @@ def plot_curves(spec: Spec, scale: str, runs_dir: Path, seeds: Sequence[int], ou
 
     metrics = spec.table_metrics(scale)
     rows = spec.rows_for(scale)
-    fig, axes = plt.subplots(1, len(metrics), figsize=(7 * len(metrics), 4.5), squeeze=False)
+    cols = min(2, len(metrics))  # two panels a row: four side by side are too small to read
+    rows_n = -(-len(metrics) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(7 * cols, 4.5 * rows_n), squeeze=False)
+    for ax in axes.flat[len(metrics) :]:
+        ax.axis("off")
     drawn = False
-    for ax, metric in zip(axes[0], metrics, strict=True):
+    for ax, metric in zip(axes.flat, metrics, strict=False):
         for r in rows:
             curves = []
             key = r.metric_prefix + metric

@@ -192,10 +192,7 @@ class CCVRObjective(ClientObjective[CCVRBroadcast]):
 @METHODS.register("ccvr")
 class CCVR(Strategy[CCVRConfig, CCVRState, CCVRBroadcast]):
     name = "ccvr"
-    config_cls = CCVRConfig
     objective_cls = CCVRObjective
-    state_cls = CCVRState
-    broadcast_cls = CCVRBroadcast
 
     def __init__(self, config: CCVRConfig, *args: Any, **kwargs: Any) -> None:
         c = config

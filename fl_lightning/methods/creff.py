@@ -187,10 +187,7 @@ def aggregate_class_gradients(
 @METHODS.register("creff")
 class CReFF(Strategy[CReFFConfig, CReFFState, CReFFBroadcast]):
     name = "creff"
-    config_cls = CReFFConfig
     objective_cls: ClassVar[type[ClientObjective[Any]]] = CReFFObjective
-    state_cls = CReFFState
-    broadcast_cls = CReFFBroadcast
 
     def __init__(self, config: CReFFConfig, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)

@@ -105,10 +105,7 @@ class DittoConfig(MethodConfig):
 @METHODS.register("ditto")
 class Ditto(Strategy[DittoConfig, ServerState, Broadcast]):
     name = "ditto"
-    config_cls = DittoConfig
     objective_cls = DittoObjective
-    state_cls = ServerState
-    broadcast_cls = Broadcast
     personalised = True
 
     def __init__(self, config: DittoConfig, *args: Any, **kwargs: Any) -> None:

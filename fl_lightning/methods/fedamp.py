@@ -101,10 +101,7 @@ class FedAMPConfig(MethodConfig):
 @METHODS.register("fedamp")
 class FedAMP(Strategy[FedAMPConfig, FedAMPServerState, Broadcast]):
     name = "fedamp"
-    config_cls = FedAMPConfig
     objective_cls = FedAMPObjective
-    state_cls = FedAMPServerState
-    broadcast_cls = Broadcast
     personalised = True
     plain_eval_payloads = True  # evaluation scores w_i alone: no cloud models to compute
 

@@ -55,9 +55,6 @@ def momentum_step(
 @METHODS.register("fedavgm")
 class FedAvgM(Strategy[FedAvgMConfig, FedAvgMState, Broadcast]):
     name = "fedavgm"
-    config_cls = FedAvgMConfig
-    state_cls = FedAvgMState
-    broadcast_cls = Broadcast
 
     def __init__(self, config: FedAvgMConfig, *args: Any, **kwargs: Any) -> None:
         if not 0 <= config.server_momentum < 1:

@@ -67,7 +67,6 @@ def gaussian_samples(
 @METHODS.register("fedbe")
 class FedBE(ServerDistillation[FedBEConfig]):
     name = "fedbe"
-    config_cls = FedBEConfig
 
     def __init__(self, config: FedBEConfig, *args: Any, **kwargs: Any) -> None:
         positive_fields(config, ("distill_steps", "distill_batch_size", "distill_lr", "swa_every"))

@@ -63,9 +63,6 @@ class ServerDistillation(Strategy[DistillConfigT, ServerState, Broadcast]):
     """FedAvg on the clients, then a distillation on the server's unlabeled images (FedDF,
     FedBE): `distil` gets the round's FedAvg mean (`state.global_params`) and client models."""
 
-    state_cls = ServerState
-    broadcast_cls = Broadcast
-
     @classmethod
     def check_run(cls, config: DistillConfigT, run: dict[str, Any]) -> None:
         require_server_subset(cls.name, run)
@@ -88,7 +85,6 @@ class ServerDistillation(Strategy[DistillConfigT, ServerState, Broadcast]):
 @METHODS.register("feddf")
 class FedDF(ServerDistillation[FedDFConfig]):
     name = "feddf"
-    config_cls = FedDFConfig
 
     def __init__(self, config: FedDFConfig, *args: Any, **kwargs: Any) -> None:
         positive_fields(config, ("distill_steps", "distill_batch_size", "distill_lr", "temperature"))

@@ -93,10 +93,7 @@ class FedDistillConfig(MethodConfig):
 @METHODS.register("feddistill")
 class FedDistill(Strategy[FedDistillConfig, DistillState, LogitBroadcast]):
     name = "feddistill"
-    config_cls = FedDistillConfig
     objective_cls = FedDistillObjective
-    state_cls = DistillState
-    broadcast_cls = LogitBroadcast
     personalised = True
 
     def objective_kwargs(self) -> dict[str, Any]:

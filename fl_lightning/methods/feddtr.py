@@ -173,10 +173,7 @@ class FedDTRConfig(MethodConfig):
 @METHODS.register("feddtr")
 class FedDTR(Strategy[FedDTRConfig, ServerState, DTRBroadcast]):
     name = "feddtr"
-    config_cls = FedDTRConfig
     objective_cls = FedDTRObjective
-    state_cls = ServerState
-    broadcast_cls = DTRBroadcast
     personalised = True
 
     @classmethod

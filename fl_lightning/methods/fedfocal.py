@@ -47,10 +47,7 @@ class FedFocalConfig(MethodConfig):
 @METHODS.register("fedfocal")
 class FedFocal(Strategy[FedFocalConfig, ServerState, Broadcast]):
     name = "fedfocal"
-    config_cls = FedFocalConfig
     objective_cls = FedFocalObjective
-    state_cls = ServerState
-    broadcast_cls = Broadcast
 
     def __init__(self, config: FedFocalConfig, *args: Any, **kwargs: Any) -> None:
         if config.gamma < 0:

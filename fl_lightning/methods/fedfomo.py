@@ -136,10 +136,7 @@ class FedFomoConfig(MethodConfig):
 @METHODS.register("fedfomo")
 class FedFomo(Strategy[FedFomoConfig, FedFomoServerState, Broadcast]):
     name = "fedfomo"
-    config_cls = FedFomoConfig
     objective_cls = FedFomoObjective
-    state_cls = FedFomoServerState
-    broadcast_cls = Broadcast
     personalised = True
     plain_eval_payloads = True  # evaluation scores each client's own model: no models to send
 

@@ -163,10 +163,7 @@ def class_vectors(kind: str, text: torch.Tensor, seed: int) -> torch.Tensor:
 @METHODS.register("fedglcl")
 class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
     name = "fedglcl"
-    config_cls = FedGLCLConfig
     objective_cls = GLCLObjective
-    state_cls = ServerState
-    broadcast_cls = GLCLBroadcast
 
     @classmethod
     def check_run(cls, config: Any, run: dict[str, Any]) -> None:

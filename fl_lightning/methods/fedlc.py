@@ -45,7 +45,4 @@ class FedLCConfig(MethodConfig):
 @METHODS.register("fedlc")
 class FedLC(Strategy[FedLCConfig, ServerState, Broadcast]):
     name = "fedlc"
-    config_cls = FedLCConfig
     objective_cls = FedLCObjective
-    state_cls = ServerState
-    broadcast_cls = Broadcast

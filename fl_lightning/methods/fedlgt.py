@@ -136,10 +136,7 @@ class FedLGTConfig(MethodConfig):
 @METHODS.register("fedlgt")
 class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
     name = "fedlgt"
-    config_cls = FedLGTConfig
     objective_cls = LGTObjective
-    state_cls = ServerState
-    broadcast_cls = Broadcast
 
     @classmethod
     def check_run(cls, config: Any, run: dict[str, Any]) -> None:

@@ -178,10 +178,7 @@ class FedProtoConfig(MethodConfig):
 @METHODS.register("fedproto")
 class FedProto(Strategy[FedProtoConfig, PrototypeState, PrototypeBroadcast]):
     name = "fedproto"
-    config_cls = FedProtoConfig
     objective_cls = FedProtoObjective
-    state_cls = PrototypeState
-    broadcast_cls = PrototypeBroadcast
 
     def __init__(self, config: FedProtoConfig, *args: Any, **kwargs: Any) -> None:
         self.personalised = not config.share_weights  # one global model only when weights are shared

@@ -67,10 +67,7 @@ class FedProxConfig(MethodConfig):
 @METHODS.register("fedprox")
 class FedProx(Strategy[FedProxConfig, ServerState, Broadcast]):
     name = "fedprox"
-    config_cls = FedProxConfig
     objective_cls = FedProxObjective
-    state_cls = ServerState
-    broadcast_cls = Broadcast
 
     def warnings(self) -> list[str]:
         return ["fedprox with method.mu=0 is FedAvg"] if self.config.mu == 0 else []

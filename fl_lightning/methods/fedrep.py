@@ -56,10 +56,7 @@ class FedRepConfig(MethodConfig):
 @METHODS.register("fedrep")
 class FedRep(Strategy[FedRepConfig, ServerState, Broadcast]):
     name = "fedrep"
-    config_cls = FedRepConfig
     objective_cls = FedRepObjective
-    state_cls = ServerState
-    broadcast_cls = Broadcast
     personalised = True
 
     def __init__(self, config: FedRepConfig, *args: Any, **kwargs: Any) -> None:

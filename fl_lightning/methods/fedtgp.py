@@ -64,10 +64,7 @@ class FedTGPConfig(MethodConfig):
 @METHODS.register("fedtgp")
 class FedTGP(Strategy[FedTGPConfig, FedTGPState, PrototypeBroadcast]):
     name = "fedtgp"
-    config_cls = FedTGPConfig
     objective_cls = FedTGPObjective
-    state_cls = FedTGPState
-    broadcast_cls = PrototypeBroadcast
     personalised = True
 
     def objective_kwargs(self) -> dict[str, Any]:

@@ -153,10 +153,7 @@ class FedTSPConfig(MethodConfig):
 @METHODS.register("fedtsp")
 class FedTSP(Strategy[FedTSPConfig, FedTSPState, TSPBroadcast]):
     name = "fedtsp"
-    config_cls = FedTSPConfig
     objective_cls = FedTSPObjective
-    state_cls = FedTSPState
-    broadcast_cls = TSPBroadcast
 
     @classmethod
     def check_run(cls, config: Any, run: dict[str, Any]) -> None:

@@ -88,7 +88,4 @@ class MoonConfig(MethodConfig):
 @METHODS.register("moon")
 class Moon(Strategy[MoonConfig, ServerState, Broadcast]):
     name = "moon"
-    config_cls = MoonConfig
     objective_cls = MoonObjective
-    state_cls = ServerState
-    broadcast_cls = Broadcast

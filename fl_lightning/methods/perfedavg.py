@@ -108,10 +108,7 @@ class PerFedAvgConfig(MethodConfig):
 @METHODS.register("perfedavg")
 class PerFedAvg(Strategy[PerFedAvgConfig, ServerState, Broadcast]):
     name = "perfedavg"
-    config_cls = PerFedAvgConfig
     objective_cls = PerFedAvgObjective
-    state_cls = ServerState
-    broadcast_cls = Broadcast
     personalised = True
 
     def __init__(self, config: PerFedAvgConfig, *args: Any, **kwargs: Any) -> None:

@@ -109,10 +109,7 @@ class PFedMeConfig(MethodConfig):
 @METHODS.register("pfedme")
 class PFedMe(Strategy[PFedMeConfig, ServerState, Broadcast]):
     name = "pfedme"
-    config_cls = PFedMeConfig
     objective_cls = PFedMeObjective
-    state_cls = ServerState
-    broadcast_cls = Broadcast
     personalised = True
 
     def __init__(self, config: PFedMeConfig, *args: Any, **kwargs: Any) -> None:

@@ -118,10 +118,7 @@ class ScaffoldObjective(ClientObjective[ScaffoldBroadcast]):
 @METHODS.register("scaffold")
 class Scaffold(Strategy[ScaffoldConfig, ScaffoldServerState, ScaffoldBroadcast]):
     name = "scaffold"
-    config_cls = ScaffoldConfig
     objective_cls = ScaffoldObjective
-    state_cls = ScaffoldServerState
-    broadcast_cls = ScaffoldBroadcast
 
     @classmethod
     def check_optim(cls, config: ScaffoldConfig, optim: OptimConfig) -> None:

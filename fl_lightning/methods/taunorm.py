@@ -64,10 +64,7 @@ class TauNormConfig(MethodConfig):
 @METHODS.register("taunorm")
 class TauNorm(Strategy[TauNormConfig, ServerState, Broadcast]):
     name = "taunorm"
-    config_cls = TauNormConfig
     objective_cls = TauNormObjective
-    state_cls = ServerState
-    broadcast_cls = Broadcast
 
     def __init__(self, config: TauNormConfig, *args: Any, **kwargs: Any) -> None:
         if config.tau < 0:

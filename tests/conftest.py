@@ -39,6 +39,16 @@ def data_root() -> str:
     return root
 
 
+@pytest.fixture(autouse=True)
+def no_shared_wandb_service():
+    """A subprocess a test starts is a user's other shell: W&B puts `$WANDB_SERVICE` in this
+    process's environment once a test logs in-process, and a child would join that service
+    (a killed child's run then stays open in it, and its resume is refused)."""
+    os.environ.pop("WANDB_SERVICE", None)
+    yield
+    os.environ.pop("WANDB_SERVICE", None)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One private local Ray (2 CPUs, loopback) shared by the tests that need it; runs

@@ -5,6 +5,7 @@ is run for real, tiny, with `$FL_LIGHTNING_PROGRESS_EVERY_S=0` (a line per step)
 import io
 import os
 import re
+import select
 
 import numpy as np
 import pytest
@@ -17,11 +18,16 @@ from fl_lightning.core.progress import Progress, duration, progress
 from .conftest import small
 
 
+@pytest.fixture(autouse=True)
+def progress_on(monkeypatch):
+    """Progress on: a `--quiet` run earlier in this process (another test) turns it off."""
+    monkeypatch.setattr(progress_mod, "_enabled", True)
+
+
 @pytest.fixture
 def every_step(monkeypatch):
-    """A line per step, progress on (a `--quiet` run earlier in this process turns it off)."""
+    """A line per step."""
     monkeypatch.setenv("FL_LIGHTNING_PROGRESS_EVERY_S", "0")
-    monkeypatch.setattr(progress_mod, "_enabled", True)
 
 
 def _lines(text, what):
@@ -71,6 +77,7 @@ def test_a_terminal_gets_a_tqdm_bar():
             bar.update()
         bar.close()
         tty.flush()
+        assert select.select([master], [], [], 10)[0], "nothing written to the terminal"  # no hang
         shown = os.read(master, 65536).decode(errors="replace")
     os.close(master)
     assert "on a terminal:" in shown and "/5 [" in shown and "step/s" in shown  # tqdm's bar

@@ -6,7 +6,6 @@ from __future__ import annotations
 import glob
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from fl_lightning.cli.main import main
+from fl_lightning.cli.sweep import own_wandb_service
 from fl_lightning.config import compose, conf_dir, validate_registered
 from fl_lightning.core.errors import ConfigError
 from fl_lightning.tracking.reproduce import load_spec, paired
@@ -62,7 +62,8 @@ def final(run_dir: Path, key: str, best: bool = False) -> float:
 
 def test_reproduce_end_to_end_verdicts_by_hand_and_a_kill(conf, tmp_path, data_root):
     out = tmp_path / "rep"
-    env = {**os.environ, "FL_LIGHTNING_CONF": str(conf), "WANDB_MODE": "offline"}
+    # as from another shell: not this process's W&B service (an earlier test may have started one)
+    env = {**own_wandb_service(), "FL_LIGHTNING_CONF": str(conf), "WANDB_MODE": "offline"}
     cmd = [sys.executable, "-m", "fl_lightning", "reproduce", "tiny", "--out", str(out),
            "logger=wandb", "logger.mode=offline"]  # fmt: skip
     runs = out / "tiny_mini"

@@ -182,6 +182,13 @@ def _shared_ray(runs: Sequence[SweepRun]) -> contextlib.AbstractContextManager[N
     return shared_ray()
 
 
+def own_wandb_service() -> dict[str, str]:
+    """This process's environment without `$WANDB_SERVICE`: each run gets a W&B service of its
+    own. A shared one keeps a killed run's stream open, and the run resumed under the same id
+    is then refused ("run ID ... is in use")."""
+    return {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+
+
 def _local_cpus(run: SweepRun, parallel: int) -> list[str]:
     """On a private local Ray (or serial), N concurrent runs share the machine's CPUs."""
     from ..runtime.local_ray import cluster_address
@@ -232,7 +239,7 @@ def _run_parallel(
                 fh.flush()
                 proc = subprocess.Popen(
                     cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=_die_with_parent, env=own_wandb_service(),
                 )  # fmt: skip
                 active[proc] = (run, log, fh)
                 if monitor is not None:

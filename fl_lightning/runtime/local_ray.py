@@ -46,6 +46,14 @@ LOOPBACK_ENV = {
     "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:9/",  # discard port: refused at once
     "RAY_AUTH_MODE": "disabled",  # no ~/.ray/auth_token
 }
+# Defaults a user's own setting overrides. Ray warns on every run (a raylet line streamed into
+# the driver's stderr) once its temp disk is 95% full; on a large shared disk that is many GB
+# free. 99%: the warning (and Ray's refusal to spill) only when the disk is really nearly full.
+DEFAULT_ENV = {"RAY_local_fs_capacity_threshold": "0.99"}
+
+
+def _defaults() -> dict[str, str]:
+    return {k: os.environ.get(k, v) for k, v in DEFAULT_ENV.items()}
 
 
 def ray_tmpdir() -> Path:
@@ -72,12 +80,12 @@ def loopback_cli_env(tmpdir: Path | None = None) -> dict[str, str]:
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "ray_bootstrap_config.yaml").exists():
         (home / "ray_bootstrap_config.yaml").write_text("{}\n")
-    return {**LOOPBACK_ENV, "RAY_TMPDIR": str(tmpdir), "HOME": str(home)}
+    return {**_defaults(), **LOOPBACK_ENV, "RAY_TMPDIR": str(tmpdir), "HOME": str(home)}
 
 
 def apply_loopback_env() -> dict[str, str]:
     """Set the loopback variables in this process (Ray's processes inherit them)."""
-    env = {**LOOPBACK_ENV, "RAY_TMPDIR": str(ray_tmpdir())}
+    env = {**_defaults(), **LOOPBACK_ENV, "RAY_TMPDIR": str(ray_tmpdir())}
     ray_tmpdir().mkdir(parents=True, exist_ok=True)
     os.environ.update(env)
     return env

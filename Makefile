@@ -38,6 +38,7 @@ bench-deps: venv
 bench: data bench-deps
 	$(PY) benchmarks/engine_overhead.py --out benchmarks/results/engine_overhead.json
 	$(PY) benchmarks/vs_flower.py --out benchmarks/results/vs_flower.json
+	$(PY) benchmarks/cross_device.py --out benchmarks/results/cross_device.json
 	$(PY) benchmarks/cold_start.py --out benchmarks/results/cold_start.json
 	$(PY) benchmarks/cold_start.py --toggle lean_imports --out benchmarks/results/cold_start_lean.json
 	$(PY) benchmarks/sweep_startup.py --out benchmarks/results/sweep_startup.json

@@ -28,7 +28,8 @@ batched train the same clients with the same batches: their accuracy must agree 
 rounds end on host copies of the results, which synchronise.
 
 Run: `python benchmarks/cross_device.py --out benchmarks/results/cross_device.json` (`make
-bench`); on a GPU add `--device gpu` (or `both`). Flower: `make bench-deps`.
+bench`): the CPU, and the GPU too where CUDA is present (`--device cpu|gpu|both` to choose).
+Flower: `make bench-deps`.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def child_plain(spec: dict[str, Any]) -> dict[str, Any]:
     s = p.spec
     model = build_model(s.model, s.num_classes, s.in_channels, s.image_size, **s.model_kwargs).to(device)
     assert p.init_params is not None
-    glob = p.init_params
+    glob = {k: v.to(device) for k, v in p.init_params.items()}  # loaded per client device to device
     lr, seed = float(cfg.optim.lr), int(cfg.seed)
     stamps: dict[str, list[float]] = {"round_start": [], "round_end": [], "fit_s": [], "accuracy": []}
 
@@ -113,22 +114,30 @@ def child_plain(spec: dict[str, Any]) -> dict[str, Any]:
     for rnd in range(1, int(cfg.fl.rounds) + 1):
         stamps["round_start"].append(now())
         states, sizes = [], []
-        for c in p.strategy.sample_clients(rnd, round_rng(seed, rnd)):
-            cs = client_seed(seed, rnd, c)
+        clients = p.strategy.sample_clients(rnd, round_rng(seed, rnd))
+        seeds = [client_seed(seed, rnd, c) for c in clients]
+        # every batch of the round drawn first and copied to the device at once: the steps
+        # then read no host memory (a pageable copy per step would wait for the GPU)
+        steps = [[ix for _, ix in batch_indices(len(shards[c][1]), s.batch_size, cs, s.local_epochs)]
+                 for c, cs in zip(clients, seeds, strict=True)]  # fmt: skip
+        flat = torch.cat([ix for client in steps for ix in client]).to(device)
+        offset = 0
+        for c, cs, batches in zip(clients, seeds, steps, strict=True):
             torch.manual_seed(cs)
             model.load_state_dict(glob)
             opt = torch.optim.SGD(model.parameters(), lr=lr)
             x, y = shards[c]
             model.train()
-            for _, idx in batch_indices(len(y), s.batch_size, cs, s.local_epochs):
-                idx = idx.to(device)
+            for ix in batches:
+                idx = flat[offset : offset + len(ix)]
+                offset += len(ix)
                 opt.zero_grad()
                 F.cross_entropy(model(x[idx]), y[idx]).backward()
                 opt.step()
             states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
             sizes.append(len(y))
         stamps["fit_s"].append(now() - stamps["round_start"][-1])
-        glob = weighted_mean(states, sizes)
+        glob = {k: v.to(device) for k, v in weighted_mean(states, sizes).items()}  # in float64, as the engine
         model.load_state_dict(glob)
         model.eval()
         with torch.no_grad():
@@ -343,8 +352,8 @@ def main() -> None:
     ap.add_argument(
         "--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ", ".join(SYSTEMS)
     )
-    ap.add_argument("--device", choices=("auto", "cpu", "gpu", "both"), default="cpu",
-                    help="auto: the GPU when CUDA is present, else the CPU")  # fmt: skip
+    ap.add_argument("--device", choices=("auto", "cpu", "gpu", "both"), default="auto",
+                    help="auto: the CPU, and the GPU too when CUDA is present")  # fmt: skip
     ap.add_argument(
         "--gpus-per-client", type=float, default=0.1, help="GPU share of a sequential/Flower actor"
     )
@@ -369,9 +378,8 @@ def main() -> None:
         print("cross_device: flwr is not installed (make bench-deps); Flower is skipped", file=sys.stderr)
         systems = tuple(s for s in systems if s != "flower")
     facts = machine_facts()
-    devices = {"auto": ["gpu" if facts["gpus"] else "cpu"], "both": ["cpu", "gpu"]}.get(
-        args.device, [args.device]
-    )
+    auto = ["cpu", "gpu"] if facts["gpus"] else ["cpu"]
+    devices = {"auto": auto, "both": ["cpu", "gpu"]}.get(args.device, [args.device])
     if "gpu" in devices and not facts["gpus"]:
         ap.error("--device gpu: no CUDA device here")
     doc: dict[str, Any] = {

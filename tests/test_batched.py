@@ -221,19 +221,33 @@ def run_paths(method, p, shards, executors) -> None:
                 torch.testing.assert_close(a[k].double(), b[k].double(), atol=tols[k], rtol=0, msg=k)
 
 
+def serial_paths(p, shards, accelerator: str = "cpu") -> dict:
+    """The sequential host and a batched one (5 clients a round in chunks of 3 and 2: a chunk
+    mixes clients of different sizes), each behind a SerialExecutor."""
+
+    def serial(k: int):
+        spec = dataclasses.replace(p.spec, batched=k, threads=1, accelerator=accelerator)
+        host = ClientHost(spec, p.dataset, shards)
+        return SerialExecutor(host), host
+
+    return {"sequential": serial(0), "batched": serial(3)}
+
+
 @pytest.mark.parametrize("method", list(METHOD_ARGS))
 def test_batched_equals_sequential_per_client(method, tmp_path, data_root):
     p, shards = prepared(tmp_path, method)
     assert (p.spec.batched, p.spec.optim.momentum) == (0, MOM)
+    run_paths(method, p, shards, serial_paths(p, shards))
 
-    def serial(k: int):
-        host = ClientHost(
-            dataclasses.replace(p.spec, batched=k, threads=1, accelerator="cpu"), p.dataset, shards
-        )
-        return SerialExecutor(host), host
 
-    # 5 clients a round in chunks of 3 and 2: a chunk mixes clients of different sizes
-    run_paths(method, p, shards, {"sequential": serial(0), "batched": serial(3)})
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_batched_equals_sequential_on_the_gpu(tmp_path, data_root, monkeypatch):
+    """Both paths on the GPU against the CPU loops, with cuDNN's TF32 convolutions off (on by
+    default: ~1e-3 relative, far above float32 rounding) and its deterministic algorithms."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    p, shards = prepared(tmp_path, "fedprox")
+    run_paths("fedprox", p, shards, serial_paths(p, shards, accelerator="gpu"))
 
 
 def test_batched_under_ray_each_actor_trains_its_share(tmp_path, data_root, ray_session):

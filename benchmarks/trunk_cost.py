@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -79,7 +80,7 @@ def main() -> None:
     out: dict = {
         "machine": cpu_model(), "python": platform.python_version(), "torch": torch.__version__,
         "threads": 1, "batch": args.batch, "repeats": args.repeats, "effnet_size": args.effnet_size,
-        "ms_per_image": {}, "fedlgt_mini_round_s": {},
+        "load_average_before": os.getloadavg()[0], "ms_per_image": {}, "fedlgt_mini_round_s": {},
     }  # fmt: skip
     for name, (model, size, kwargs) in chosen.items():
         ms = step_ms(model, size, kwargs, args.batch, args.repeats)
@@ -87,6 +88,7 @@ def main() -> None:
         if size == 56:  # 2,000 mosaics x 2 local epochs per round, one core
             out["fedlgt_mini_round_s"][name] = round(ms * 2000 * 2 / 1000, 1)
         print(f"{name:20s} {ms:8.2f} ms per image per step", flush=True)
+    out["load_average_after"] = os.getloadavg()[0]  # other work on the machine inflates the times
     text = json.dumps(out, indent=1)
     if args.out:
         with open(args.out, "w") as f:

@@ -302,21 +302,30 @@ def test_a_run_goes_on_over_a_broken_partition_cache(tmp_path, caplog, data_root
     assert f"{key}.npz" in caplog.text and "rebuilding" in caplog.text
 
 
-# --- row 5: output_dir a file, or not writable ------------------------------------------------
-@pytest.mark.parametrize("kind", ["file", "below-a-file", "not-writable"])
+# --- row 5: output_dir a file, not writable, a link loop ---------------------------------------
+@pytest.mark.parametrize(
+    "kind", ["file", "below-a-file", "not-writable", "link-loop", "below-a-loop", "dangling"]
+)
 def test_an_unusable_output_dir_is_one_line_before_any_data_is_loaded(tmp_path, capsys, kind):
     (tmp_path / "afile").write_text("x")
+    (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")  # a -> b -> a: Path.exists() says False
+    (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     out = {
         "file": tmp_path / "afile",
         "below-a-file": tmp_path / "afile" / "runs",
         "not-writable": Path("/proc/fl_lightning_runs"),  # no one, root included, creates folders here
+        "link-loop": tmp_path / "loop_a",
+        "below-a-loop": tmp_path / "loop_a" / "runs",
+        "dangling": tmp_path / "dangling",
     }[kind]
     # a dataset that is missing: were data looked at first, that would be the error
     args = small(tmp_path, *TINY, f"output_dir={out}", f"data.root={tmp_path / 'no_data'}")
     t0 = time.perf_counter()
     assert main(["run", *args, "--quiet"]) == 2
     line = _one_line(capsys.readouterr().err)
-    assert f"output_dir {out}" in line and ("a file" in line or "not writable" in line)
+    why = ("a file", "not writable", "Too many levels of symbolic links", "a link to nothing")
+    assert f"output_dir {out}" in line and any(w in line for w in why), line
     assert time.perf_counter() - t0 < 5
     assert main(["sweep", "seed=0,1", *args]) == 2
     assert f"output_dir {out}" in _one_line(capsys.readouterr().err)
@@ -633,3 +642,114 @@ def test_kill_9_of_the_driver_leaves_no_ray_process(tmp_path, data_root):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+# --- a killed sweep resumes -------------------------------------------------------------------
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except OSError:
+        return False
+
+
+def _holder_pid(run_dir: Path) -> int | None:
+    try:
+        text = (run_dir / ".lock").read_text().split()
+    except OSError:
+        return None
+    return int(text[0]) if text and text[0].isdigit() else None
+
+
+def _run_dirs(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_dir() and (p / "config.yaml").exists())
+
+
+def test_a_killed_parallel_sweep_resumes_without_duplicates_or_orphans(tmp_path, capsys, data_root):
+    """kill -9 of `sweep --parallel 2` once a run has checkpointed: its runs end with it (no
+    orphan trains on), `sweep --resume` refuses while another sweep holds the folder, then
+    finishes the grid: finished runs skipped, interrupted ones resumed from their checkpoint,
+    one killed before its first checkpoint started again, every run once, every round once."""
+    out = tmp_path / "runs"
+    grid = ["seed=0,1,2", *small(out, *TINY, "runtime=serial", "fl.rounds=3", "experiment=sw")]
+    sweep = subprocess.Popen([EXE, "sweep", *grid, "--parallel", "2", "--no-plots"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    folder = out / "sw"
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and sweep.poll() is None:
+            if list(folder.glob("*/checkpoints/round-000001.json")):
+                break
+            time.sleep(0.05)
+        assert sweep.poll() is None, sweep.stderr.read().decode() if sweep.stderr else ""
+        children = [p for p in map(_holder_pid, _run_dirs(folder)) if p]
+        assert children, "no run was started"
+        sweep.kill()  # kill -9: the runs get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+        sweep.wait()
+        deadline = time.monotonic() + 120
+        while any(_alive(p) for p in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in children), "a run of the killed sweep trains on"
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert json.loads((folder / "sweep.json").read_text())["overrides"] == [*grid]
+    started = _run_dirs(folder)
+    resumable = [d for d in started if (d / "checkpoints" / "round-000001.json").exists()]
+    assert resumable and len(started) < 3 + 1
+    others = [d for d in started if d not in resumable]
+    for d in others:  # a run killed before its first checkpoint (made sure of: its folder goes)
+        shutil.rmtree(d / "checkpoints", ignore_errors=True)
+    if not others:
+        shutil.rmtree(resumable[-1] / "checkpoints")
+        others = [resumable.pop()]
+    kept = {d.name: (d / "metrics.jsonl").read_text() for d in resumable}
+
+    resumed = subprocess.Popen([EXE, "sweep", "--resume", str(folder), "--parallel", "2", "--no-plots"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while _holder_pid(folder) != resumed.pid and resumed.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert main(["sweep", "--resume", str(folder)]) == 2  # a second live sweep on the folder
+        line = _one_line(capsys.readouterr().err)
+        assert f"in use by another sweep (PID {resumed.pid}" in line
+        printed, err = resumed.communicate(timeout=900)
+    finally:
+        if resumed.poll() is None:
+            resumed.kill()
+    assert resumed.returncode == 0, printed + err
+    assert f"{len(resumable)} to resume, {len(others)} to restart" in printed
+    runs = _run_dirs(folder)
+    assert len(runs) == 3, [d.name for d in runs]  # no run twice
+    for d in runs:
+        summary = json.loads((d / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["rounds_completed"] == 3
+        assert [r["round"] for r in _records(d)] == [1, 2, 3]  # every round once
+    for name, text in kept.items():  # a resumed run keeps the rounds it had checkpointed
+        first = json.loads(text.splitlines()[0])
+        assert _records(folder / name)[0] == first
+    assert sorted(json.loads((d / "summary.json").read_text())["seed"] for d in runs) == [0, 1, 2]
+
+    # the same sweep again: everything finished, nothing runs or changes
+    before = {d.name: (d / "metrics.jsonl").read_bytes() for d in runs}
+    assert main(["sweep", *grid, "--no-plots"]) == 0
+    assert "3 finished, 0 to resume, 0 to restart" in capsys.readouterr().out
+    assert {d.name: (d / "metrics.jsonl").read_bytes() for d in _run_dirs(folder)} == before
+
+
+def test_a_different_sweep_in_a_recorded_folder_is_one_line(tmp_path, capsys):
+    folder = tmp_path / "runs" / "sw"
+    folder.mkdir(parents=True)
+    (folder / "sweep.json").write_text(json.dumps({
+        "format": "fl_lightning.sweep/1", "overrides": ["seed=0,1", "experiment=sw"], "runs": [],
+    }))  # fmt: skip
+    args = ["sweep", "seed=0,1,2", *small(tmp_path / "runs", *TINY, "experiment=sw")]
+    assert main(args) == 2
+    assert "holds another sweep" in _one_line(capsys.readouterr().err)
+    assert main(["sweep", "--resume", str(tmp_path)]) == 2
+    assert "holds no sweep" in _one_line(capsys.readouterr().err)

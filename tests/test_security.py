@@ -1,17 +1,29 @@
 """An untrusted run directory or data root cannot run code or touch files outside it, and
 every bad value is one line (exit 2) before any work starts."""
+
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
+import os
 import pickle
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fl_lightning.cli.main import main
 from fl_lightning.config import load_run_config
-from fl_lightning.core.errors import ConfigError
+from fl_lightning.core.errors import CheckpointError, ConfigError
+from fl_lightning.core.messages import ServerState
+from fl_lightning.core.strategy import Strategy
 from fl_lightning.data.registry import DATASETS
 
 from .conftest import small
@@ -248,3 +260,339 @@ def test_resume_of_a_clean_copy_runs(tmp_path, capsys, one_round_run):
     shutil.copytree(one_round_run, run_dir)
     assert main(["resume", str(run_dir), "fl.rounds=2", "--quiet"]) == 0
     assert (run_dir / "checkpoints" / "round-000002.json").is_file()
+
+
+# --- 6. checkpoints name no code: state classes of registered methods only, bounded depth --
+EXE = [sys.executable, "-m", "fl_lightning"]
+
+
+@pytest.fixture(scope="module")
+def two_rounds(tmp_path_factory, data_root) -> Path:
+    """A real tiny FedAvgM run (a state class of its own), two rounds: two checkpoints."""
+    out = tmp_path_factory.mktemp("two")
+    assert main(["run", *small(out, "runtime=serial", "method=fedavgm", "run_id=two"), "--quiet"]) == 0
+    return out / "default" / "two"
+
+
+def _copy_run(run_dir: Path, dest: Path) -> Path:
+    shutil.copytree(run_dir, dest)
+    (dest / ".lock").unlink(missing_ok=True)
+    return dest
+
+
+def _rounds(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("tamper", ["names_main_module", "names_an_unregistered_class", "deeply_nested"])
+def test_a_hostile_checkpoint_runs_nothing_and_resume_falls_back(tmp_path, two_rounds, tamper):
+    """The newest checkpoint names `fl_lightning.__main__` (importing it re-entered the CLI),
+    a dataclass no method registered, or nests 100,000 levels deep (a RecursionError): each is
+    set aside and the run resumes from round 1, ending where the untouched run ended. In a
+    subprocess: the old code's re-entered CLI ended the process it ran in."""
+    run_dir = _copy_run(two_rounds, tmp_path / "run")
+    js = run_dir / "checkpoints" / "round-000002.json"
+    doc = json.loads(js.read_text())
+    assert doc["state"]["__dataclass__"] == "fl_lightning.methods.fedavgm:FedAvgMState"
+    if tamper == "names_main_module":
+        doc["state"]["__dataclass__"] = "fl_lightning.__main__:FedAvgMState"
+    elif tamper == "names_an_unregistered_class":
+        doc["state"]["__dataclass__"] = "fl_lightning.runtime.runner:_Pending"
+    else:
+        doc["state"]["fields"]["round"] = "DEEP"
+    text = json.dumps(doc)
+    if tamper == "deeply_nested":
+        text = text.replace('"DEEP"', "[" * 100_000 + "]" * 100_000)
+    js.write_text(text)
+    r = subprocess.run([*EXE, "resume", str(run_dir), "fl.rounds=2", "--quiet"], capture_output=True,
+                       text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    warned = [ln for ln in r.stderr.splitlines() if "skipped checkpoint round-000002" in ln]
+    assert len(warned) == 1 and "resuming from round 1" in warned[0], r.stderr[-3000:]
+    assert (run_dir / "checkpoints" / "skipped" / "round-000002.json").is_file()  # set aside
+    assert [x["accuracy"] for x in _rounds(run_dir)] == [x["accuracy"] for x in _rounds(two_rounds)]
+
+
+@dataclasses.dataclass
+class _Inner:
+    scale: torch.Tensor
+
+
+@dataclasses.dataclass
+class _OutsideState(ServerState):
+    inner: _Inner | None = None
+
+
+class _Outside(Strategy):
+    """A method of another package (here: this test module)."""
+
+    state_cls = _OutsideState
+
+
+def test_a_method_registered_outside_the_package_registers_its_state_class():
+    """What `METHODS.register` does for a method defined anywhere: its state class, and the
+    dataclasses its fields name, become loadable from a checkpoint; before, neither is."""
+    from fl_lightning.core.registry import Registry
+    from fl_lightning.core.state_classes import register_state_classes, state_class
+    from fl_lightning.runtime import checkpoint
+
+    state = _OutsideState(round=3, global_params=None, inner=_Inner(torch.ones(2)))
+    tensors: dict = {}
+    tree = json.loads(json.dumps(checkpoint._encode(state, tensors)))
+    with pytest.raises(CheckpointError, match="not a state class of a registered method"):
+        checkpoint._decode(tree, tensors)  # not registered yet
+    assert state_class(f"{__name__}:_OutsideState") is None
+    Registry("method", on_register=register_state_classes).register("outside")(_Outside)
+    assert state_class(f"{__name__}:_OutsideState") is _OutsideState
+    assert state_class(f"{__name__}:_Inner") is _Inner
+    back = checkpoint._decode(tree, tensors)
+    assert back.round == 3 and torch.equal(back.inner.scale, torch.ones(2))
+
+
+# --- 7. failures of the machine, not the user: one line, nothing lost ----------------------
+def _cli(*argv: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EXE, *argv], capture_output=True, text=True, timeout=600, **kw)
+
+
+def _error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("fl-lightning: error: ")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+def _no_temporaries(run_dir: Path) -> None:
+    left = [p.name for p in run_dir.rglob("*") if ".tmp" in p.name or p.name.endswith(".part")]
+    assert left == [], f"temporary files left behind: {left}"
+
+
+def _limit_file_size(limit: int):
+    import resource
+
+    def preexec() -> None:  # in the child: every file it writes stops at `limit` bytes (EFBIG)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return preexec
+
+
+def test_a_file_size_limit_during_a_checkpoint_is_one_line_and_resumable(tmp_path, data_root):
+    """RLIMIT_FSIZE below a checkpoint's size (a quota): the checkpoint write fails with EFBIG.
+    One line, exit 1, no temporary file, summary.json saying why; resumed without the limit,
+    the run finishes."""
+    args = small(tmp_path, "runtime=serial", "run_id=r")
+    r = _cli("run", *args, "--quiet", preexec_fn=_limit_file_size(1 << 20))
+    run_dir = tmp_path / "default" / "r"
+    assert r.returncode == 1
+    line = _error_line(r.stderr)
+    assert "round-000001.pt" in line and "File too large" in line and "resume" in line
+    _no_temporaries(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "File too large" in summary["error"]
+    assert main(["resume", str(run_dir), "--quiet"]) == 0
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real small file system (tmpfs), mounted for the test; skipped where mounting is not
+    allowed (not root)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+
+    def mount(size: int) -> Path:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                           capture_output=True, text=True)  # fmt: skip
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        return mnt
+
+    yield mount
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(tmp_path, data_root, tiny_disk):
+    """A disk with room for round 1's checkpoint but not round 2's: one line, exit 1, no
+    temporary file left (it would fill the disk), summary.json written and saying why, round 1's
+    checkpoint intact; on a larger disk, `resume` finishes the run."""
+    probe = tmp_path / "probe"
+    assert main(["run", *small(probe, "runtime=serial", "fl.rounds=1", "run_id=p"), "--quiet"]) == 0
+    ckpt = (probe / "default" / "p" / "checkpoints" / "round-000001.pt").stat().st_size
+    disk = tiny_disk(ckpt + ckpt // 2 + (1 << 20))  # round 1's checkpoint, the run's small files
+    args = small(disk, "runtime=serial", "run_id=r")
+    r = _cli("run", *args, "--quiet")
+    run_dir = disk / "default" / "r"
+    assert r.returncode == 1
+    line = _error_line(r.stderr)
+    assert "round-000002.pt" in line and "No space left on device" in line
+    _no_temporaries(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "No space left on device" in summary["error"]
+    moved = tmp_path / "moved"
+    shutil.copytree(run_dir, moved)
+    (moved / ".lock").unlink()
+    assert main(["resume", str(moved), "--quiet"]) == 0
+    assert [x["round"] for x in _rounds(moved)] == [1, 2]
+
+
+def test_a_run_directory_removed_mid_run_is_one_line(tmp_path, data_root):
+    """`rm -rf` of the run directory while it trains: one line, exit 1, and the run does not
+    create it again (nothing half-made appears where it was)."""
+    args = small(tmp_path, "runtime=serial", "fl.rounds=30", "run_id=r")
+    run_dir = tmp_path / "default" / "r"
+    proc = subprocess.Popen([*EXE, "run", *args, "--quiet"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while (
+            not (run_dir / "metrics.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        while run_dir.exists():  # the run may add a file while the tree is removed
+            shutil.rmtree(run_dir, ignore_errors=True)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "removed" in _error_line(err)
+    assert not run_dir.exists()
+
+
+def test_ray_that_does_not_start_is_one_line(tmp_path, data_root):
+    """Ray's start-up timing out under load ("The current node timed out during startup"),
+    made real by stopping the new Ray's raylet (SIGSTOP) before it registers: one line, exit 1.
+    ~30 s: Ray's own wait."""
+    out = tmp_path / "out"
+    args = small(out, "runtime=ray", "runtime.early_start=false", "fl.rounds=1")
+    proc = subprocess.Popen([*EXE, "run", *args, "--quiet"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    mark = f"FL_LIGHTNING_RAY_OWNER={proc.pid}-".encode()
+    stopped: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not stopped and proc.poll() is None and time.monotonic() < deadline:
+            for pid in _pids():
+                if _is_raylet_of(pid, mark):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+                    break
+            time.sleep(0.01)
+        assert stopped, "no raylet seen"
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in stopped:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 1
+    line = _error_line(err)
+    assert "Ray did not start" in line and "timed out during startup" in line
+    (summary,) = out.glob("default/*/summary.json")
+    assert "Ray did not start" in json.loads(summary.read_text())["error"]
+
+
+def _pids() -> list[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+
+
+def _is_raylet_of(pid: int, mark: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if not f.read().split(b"\0")[0].endswith(b"raylet"):
+                return False
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return any(e.startswith(mark) for e in f.read().split(b"\0"))
+    except OSError:
+        return False
+
+
+def test_a_hostile_pickle_as_text_pretrained_is_one_line(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    weights = tmp_path / "weights.pt"
+    weights.write_bytes(pickle.dumps(_Hostile(marker), protocol=2))
+    out = tmp_path / "out"
+    args = ["run", "method=fedglcl", "text=clip", f"text.pretrained={weights}", *QUICK, f"output_dir={out}"]
+    assert main(args) == 2
+    err = _one_line_error(capsys)
+    assert "text.pretrained=" in err and "refused" in err
+    assert not marker.exists() and not out.exists()
+
+
+# --- 8. compare over a hostile runs folder ------------------------------------------------
+def _hostile_runs(root: Path, good: Path, outside: Path, marker: Path) -> None:
+    """A runs folder as someone hostile could hand it over: one real run, and beside it runs
+    whose files are pickles, links, FIFOs, huge or deeply nested JSON, garbage lines and YAML
+    tags, names with terminal escapes."""
+    shutil.copytree(good, root / "real")
+    (root / "real" / "checkpoints" / "round-000001.pt").write_bytes(pickle.dumps(_Hostile(marker)))
+    payload = pickle.dumps(_Hostile(marker), protocol=2)
+    runs = {
+        "pickled": {"summary.json": payload, "metrics.jsonl": payload},
+        "deep": {"summary.json": b"[" * 100_000 + b"]" * 100_000},
+        "huge": {"summary.json": b'{"method": "huge"' + b" " * (4 << 20) + b"}"},
+        "list": {"summary.json": b"[1, 2, 3]"},
+        "typed": {
+            "summary.json": json.dumps({"method": ["a", "b"], "seed": "zero", "primary_metric": 7,
+                                        "rounds_completed": "x", "wall_time_s": [1]}).encode(),
+            "config.yaml": f"optim: !!python/object/apply:os.system ['touch {marker}']\n".encode(),
+        },
+        "garbage": {
+            "summary.json": json.dumps({"method": "garbage\x1b]0;pwned\x07", "seed": 0,
+                                        "status": "completed", "primary_metric": "accuracy"}).encode(),
+            "metrics.jsonl": b"\n".join([
+                b"\x00\xff binary", b"[1, 2]", b'"text"', b'{"round": "x", "accuracy": 0.9}',
+                b'{"round": 1, "accuracy": "high"}', b'{"round": 2, "accuracy": 0.5, "train_loss": 1.0}',
+                b'{"round": 3, "accuracy": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", b'{"round": 4, "acc',
+            ]),
+            "config.yaml": b"a: " + b"[" * 50_000 + b"]" * 50_000 + b"\n",
+        },
+    }  # fmt: skip
+    for name, files in runs.items():
+        (root / name).mkdir()
+        for fname, data in files.items():
+            (root / name / fname).write_bytes(data)
+    (outside / "summary.json").write_text(json.dumps({"method": "stolen", "seed": 0}))
+    (root / "linked").mkdir()
+    (root / "linked" / "summary.json").symlink_to(outside / "summary.json")
+    (root / "fifo").mkdir()
+    (root / "fifo" / "summary.json").write_text(json.dumps({"method": "fifo", "seed": 0}))
+    os.mkfifo(root / "fifo" / "metrics.jsonl")  # reading it would block for ever
+    (root / "elsewhere").symlink_to(outside, target_is_directory=True)
+
+
+def test_compare_over_a_hostile_runs_folder_changes_nothing_outside_and_runs_nothing(
+    tmp_path, capsys, one_round_run
+):
+    root, outside, marker = tmp_path / "runs", tmp_path / "outside", tmp_path / "pwned"
+    root.mkdir()
+    outside.mkdir()
+    _hostile_runs(root, one_round_run, outside, marker)
+    (outside / "precious.png").write_bytes(b"not yours")
+    (outside / "precious.json").write_text("{}")
+    (root / "compare").symlink_to(outside, target_is_directory=True)
+    before = _snapshot(outside)
+
+    assert main(["compare", str(root)]) == 2  # its output folder is a link: refused
+    assert "compare" in _one_line_error(capsys)
+    (root / "compare").unlink()
+    (root / "compare").mkdir()  # links planted where the plots and compare.json go
+    for name in (
+        "accuracy_vs_round.png",
+        "accuracy_vs_round_fedavg.png",
+        "compare.json",
+        ".compare.json.tmp",
+    ):
+        (root / "compare" / name).symlink_to(
+            outside / ("precious.png" if name.endswith("png") else "precious.json")
+        )
+    assert main(["compare", str(root), "--by", "method"]) == 0
+    printed = capsys.readouterr()
+    assert "Traceback" not in printed.err
+    assert _snapshot(outside) == before and not marker.exists()
+    assert "fedavg" in printed.out and "garbage?]0;pwned?" in printed.out and "stolen" not in printed.out
+    assert "huge" not in printed.out and "fifo" not in printed.out
+    groups = {g["group"]: g for g in json.loads((root / "compare" / "compare.json").read_text())["groups"]}
+    assert groups["garbage?]0;pwned?"]["final"]["mean"] == 0.5  # its one good line
+    assert not any(p.is_symlink() for p in (root / "compare").iterdir())

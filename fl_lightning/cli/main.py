@@ -12,7 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-from ..core.errors import CheckpointError, ClientFailure, ConfigError, DivergedError, Terminated
+from ..core.errors import (
+    CheckpointError,
+    ClientFailure,
+    ConfigError,
+    DivergedError,
+    StartupError,
+    Terminated,
+)
 
 USAGE_EXAMPLE = (
     "fl-lightning run method=fedavg data=fmnist fl.rounds=5 fl.num_clients=10 "
@@ -48,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     sw.add_argument("--dry-run", action="store_true", help="print the runs, run nothing")
     sw.add_argument("--no-plots", action="store_true", help="no accuracy-vs-round PNGs at the end")
+    sw.add_argument(
+        "--resume", default=None, metavar="FOLDER",
+        help="continue the sweep recorded in FOLDER (its sweep.json): finished runs are skipped",
+    )  # fmt: skip
     rep = sub.add_parser(
         "reproduce",
         help="run a paper's claims grid (conf/reproduce/<paper>.yaml) and write its report",
@@ -136,6 +147,15 @@ def _seeds(text: str | None) -> list[int] | None:
     return seeds
 
 
+def _warn(summary: dict) -> None:
+    """A finished run that learned nothing says so (summary.json `warning`)."""
+    from ..tracking.chance import chance_line
+
+    line = chance_line(summary)
+    if line:
+        print(f"fl-lightning: warning: {line}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..lean_imports import install
 
@@ -187,10 +207,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.quiet:
                 metric = summary.get("primary_metric", "accuracy")  # c_ap for multi-label data
                 print(f"final_{metric}={summary.get(f'final_{metric}')}")
+            _warn(summary)
         elif args.cmd == "sweep":
+            from ..runtime.paths import resolve_run_path
             from .sweep import sweep_command
 
-            return sweep_command(args.overrides, args.parallel, args.dry_run, not args.no_plots)
+            folder = resolve_run_path(args.resume) if args.resume else None
+            return sweep_command(args.overrides, args.parallel, args.dry_run, not args.no_plots, folder)
         elif args.cmd == "reproduce":
             from .reproduce import reproduce_command
 
@@ -236,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             RunLock(run_dir).acquire().release()  # busy: one line now, not after the imports below
             from ..runtime.runner import resume_run
 
-            resume_run(run_dir, cfg, console=not args.quiet)
+            _warn(resume_run(run_dir, cfg, console=not args.quiet))
     except ConfigError as e:
         print(f"fl-lightning: error: {e}", file=sys.stderr)
         return 2
@@ -247,8 +270,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    except (CheckpointError, ClientFailure) as e:
+    except (CheckpointError, ClientFailure, StartupError) as e:
         print(f"fl-lightning: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the disk, not the user: full, or the run directory removed mid-run
+        from ..runtime.outcome import os_error_line
+
+        print(f"fl-lightning: error: {os_error_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         from ..runtime.signals import terminated

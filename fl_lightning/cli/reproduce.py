@@ -22,7 +22,6 @@ from pathlib import Path
 
 from ..config import compose, conf_dir
 from ..core.errors import ConfigError
-from ..runtime.lock import RunLock
 from ..runtime.paths import resolve_output_dir
 from ..tracking.reproduce import (
     SCALES,
@@ -34,7 +33,7 @@ from ..tracking.reproduce import (
     read_run,
     run_name,
 )
-from .sweep import SweepRun, run_grid
+from .sweep import SweepRun, continue_run, run_grid, sweep_lock
 
 
 def specs() -> dict[str, Path]:
@@ -86,21 +85,13 @@ def plan(
                 cfg = compose(args)
             except ConfigError as e:
                 raise ConfigError(f"{spec.name} row {row.id!r}: {e}") from None
-            run_dir = out / experiment / name
-            state = read_run(run_dir)
-            run = SweepRun(len(todo), args, cfg, run_dir)
-            if is_finished(state, int(cfg.fl.rounds)):
+            run = SweepRun(len(todo), args, cfg, out / experiment / name)
+            need = continue_run(run)  # as a resumed sweep: finished, resume, restart or new
+            if need == "finished":
                 done.append(run)
                 continue
-            if state.status != "missing":
-                RunLock(run_dir).acquire().release()  # held by another process: one line, nothing touched
-                last = max((int(r["round"]) for r in state.records if "round" in r), default=0)
-                if (run_dir / "checkpoints").is_dir() and last < int(cfg.fl.rounds):
-                    # killed mid-run, or finished with fewer rounds than the scale now asks:
-                    # continue from its last checkpoint
-                    run.resume = True
-                else:  # killed before its first checkpoint, or after its last line: run it again
-                    wipe.append(run_dir)
+            if need == "restart":
+                wipe.append(run.run_dir)
             todo.append(run)
     return todo, done, wipe
 
@@ -181,12 +172,13 @@ def reproduce_command(
                 verb = f"resume {r.run_dir}" if r.resume else "run " + " ".join(r.overrides)
                 print(f"  fl-lightning {verb}")
             return 0
-        if steps:
-            run_prepare(steps, folder / "logs")
-        for path in wipe:
-            shutil.rmtree(path)
-        if todo:
-            run_grid(todo, parallel, folder / "logs", ["run_id"])
+        with sweep_lock(runs_dir):  # one reproduction at a time in its folder
+            if steps:
+                run_prepare(steps, folder / "logs")
+            for path in wipe:
+                shutil.rmtree(path)
+            if todo:
+                run_grid(todo, parallel, folder / "logs", ["run_id"])
     report, numbers = build_report(spec, scale, runs_dir, seeds, command)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(report)

@@ -21,24 +21,38 @@ At the end the sweep prints the comparison table of its runs and writes the plot
 Each run takes its run directory's lock like `fl-lightning run` (`runtime/lock.py`); a run
 that fails (diverged, clients failed, its directory taken by another process, ...) is
 listed as FAILED with its one-line reason and the sweep goes on with the next.
+
+A sweep can be continued. Its folder records its grid (`sweep.json`: the command's overrides
+and each run's), and the sweep holds the folder's lock while it runs (a second sweep there
+gets one line naming it). Running the same sweep again (the same overrides; without
+`experiment=`, the newest unfinished `sweep_*` folder with that grid), or
+`fl-lightning sweep --resume <folder>`, skips the runs that finished (completed, or stopped for
+good by divergence), resumes the ones a kill interrupted from their last checkpoint, and
+starts again those killed before they wrote one (`continue_run`, shared with `reproduce`).
+Children of a killed `--parallel` sweep die with it (`_die_with_parent`), so nothing of the
+old sweep trains beside the resumed one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import CheckpointError, ClientFailure, ConfigError, DivergedError
-from ..runtime.lock import check_output_dir
+from ..core.errors import CheckpointError, ClientFailure, ConfigError, DivergedError, StartupError
+from ..core.files import open_new
+from ..core.safe_json import load_file
+from ..runtime.lock import RunDirBusy, RunLock, check_output_dir
 from ..runtime.paths import resolve_output_dir
 from .progress import RoundMonitor, monitored
 
@@ -101,36 +115,170 @@ class SweepRun:
         return " ".join(shown) or f"run {self.index}"
 
 
-def plan_sweep(overrides: Sequence[str]) -> tuple[list[SweepRun], list[str], str]:
-    """Compose and validate every grid point; returns the runs, swept keys and experiment."""
+SWEEP_FILE = "sweep.json"
+SWEEP_FORMAT = "fl_lightning.sweep/1"
+
+
+def read_record(folder: Path) -> dict[str, Any] | None:
+    """A sweep folder's record (`sweep.json`), None if it has none; ConfigError if it is not one
+    (the folder is untrusted: bounded JSON, a plain file, the expected shape)."""
+    path = folder / SWEEP_FILE
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        doc = load_file(path, 16 << 20)
+        args = [r.get("args") for r in doc["runs"]]
+        ok = (
+            doc.get("format") == SWEEP_FORMAT
+            and all(isinstance(a, list) and all(isinstance(x, str) for x in a) for a in args)
+            and all(isinstance(o, str) for o in doc["overrides"])
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{path} is not a sweep record ({e})") from None
+    if not ok:
+        raise ConfigError(f"{path} is not a sweep record (format {SWEEP_FORMAT})")
+    return doc
+
+
+def _write_record(folder: Path, overrides: Sequence[str], runs: Sequence[SweepRun]) -> None:
+    doc = {
+        "format": SWEEP_FORMAT,
+        "overrides": list(overrides),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "runs": [{"run_id": r.run_dir.name, "args": r.overrides} for r in runs],
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{SWEEP_FILE}.tmp"
+    with open_new(tmp) as f:
+        f.write((json.dumps(doc, indent=1) + "\n").encode())
+    tmp.replace(folder / SWEEP_FILE)
+
+
+def _unfinished_sweep(output_dir: Path, overrides: Sequence[str]) -> Path | None:
+    """The newest `sweep_*` folder under `output_dir` recording this grid with a run unfinished."""
     from ..config import compose
 
+    for folder in sorted(output_dir.glob("sweep_*"), reverse=True):
+        try:
+            doc = read_record(folder)
+        except ConfigError:
+            continue
+        if doc is None or doc["overrides"] != list(overrides):
+            continue
+        for r in doc["runs"]:
+            cfg = compose(r["args"])
+            if continue_run(SweepRun(0, r["args"], cfg, folder / cfg.run_id), check_lock=False) != "finished":
+                return folder
+    return None
+
+
+def plan_sweep(
+    overrides: Sequence[str], resume: Path | None = None
+) -> tuple[list[SweepRun], list[str], str, Path]:
+    """Compose and validate every grid point; returns the runs, swept keys, experiment and the
+    sweep's folder. A folder that records this grid (`resume`'s, the named experiment's, or
+    the newest unfinished `sweep_*` one) gives its runs back, as they were named."""
+    from ..config import compose
+
+    if resume is not None:
+        doc = read_record(resume)
+        if doc is None:
+            raise ConfigError(f"{resume} holds no sweep ({SWEEP_FILE}): nothing to resume")
+        overrides = doc["overrides"]
     grid, swept = expand(overrides)
-    keys = [o.split("=", 1)[0] for o in overrides]
+    keys = [o.split("=", 1)[0].lstrip("+") for o in overrides]
     if "run_id" in keys and len(grid) > 1:
         raise ConfigError("run_id cannot be set in a sweep of several runs (each run names its own)")
+    if "experiment" in swept or "output_dir" in swept:
+        raise ConfigError("a sweep's runs share one folder: experiment and output_dir cannot be swept")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     extra: list[str] = []
-    if "experiment" not in keys:
-        experiments = {compose(grid[0]).experiment}
-        if experiments == {"default"} and not any(k == "+experiment" for k in keys):
-            extra.append(f"experiment=sweep_{stamp}")
+    if resume is None:
+        first = compose(grid[0])
+        if first.experiment == "default" and "experiment" not in keys:
+            resume = _unfinished_sweep(resolve_output_dir(first.output_dir), overrides)
+            if resume is None:
+                extra.append(f"experiment=sweep_{stamp}")
+        else:
+            named = resolve_output_dir(first.output_dir) / first.experiment
+            doc = read_record(named)
+            if doc is not None and doc["overrides"] != list(overrides):
+                raise ConfigError(
+                    f"{named} holds another sweep ({' '.join(doc['overrides'])}): continue it with "
+                    f"`fl-lightning sweep --resume {named}`, or name another experiment="
+                )
+            resume = named if doc is not None else None
+    if resume is not None:  # the recorded runs, as they were named
+        doc = read_record(resume)
+        assert doc is not None
+        if len(doc["runs"]) != len(grid):
+            raise ConfigError(f"{resume / SWEEP_FILE} does not record this grid")
+        points = [list(r["args"]) for r in doc["runs"]]
+    else:
+        points = [[*p, *extra] for p in grid]
     runs: list[SweepRun] = []
-    for i, point in enumerate(grid):
-        cfg = compose([*point, *extra])
-        args = [*point, *extra]
-        if "run_id" not in keys:
+    for i, args in enumerate(points):
+        cfg = compose(args)
+        if resume is None and "run_id" not in keys:
             rid = f"{cfg.method.name}_{cfg.data.name}_s{cfg.seed}_{stamp}_{i:03d}"
             args.append(f"run_id={rid}")
             cfg = compose(args)
         run_dir = resolve_output_dir(cfg.output_dir) / cfg.experiment / cfg.run_id
-        if run_dir.exists():
+        if resume is None and run_dir.exists():
             raise ConfigError(f"run directory {run_dir} exists")
         runs.append(SweepRun(i, args, cfg, run_dir))
+    folder = runs[0].run_dir.parent
+    if resume is not None and folder.resolve() != resume.resolve():
+        raise ConfigError(f"{resume / SWEEP_FILE} records runs of another folder ({folder})")
     for run in runs:  # a file in the way, not writable: before the first run starts
         check_output_dir(run.run_dir.parent, str(run.cfg.output_dir))
-    names = sorted({r.cfg.experiment for r in runs})
-    return runs, swept, ", ".join(names)
+    return runs, swept, runs[0].cfg.experiment, folder
+
+
+def continue_run(run: SweepRun, check_lock: bool = True) -> str:
+    """What grid point `run` needs, from its run directory: `finished` (completed its rounds,
+    or stopped for good by divergence), `new` (no directory), `resume` (killed mid-run, or
+    finished fewer rounds than it now asks: continue from its last checkpoint; sets
+    `run.resume`) or `restart` (killed before its first checkpoint: its leftovers go). A run
+    directory held by a live process is RunDirBusy (one line), unless `check_lock` is False."""
+    from ..tracking.reproduce import is_finished, read_run
+
+    rounds = int(run.cfg.fl.rounds)
+    state = read_run(run.run_dir)
+    if is_finished(state, rounds):
+        return "finished"
+    if state.status == "missing":
+        return "new"
+    if check_lock:
+        RunLock(run.run_dir).acquire().release()  # held by another process: one line, nothing touched
+    last = max((int(r["round"]) for r in state.records if "round" in r), default=0)
+    if (run.run_dir / "checkpoints").is_dir() and last < rounds:
+        run.resume = True
+        return "resume"
+    return "restart"
+
+
+def _finished_status(run_dir: Path) -> str:
+    from ..tracking.reproduce import read_run
+
+    return read_run(run_dir).status
+
+
+@contextlib.contextmanager
+def sweep_lock(folder: Path) -> Iterator[None]:
+    """Hold `folder`'s lock for a whole sweep (or reproduction): a second one there is one line."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(folder)
+    try:
+        lock.acquire()
+    except RunDirBusy as e:
+        raise ConfigError(
+            f"sweep folder {folder} is in use by another sweep ({e.holder}); wait for it to end"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _result_line(run: SweepRun, total: int, swept: Sequence[str]) -> str:
@@ -146,9 +294,10 @@ def _result_line(run: SweepRun, total: int, swept: Sequence[str]) -> str:
     fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
     if s.get("status", "completed") != "completed":
         return f"{head}: FAILED: {s.get('status')} after {s.get('rounds_completed')} rounds  {run.run_dir}"
+    warning = f"  WARNING: {s['warning']}" if s.get("warning") else ""  # e.g. no better than chance
     return (
         f"{head}: final {metric} {fmt(acc)}, best {fmt(best)}, "
-        f"{s.get('rounds_completed')} rounds, {s.get('wall_time_s', 0.0):.1f}s  {run.run_dir}"
+        f"{s.get('rounds_completed')} rounds, {s.get('wall_time_s', 0.0):.1f}s  {run.run_dir}{warning}"
     )
 
 
@@ -164,7 +313,8 @@ def _run_inline(run: SweepRun) -> None:
         else:
             start_run(run.cfg, console=False)
         run.status = "ok"
-    except (ClientFailure, CheckpointError, ConfigError, RuntimeError) as e:  # (its run dir taken, ...)
+    except (ClientFailure, CheckpointError, ConfigError, StartupError, RuntimeError, OSError) as e:
+        # (its run dir taken, a full disk, ...)
         why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         run.status, run.message = "failed", f"diverged: {why}" if isinstance(e, DivergedError) else why
 
@@ -229,7 +379,7 @@ def _run_parallel(
             while queue and len(active) < parallel:
                 run = queue.pop(0)
                 log = log_dir / f"{run.index:03d}_{run.run_dir.name}.log"
-                fh = open(log, "w")
+                fh = open(log, "a")  # a resumed sweep adds to it
                 what = ["run", *run.overrides]
                 if run.resume:
                     what = ["resume", str(run.run_dir), f"fl.rounds={run.cfg.fl.rounds}"]
@@ -270,34 +420,67 @@ def _run_parallel(
             fh.close()
 
 
-def run_grid(runs: list[SweepRun], parallel: int, log_dir: Path, swept: Sequence[str]) -> None:
+def run_grid(
+    runs: list[SweepRun], parallel: int, log_dir: Path, swept: Sequence[str], total: int | None = None
+) -> None:
     """Run `runs` one after another on one Ray, or `parallel` at a time in subprocesses
-    (their output in `log_dir`), with a line per round of every run and one per result."""
+    (their output in `log_dir`), with a line per round of every run and one per result.
+    `total`: the grid's size, when `runs` is what is left of it."""
+    total = total or len(runs)
     with RoundMonitor(sys.stdout) as monitor:  # a line per round of every run: never silent
         if parallel == 1:
             with _shared_ray(runs):
                 for r in runs:
-                    label = f"[{r.index + 1}/{len(runs)}] {r.label(swept)}"
+                    label = f"[{r.index + 1}/{total}] {r.label(swept)}"
                     monitored(monitor, r.run_dir, label, int(r.cfg.fl.rounds), partial(_run_inline, r))
-                    print(_result_line(r, len(runs), swept), flush=True)
+                    print(_result_line(r, total, swept), flush=True)
         else:
-            _run_parallel(runs, parallel, log_dir, len(runs), swept, monitor)
+            _run_parallel(runs, parallel, log_dir, total, swept, monitor)
 
 
 def sweep_command(
-    overrides: Sequence[str], parallel: int = 1, dry_run: bool = False, plots: bool = True
+    overrides: Sequence[str],
+    parallel: int = 1,
+    dry_run: bool = False,
+    plots: bool = True,
+    resume: Path | None = None,
 ) -> int:
     if parallel < 1:
         raise ConfigError(f"--parallel must be >= 1 (got {parallel})")
-    runs, swept, experiment = plan_sweep(overrides)
-    out = runs[0].run_dir.parent
+    if resume is not None and overrides:
+        raise ConfigError("sweep --resume takes no overrides: the grid is the one its folder records")
+    runs, swept, experiment, out = plan_sweep(overrides, resume)
     mode = "one after another" if parallel == 1 else f"{parallel} at a time, one process each"
-    print(f"sweep: {len(runs)} runs ({mode}) of experiment {experiment} in {out}", flush=True)
-    if dry_run:
+    with contextlib.ExitStack() as stack:
+        if not dry_run:
+            stack.enter_context(sweep_lock(out))  # one sweep at a time in a folder
+        need = {r.index: continue_run(r) for r in runs}
+        todo = [r for r in runs if need[r.index] != "finished"]
+        counts = {k: sum(v == k for v in need.values()) for k in ("finished", "resume", "restart")}
+        again = (
+            f"; {counts['finished']} finished, {counts['resume']} to resume, {counts['restart']} to restart"
+        )
+        print(
+            f"sweep: {len(runs)} runs ({mode}) of experiment {experiment} in {out}"
+            + (again if len(todo) < len(runs) or counts["resume"] or counts["restart"] else ""),
+            flush=True,
+        )
+        if dry_run:
+            for r in todo:
+                what = f"resume {r.run_dir}" if r.resume else "run " + " ".join(r.overrides)
+                print(f"  fl-lightning {what}")
+            return 0
+        if read_record(out) is None:
+            _write_record(out, overrides, runs)
+        for r in todo:
+            if need[r.index] == "restart":  # killed before its first checkpoint: start it again
+                shutil.rmtree(r.run_dir)
         for r in runs:
-            print(f"  fl-lightning run {' '.join(r.overrides)}")
-        return 0
-    run_grid(runs, parallel, out / "sweep_logs", swept)
+            if need[r.index] == "finished":  # before: completed, or stopped for good
+                status = _finished_status(r.run_dir)
+                r.status, r.message = ("ok", "") if status == "completed" else ("failed", status)
+                print(_result_line(r, len(runs), swept), flush=True)
+        run_grid(todo, parallel, out / "sweep_logs", swept, total=len(runs))
     done = [r for r in runs if r.status == "ok"]
     failed = [r for r in runs if r.status != "ok"]
     if done:

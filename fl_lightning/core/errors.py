@@ -13,6 +13,10 @@ class ClientFailure(RuntimeError):
     """More clients failed in a round than `fl.max_client_failures` allows."""
 
 
+class StartupError(RuntimeError):
+    """Ray could not be started or joined (an overloaded machine, an unreachable cluster)."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (`kill`, `ray job stop`, a scheduler's pre-emption): the run stops as on Ctrl-C,
     marked `interrupted` and resumable; the CLI exits 143 (128 + SIGTERM)."""

@@ -14,15 +14,21 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str) -> None:
+    """`on_register(obj)` runs for every entry registered (METHODS: declares the method's
+    checkpoint state classes, `core/state_classes.py`)."""
+
+    def __init__(self, kind: str, on_register: Callable[[T], None] | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
+        self._on_register = on_register
 
     def register(self, name: str) -> Callable[[T], T]:
         def deco(obj: T) -> T:
             if name in self._entries and self._entries[name] is not obj:
                 raise KeyError(f"{self.kind} {name!r} is already registered")
             self._entries[name] = obj
+            if self._on_register is not None:
+                self._on_register(obj)
             return obj
 
         return deco

@@ -27,11 +27,13 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import ConfigError
 from ..core.registry import METHOD_ENTRY_POINTS, Registry
+from ..core.state_classes import register_state_classes
 
 if TYPE_CHECKING:
     from ..core.strategy import Strategy
 
-METHODS: Registry[type[Strategy]] = Registry("method")
+# a method's state classes are what its checkpoints may rebuild (nothing is imported then)
+METHODS: Registry[type[Strategy]] = Registry("method", on_register=register_state_classes)
 
 #: a module name as `methods=` takes it: dotted identifiers, nothing else (no paths)
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")

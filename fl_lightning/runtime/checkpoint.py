@@ -11,13 +11,17 @@ Clients' resident state is collected from the hosts and written one file per cli
 checkpoint: cost and driver memory follow the clients sampled, not all clients). The
 round's JSON holds the index client id -> round of that client's newest file; files no
 kept checkpoint names are deleted.
+
+A checkpoint is untrusted input (run directories are shared): tensors load with
+`weights_only=True`, JSON nesting is bounded (`core/safe_json.py`), and the dataclasses it
+names are looked up among the registered methods' state classes (`core/state_classes.py`),
+never imported. A write that fails (a full disk) removes its temporary file.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -30,7 +34,10 @@ import torch
 from ..core.errors import CheckpointError
 from ..core.files import open_new
 from ..core.messages import ServerState
+from ..core.safe_json import loads
+from ..core.state_classes import class_name, state_class
 from ..core.types import ClientId, ClientState
+from .outcome import os_cause
 
 FORMAT = "fl_lightning.checkpoint/2"
 KEEP = 2
@@ -42,9 +49,8 @@ def _encode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
         tensors[key] = obj.detach().cpu()
         return {"__tensor__": key}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        cls = type(obj)
         return {
-            "__dataclass__": f"{cls.__module__}:{cls.__qualname__}",
+            "__dataclass__": class_name(type(obj)),
             "fields": {f.name: _encode(getattr(obj, f.name), tensors) for f in dataclasses.fields(obj)},
         }
     if isinstance(obj, dict):  # keys keep their type (client ids are ints)
@@ -66,23 +72,28 @@ def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if "__dict__" in obj:
         return {_decode(k, tensors): _decode(v, tensors) for k, v in obj["__dict__"]}
     if "__dataclass__" in obj:
-        module, _, name = obj["__dataclass__"].partition(":")
-        if not module.startswith("fl_lightning."):  # never instantiate foreign classes
-            raise CheckpointError(f"checkpoint names a foreign class {obj['__dataclass__']!r}")
-        cls = getattr(importlib.import_module(module), name)
-        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
-            raise CheckpointError(f"checkpoint names a non-state class {obj['__dataclass__']!r}")
+        cls = state_class(str(obj["__dataclass__"]))  # a lookup, never an import
+        if cls is None:
+            named = str(obj["__dataclass__"])[:200]
+            raise CheckpointError(f"checkpoint names {named!r}, not a state class of a registered method")
         return cls(**{k: _decode(v, tensors) for k, v in obj["fields"].items()})
     raise CheckpointError("unrecognised checkpoint structure")
 
 
 def _atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open_new(tmp) as f:  # not through a link planted under this name
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    try:
+        with open_new(tmp) as f:  # not through a link planted under this name
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException as e:  # a full disk, Ctrl-C: no half-written temporary stays behind
+        tmp.unlink(missing_ok=True)
+        cause = os_cause(e)  # torch's zip writer turns a failed write into a RuntimeError
+        if isinstance(e, Exception) and cause is not None and cause is not e:
+            raise OSError(cause.errno, cause.strerror, str(path)) from e
+        raise
 
 
 def _sha256(path: Path) -> str:
@@ -105,7 +116,8 @@ def save_client_states(
     written: dict[ClientId, int] = {}
     for cid, st in states:
         path = _client_file(run_dir, cid, rnd)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.parent.mkdir(exist_ok=True)  # not the run directory itself: see `save`
+        path.parent.mkdir(exist_ok=True)
         tensors: dict[str, torch.Tensor] = {}
         doc = {"tree": json.dumps(_encode(st, tensors)), "tensors": tensors}
 
@@ -121,7 +133,7 @@ def load_client_state(run_dir: Path, cid: ClientId, rnd: int) -> ClientState:
     path = _client_file(run_dir, cid, rnd)
     try:
         doc = torch.load(path, map_location="cpu", weights_only=True)
-        state = _decode(json.loads(doc["tree"]), doc["tensors"])
+        state = _decode(loads(doc["tree"]), doc["tensors"])
     except Exception as e:  # any failure to read it back means a missing or corrupt file
         raise CheckpointError(f"client state {path} is missing or corrupt: {type(e).__name__}") from None
     if not isinstance(state, dict):
@@ -134,7 +146,7 @@ def save(
 ) -> Path:
     """Commit round `state.round`: its tensors, then the JSON (with the client-state index)."""
     ckdir = Path(run_dir) / "checkpoints"
-    ckdir.mkdir(parents=True, exist_ok=True)
+    ckdir.mkdir(exist_ok=True)  # not its parents: a run directory removed mid-run stays removed
     tensors: dict[str, torch.Tensor] = {}
     tree = _encode(state, tensors)
     stem = f"round-{state.round:06d}"
@@ -164,8 +176,8 @@ def _drop_unreferenced(ckdir: Path) -> None:
     keep: set[str] = set()
     for js in ckdir.glob("round-*.json"):
         try:
-            index = json.loads(js.read_text()).get("clients", [])
-        except (OSError, ValueError):
+            index = loads(js.read_text()).get("clients", [])
+        except (OSError, ValueError, AttributeError):
             return  # an unreadable checkpoint: delete nothing
         keep.update(f"c{c:07d}-r{r:06d}.pt" for c, r in index)
     for f in folder.glob("c*-r*.pt"):
@@ -183,8 +195,8 @@ def load(path: Path) -> tuple[ServerState, dict[str, Any], dict[ClientId, int]]:
     the client-state index. CheckpointError if corrupt or foreign."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        doc = loads(path.read_text())
+    except (OSError, ValueError) as e:  # also nesting deeper than we ever write
         raise CheckpointError(f"checkpoint {path} is unreadable: {e}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else None
@@ -201,7 +213,7 @@ def load(path: Path) -> tuple[ServerState, dict[str, Any], dict[ClientId, int]]:
     try:
         state = _decode(doc["state"], tensors)
         clients = {int(c): int(r) for c, r in doc.get("clients", [])}
-    except (KeyError, TypeError, ValueError, AttributeError, ImportError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"checkpoint {path} is corrupt: {type(e).__name__}: {e}") from None
     if not isinstance(state, ServerState):
         raise CheckpointError(f"checkpoint {path} holds no server state")
@@ -265,7 +277,7 @@ def recover(run_dir: Path) -> int:
 def _client_names(js: Path) -> list[str]:
     """The client-state file names a checkpoint JSON names (none if it is unreadable)."""
     try:
-        index = json.loads(js.read_text()).get("clients", [])
+        index = loads(js.read_text()).get("clients", [])
         return [_client_file(Path("."), int(c), int(r)).name for c, r in index]
     except (OSError, ValueError, TypeError, AttributeError):
         return []

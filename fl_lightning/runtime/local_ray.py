@@ -40,6 +40,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import StartupError
+
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # node IP 127.0.0.1, listeners on loopback
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -217,6 +219,11 @@ def cluster_address(address: str | None) -> str | None:
     return None
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
 def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
     """Start a private local Ray on loopback, or join a cluster (`address`, else
     `$RAY_ADDRESS`: see `cluster_address`). Returns True if this call connected (so the
@@ -234,7 +241,10 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
     sigterm_ours = signals.ours()
     kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
     if address:
-        ray.init(address=address, **kwargs)
+        try:
+            ray.init(address=address, **kwargs)
+        except Exception as e:  # unreachable, refused, timed out: one line, not Ray's traceback
+            raise StartupError(f"cannot join the Ray cluster at {address}: {_first_line(e)}") from None
         signals.restore_after_ray_init(sigterm_ours)
         res = ray.cluster_resources()
         print(
@@ -255,9 +265,14 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
         with signals.held(), _home(ray_home()):
             ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, **kwargs)
             signals.restore_after_ray_init(sigterm_ours)
-    except BaseException:
+    except BaseException as e:
         ray.shutdown()
         stop_local_ray()
+        if isinstance(e, Exception):  # e.g. "The current node timed out during startup" under load
+            raise StartupError(
+                f"the local Ray did not start: {_first_line(e)} (an overloaded machine: try again, "
+                "or runtime=serial)"
+            ) from None
         raise
     finally:
         if before is None:

@@ -43,7 +43,11 @@ WRITTEN_DIRS = ("checkpoints", "checkpoints/clients", "checkpoints/skipped", "ch
 
 
 class RunDirBusy(ConfigError):
-    """Another process is writing this run directory (its PID is in the message)."""
+    """Another process is writing this run directory (its PID is in the message and `holder`)."""
+
+    def __init__(self, message: str, holder: str = "") -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 def _holder(fd: int) -> str:
@@ -92,7 +96,8 @@ class RunLock:
                 raise ConfigError(f"cannot lock run directory {self.run_dir}: {e.strerror or e}") from None
             raise RunDirBusy(
                 f"run directory {self.run_dir} is in use by another fl-lightning process ({holder}); "
-                "only one process may write a run: wait for it to end, or stop it"
+                "only one process may write a run: wait for it to end, or stop it",
+                holder,
             ) from None
         prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
         prog = "fl-lightning" if prog in ("__main__.py", "fl-lightning") else prog
@@ -166,9 +171,12 @@ def check_output_dir(path: Path | str, shown: str | None = None) -> None:
     probe = target.absolute()
     while True:
         try:
-            if probe.exists():
-                break
-        except OSError as e:
+            os.stat(probe)
+            break
+        except (FileNotFoundError, NotADirectoryError):  # not there yet, or below a file (said below)
+            if os.path.islink(probe):
+                raise ConfigError(f"output_dir {shown} is not usable: {probe} is a link to nothing") from None
+        except OSError as e:  # a symbolic-link loop (Path.exists() says False to it), no permission
             raise ConfigError(f"output_dir {shown} is not usable ({probe}: {e.strerror or e})") from None
         if probe.parent == probe:
             break

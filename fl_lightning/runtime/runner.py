@@ -41,7 +41,8 @@ from ..core.strategy import ServerContext, round_rng, server_rng
 from ..core.types import ClientId, ClientState
 from ..data.stats import save_partition_plot
 from ..models import build_client_model
-from . import checkpoint, signals
+from ..tracking.chance import chance_level, chance_note
+from . import checkpoint, outcome, signals
 from .build import Prepared, local_resources, prepare
 from .executor import Executor, SerialExecutor
 from .host import ClientHost
@@ -358,6 +359,7 @@ class Run:
         self._record_choices(placement)
         loggers: list[Any] = []
         status = "failed"
+        error: str | None = None  # why it stopped (summary.json `error`)
         progress = Progress(
             cfg.fl.rounds, initial=state.round, enabled=self.console, metric=strategy.primary_metric()
         )
@@ -427,10 +429,15 @@ class Run:
         except BaseException as e:
             if isinstance(e, KeyboardInterrupt):
                 status = "interrupted"  # a partial run: `resume` continues it
+            error = outcome.reason(e)
             with contextlib.suppress(Exception):  # the finished round before it gets its line
                 settle()
             raise
         finally:
+            # summary.json first: a second Ctrl-C during the teardown below (Ray's shutdown
+            # takes seconds) must not leave the run without one
+            summary = self._summary(files.records(), placement, status, error)
+            outcome.write_summary(files, summary, failing=error is not None)
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
             progress.close()
@@ -439,8 +446,6 @@ class Run:
                 import ray
 
                 ray.shutdown()
-            summary = self._summary(files.records(), placement, status)
-            files.log_summary(summary)
             for lg in loggers:
                 lg.log_summary(summary)
                 lg.close(status == "completed")
@@ -454,6 +459,8 @@ class Run:
         the way out of a failed run, its error)."""
         from ..tracking.curves import save_run_curves
 
+        if not self.run_dir.is_dir():  # removed mid-run: not made again for a picture
+            return
         try:
             save_run_curves(records, summary, self.run_dir / "curves.png")
         except Exception as e:
@@ -554,7 +561,11 @@ class Run:
         return dataclasses.replace(state, global_params=params), up, bplan.broadcast.nbytes() * len(stats)
 
     def _summary(
-        self, records: list[dict[str, Any]], placement: Placement, status: str = "completed"
+        self,
+        records: list[dict[str, Any]],
+        placement: Placement,
+        status: str = "completed",
+        error: str | None = None,
     ) -> dict[str, Any]:
         primary = self.p.strategy.primary_metric()
         evald = [r for r in records if r.get(primary) is not None and not r.get("diverged")]
@@ -612,6 +623,11 @@ class Run:
                     and isinstance(v, float)
                 ):
                     out[f"final_{k}"] = v
+        if error is not None:
+            out["error"] = error
+        elif status == "completed":  # learned nothing, yet nothing diverged: say so
+            level = chance_level(np.asarray(self._test[1]), self.p.strategy.task.multilabel)
+            out.update(chance_note(records, level))
         return out
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import warnings
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -265,6 +266,20 @@ def _register_open_clip_configs(arch: str) -> str:
     return arch
 
 
+def _refused_weights(key: str, value: Any, e: Exception) -> str:
+    """One line for a weights file that does not load; a pickle holding more than tensors gets
+    no hint to load it with `weights_only=False` (which would run what it holds)."""
+    import pickle
+
+    if isinstance(e, pickle.UnpicklingError):
+        return (
+            f"{key}={value!r} refused: it is not a plain weights file (it holds Python objects, "
+            "which loading would run)"
+        )
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"cannot load {key}={value!r}: {type(e).__name__}: {first}"
+
+
 class OpenCLIPTextEncoder(TextEncoder):
     """The text tower of an open_clip model: token embedding + positional embedding, causal
     transformer, final LayerNorm, pooling at the end-of-text token, `text_projection`.
@@ -290,14 +305,18 @@ class OpenCLIPTextEncoder(TextEncoder):
         model_name = _register_open_clip_configs(arch)
         if pretrained is None:
             log.warning("text=clip with text.pretrained=null: random weights (arch %s)", model_name)
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             torch.manual_seed(seed)
+            # torch's note on a pickle protocol it may not read: the refusal below says enough
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
             try:
                 model = open_clip.create_model(model_name, pretrained=pretrained, device="cpu")
             except RuntimeError as e:  # unknown tag / file missing / download impossible
                 raise ConfigError(
                     f"cannot load open_clip weights text.pretrained={pretrained!r}: {e}"
                 ) from None
+            except Exception as e:  # a pickle of Python objects that `weights_only` refused, ...
+                raise ConfigError(_refused_weights("text.pretrained", pretrained, e)) from None
         if getattr(model, "text", None) is not None:  # CustomTextCLIP: a separate text module
             text = model.text
             if not hasattr(text, "token_embedding") or getattr(text, "cls_emb", None) is not None:

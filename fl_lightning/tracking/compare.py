@@ -15,10 +15,18 @@ with a min/max band) and one with every group overlaid, plus `compare.json` with
 of the tables, in their order.
 
 Std is the sample standard deviation (ddof=1); none (no ±, `null` in compare.json) for one run.
+
+A runs folder may come from someone else (a colleague's folder, a downloaded archive), so it is
+read as untrusted: only plain files of bounded size (no links, FIFOs or devices), bounded JSON
+nesting, `yaml.safe_load`, garbage lines and values of the wrong type skipped; nothing in it is
+unpickled or imported. Without `--out`, the plots and compare.json go to `<first path>/compare/`,
+refused if that is a link, and each file is written to a new temporary file and renamed into
+place, so no planted link there is written through.
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections import Counter
@@ -30,9 +38,40 @@ from typing import Any
 import yaml
 
 from ..core.errors import ConfigError
+from ..core.files import open_new, save_figure
+from ..core.safe_json import load_file, read_text
+from .chance import WARNING as CHANCE
 from .loggers import read_jsonl
 
+log = logging.getLogger("fl_lightning")
 SKIP_DIRS = {"checkpoints", "wandb", "compare", "sweep_logs"}
+#: the most read of a run's files (ours are a few KiB; metrics.jsonl ~2 KiB a round)
+SUMMARY_LIMIT = CONFIG_LIMIT = 1 << 20
+METRICS_LIMIT = 256 << 20
+
+
+def _scalar(v: Any) -> bool:
+    if isinstance(v, float):
+        return math.isfinite(v)
+    return v is None or isinstance(v, (str, int, bool))
+
+
+def _clean_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """The scalar entries of a summary.json whose keys the tables use have the types they need."""
+    out = {str(k): v for k, v in doc.items() if _scalar(v)}
+    for key in ("primary_metric", "accuracy_metric", "status", "warning"):
+        if key in out and not isinstance(out[key], str):
+            del out[key]
+    for key in ("seed", "rounds_completed"):
+        if key in out and (not isinstance(out[key], int) or isinstance(out[key], bool)):
+            del out[key]
+    if "wall_time_s" in out and not isinstance(out["wall_time_s"], (int, float)):
+        del out["wall_time_s"]
+    return out
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def lower_is_better(metric: str) -> bool:
@@ -54,9 +93,10 @@ class RunResult:
         if self._config is None:
             path = self.run_dir / "config.yaml"
             try:
-                self._config = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
-            except yaml.YAMLError:
-                self._config = {}
+                doc = yaml.safe_load(read_text(path, CONFIG_LIMIT)) if path.is_file() else {}
+            except (OSError, ValueError, yaml.YAMLError, RecursionError):  # too big, a link, too deep
+                doc = {}
+            self._config = doc if isinstance(doc, dict) else {}
         return self._config
 
     def value(self, key: str) -> Any:
@@ -71,8 +111,8 @@ class RunResult:
                 return None
             node = node[part]
         if isinstance(node, dict):
-            return node.get("name")
-        return node
+            node = node.get("name")
+        return node if _scalar(node) else str(node)  # a group key must be hashable
 
     def metric_key(self, metric: str | None) -> str:
         return (
@@ -86,11 +126,8 @@ class RunResult:
 
     def curve(self, metric: str | None = None) -> dict[int, float]:
         key = self.metric_key(metric)
-        return {
-            int(r["round"]): float(r[key])
-            for r in self.records
-            if r.get(key) is not None and "round" in r and not r.get("diverged")
-        }
+        ok = [r for r in self.records if _number(r.get(key)) and not r.get("diverged")]
+        return {int(r["round"]): float(r[key]) for r in ok}
 
     def final_best(self, metric: str | None = None) -> tuple[float | None, float | None]:
         """The last evaluated round's value and the best (`lower_is_better`) of any round."""
@@ -100,8 +137,14 @@ class RunResult:
             return curve[max(curve)], best(curve.values())
         if metric is None:  # no metrics.jsonl: fall back to the summary (primary metrics: max)
             key = self.metric_key(None)
-            return self.summary.get(f"final_{key}"), self.summary.get(f"best_{key}")
+            final, best = self.summary.get(f"final_{key}"), self.summary.get(f"best_{key}")
+            return (final if _number(final) else None), (best if _number(best) else None)
         return None, None
+
+    @property
+    def at_chance(self) -> bool:
+        """Completed, but its global metric no better than chance (summary.json `warning`)."""
+        return self.summary.get("warning") == CHANCE
 
 
 def find_runs(paths: Sequence[Path]) -> list[RunResult]:
@@ -121,10 +164,13 @@ def find_runs(paths: Sequence[Path]) -> list[RunResult]:
             if run_dir in found:
                 continue
             try:
-                summary = json.loads(s.read_text())
-            except ValueError:
-                continue  # being written, or torn: skip it
-            found[run_dir] = RunResult(run_dir, summary, read_jsonl(run_dir / "metrics.jsonl"))
+                summary = load_file(s, SUMMARY_LIMIT)
+                records = read_jsonl(run_dir / "metrics.jsonl", METRICS_LIMIT)
+            except (OSError, ValueError) as e:  # torn, being written, or not a run's own file
+                log.warning("compare: skipped %s: %s", s.parent, e)
+                continue
+            if isinstance(summary, dict):
+                found[run_dir] = RunResult(run_dir, _clean_summary(summary), records)
     return list(found.values())
 
 
@@ -151,16 +197,17 @@ class Group:
 
     @property
     def label(self) -> str:
-        return " ".join(str(k) for k in self.key)
+        return _CONTROL.sub("?", " ".join(str(k) for k in self.key))  # read from files: no escapes
 
     @property
     def legend(self) -> str:
         """`fedavg`, `fedavg optim.lr=0.1`: names for method/dataset, key=value otherwise."""
         names = self.by or ("",) * len(self.key)
-        return " ".join(
+        text = " ".join(
             str(v) if k in ("method", "dataset", "") else f"{k}={v}"
             for k, v in zip(names, self.key, strict=True)
         )
+        return _CONTROL.sub("?", text)
 
     def row(self) -> dict[str, Any]:
         """Every number is over the same n runs: those that finished and have the metric."""
@@ -176,6 +223,7 @@ class Group:
             "n": len(have),
             "runs": len(ok),
             "failed": [f"{r.run_dir.name} ({r.summary.get('status')})" for r in self.runs if r.failed],
+            "at_chance": [r.run_dir.name for r in ok if r.at_chance],
             "missing": [r.run_dir.name for r, f, _ in fb if f is None],
             "seeds": sorted(s for s in seeds if s is not None),
             "final": _stats([f for _, f, _ in have]),
@@ -279,6 +327,8 @@ def _table(metric: str, groups: Sequence[Group], by: Sequence[str]) -> list[str]
             lines.append(f"note: no {metric} in group {r['group']!r}, not averaged: {missing}")
         if r["failed"]:
             lines.append(f"FAILED in group {r['group']!r}, not averaged: {', '.join(r['failed'])}")
+        if r["at_chance"]:
+            lines.append(f"WARNING in group {r['group']!r}, {CHANCE}: {', '.join(r['at_chance'])}")
     return lines
 
 
@@ -293,7 +343,10 @@ def format_compare(groups: Sequence[Group], by: Sequence[str], hint: str | None 
                  "final = last evaluated round")  # fmt: skip
     if len(tables) > 1 and hint:
         lines.append(f"the runs differ in primary metric: --metric {hint} puts them all on one table")
-    return "\n".join(lines)
+    return _CONTROL.sub("?", "\n".join(lines))  # names from the runs' files: no terminal escapes
+
+
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 
 
 def _safe(name: str) -> str:
@@ -328,12 +381,7 @@ def _finish(fig, ax, metric: str, title: str, path: Path) -> Path:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best")  # a loss falls where an accuracy rises
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".part")
-    with open(tmp, "wb") as f:
-        fig.savefig(f, format="png")
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path)  # a new temporary file, renamed: no planted link written through
 
 
 def write_plots(groups: Sequence[Group], out_dir: Path) -> list[Path]:
@@ -376,17 +424,21 @@ def compare(
         groups += group_runs([r for r in runs if r.metric_key(metric) == m], by, metric)
     table = format_compare(groups, by, None if metric else common_metric(runs))
     written: list[Path] = []
-    if out_dir is None:
+    if out_dir is None:  # inside the compared folder, which may not be ours: not through a link
         out_dir = Path(paths[0]) / "compare" if paths else runs[0].run_dir.parent / "compare"
+        if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
+            raise ConfigError(
+                f"{out_dir} is a link or not a folder: compare writes only into a folder of its "
+                "own; remove it, or name one with --out"
+            )
     if plots:
         written += write_plots(groups, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.json").write_text(
-        json.dumps(
-            {"by": by, "metrics": list(by_metric(groups)), "groups": [g.row() for g in groups]}, indent=2
-        )
-        + "\n"
-    )
+    doc = {"by": by, "metrics": list(by_metric(groups)), "groups": [g.row() for g in groups]}
+    tmp = out_dir / ".compare.json.tmp"
+    with open_new(tmp) as f:
+        f.write((json.dumps(doc, indent=2) + "\n").encode())
+    tmp.replace(out_dir / "compare.json")
     written.append(out_dir / "compare.json")
     return table, written
 

@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 
 from ..core.errors import ConfigError
 from ..core.files import open_new
+from ..core.safe_json import loads, read_text
 
 
 class MetricsLogger(Protocol):
@@ -31,16 +32,24 @@ class MetricsLogger(Protocol):
     def close(self, ok: bool = True) -> None: ...
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a metrics.jsonl, skipping a torn last line (a run killed mid-write)."""
+def read_jsonl(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl: the lines that are JSON objects with an integer `round`.
+    Anything else is skipped: a torn last line (a run killed mid-write), garbage or nesting
+    deeper than we write (a shared run directory). `limit`: read it only if it is a plain file
+    (not a link) of at most that many bytes (`UnsafeInput` otherwise)."""
     out: list[dict[str, Any]] = []
-    if not Path(path).exists():
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
         return out
-    for line in Path(path).read_text().splitlines():
+    text = path.read_text(errors="replace") if limit is None else read_text(path, limit)
+    for line in text.splitlines():
         try:
-            out.append(json.loads(line))
+            rec = loads(line)
         except ValueError:
             continue
+        rnd = rec.get("round") if isinstance(rec, dict) else None
+        if isinstance(rnd, int) and not isinstance(rnd, bool):
+            out.append(rec)
     return out
 
 

@@ -46,6 +46,7 @@ from typing import Any
 import yaml
 
 from ..core.errors import ConfigError
+from .chance import WARNING as CHANCE
 from .compare import lower_is_better
 from .loggers import read_jsonl
 
@@ -386,7 +387,9 @@ def build_report(
             finals = _values(states, r, seeds, metric, "final")
             bests = _values(states, r, seeds, metric, "best")
             bad = sum(states[(r.id, s)].status in ("diverged", "failed") for s in seeds)
+            chance = sum(states[(r.id, s)].summary.get("warning") == CHANCE for s in seeds)
             done = f"{len(finals)}/{len(seeds)}" + (f" ({bad} diverged)" if bad else "")
+            done += f" ({chance} no better than chance)" if chance else ""
             how = (
                 f"{spec.rows[r.runs_of].label}'s runs, `{r.metric_prefix}*`"
                 if r.runs_of is not None
@@ -401,7 +404,9 @@ def build_report(
             if pct:
                 cells.append(f"{r.paper[metric]:g}" if metric in r.paper else "–")
             lines.append("| " + " | ".join(cells) + " |")
-            out["rows"].setdefault(r.id, {})[metric] = {"final": finals, "best": bests, "diverged": bad}
+            out["rows"].setdefault(r.id, {})[metric] = {
+                "final": finals, "best": bests, "diverged": bad, "at_chance": chance,
+            }  # fmt: skip
         lines.append("")
     notes = _pretrained_notes(rows, states, seeds)
     if notes:

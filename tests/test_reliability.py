@@ -753,3 +753,82 @@ def test_a_different_sweep_in_a_recorded_folder_is_one_line(tmp_path, capsys):
     assert "holds another sweep" in _one_line(capsys.readouterr().err)
     assert main(["sweep", "--resume", str(tmp_path)]) == 2
     assert "holds no sweep" in _one_line(capsys.readouterr().err)
+
+
+# --- a run that learned nothing is flagged, not a success -------------------------------------
+def test_chance_level_and_margin_come_from_the_test_targets():
+    import math
+
+    import torch
+    from torchmetrics.functional.classification import multilabel_average_precision
+
+    from fl_lightning.tracking.chance import chance_level
+
+    y = np.repeat(np.arange(10), [60, 40, 50, 50, 50, 50, 50, 50, 50, 50])  # 500 images, class 0 most
+    metric, level, margin = chance_level(y, multilabel=False)
+    assert metric == "accuracy" and level == 60 / 500
+    assert math.isclose(margin, 3 * math.sqrt(0.12 * 0.88 / 500))
+    rng = np.random.default_rng(0)
+    multi = (rng.random((400, 6)) < [0.05, 0.1, 0.2, 0.3, 0.5, 0.7]).astype(np.float32)
+    metric, level, margin = chance_level(multi, multilabel=True)
+    prevalence = float(multi.astype(np.float64).mean(0).mean())
+    target = torch.from_numpy(multi).long()
+    flat = multilabel_average_precision(torch.zeros(400, 6), target, num_labels=6)  # a constant model
+    assert math.isclose(float(flat), prevalence, rel_tol=1e-5)  # gets the mean prevalence...
+    assert metric == "c_ap" and prevalence < level < prevalence + 0.05  # ...random scores a bit more
+    gen = torch.Generator().manual_seed(1)  # other draws than the margin's
+    above = sum(
+        float(multilabel_average_precision(torch.rand(400, 6, generator=gen), target, num_labels=6))
+        > level + margin
+        for _ in range(200)
+    )
+    assert above <= 4  # 3 standard deviations: ~0.1% expected above; 2% allowed for the estimate
+    assert 0 < margin < 0.1
+
+
+def test_a_run_at_chance_is_completed_with_a_warning_everywhere(tmp_path, capsys, data_root):
+    """A run whose global accuracy never leaves chance (lr 1e-9: it does not learn) while its
+    loss stays finite: `completed` plus `warning: no better than chance` in summary.json, and
+    the sweep line, `compare`, the console of `resume`/`run` and `reproduce`'s report say so;
+    the same sweep's learning run (lr 0.05) is not flagged."""
+    from fl_lightning.tracking.reproduce import build_report, load_spec
+
+    out = tmp_path / "runs"
+    args = small(out, "runtime=serial", "experiment=ch", "method=fedavg")
+    assert main(["sweep", "optim.lr=1e-9,0.05", *args, "--no-plots"]) == 0
+    printed = capsys.readouterr().out
+    flat_line = next(ln for ln in printed.splitlines() if ln.startswith("[1/2] optim.lr=1e-9: final"))
+    good_line = next(ln for ln in printed.splitlines() if ln.startswith("[2/2] optim.lr=0.05: final"))
+    assert flat_line.endswith("WARNING: no better than chance") and "WARNING" not in good_line
+    flat, good = sorted((out / "ch").glob("fedavg_*"))
+    s_flat = json.loads((flat / "summary.json").read_text())
+    s_good = json.loads((good / "summary.json").read_text())
+    assert s_flat["status"] == "completed" and s_flat["warning"] == "no better than chance"
+    assert "warning" not in s_good and s_good["status"] == "completed"
+    test_y = load_from_config(compose(args).data).test_y
+    p = np.bincount(test_y).max() / len(test_y)  # always guessing the commonest test class
+    chance = s_flat["chance"]
+    assert chance["level"] == round(p, 6) and chance["rounds"] == [1, 2]
+    assert all(v <= p + 3 * np.sqrt(p * (1 - p) / len(test_y)) for v in chance["values"])
+    assert all(np.isfinite(r["train_loss"]) for r in _records(flat))
+
+    assert main(["compare", str(out / "ch"), "--no-plots"]) == 0
+    assert f"WARNING in group 'fedavg', no better than chance: {flat.name}" in capsys.readouterr().out
+    assert main(["resume", str(flat), "--quiet"]) == 0  # finished: its summary, and the warning
+    assert "fl-lightning: warning: no better than chance: accuracy" in capsys.readouterr().err
+
+    spec_file = tmp_path / "ch.yaml"
+    spec_file.write_text(
+        "title: t\ncitation: c\nscales: {mini: {overrides: [], seeds: [0], needs: x}}\n"
+        "rows: {flat: {overrides: [optim.lr=1e-9]}, good: {overrides: [optim.lr=0.05]}}\n"
+        "claims: [{id: c, text: t, row: good, baseline: flat, metric: accuracy}]\n"
+    )
+    runs_dir = tmp_path / "reproduce"
+    runs_dir.mkdir()
+    shutil.copytree(flat, runs_dir / "flat_s0")
+    shutil.copytree(good, runs_dir / "good_s0")
+    report, numbers = build_report(load_spec(spec_file), "mini", runs_dir, [0], "cmd")
+    row = next(ln for ln in report.splitlines() if ln.startswith("| flat |"))
+    assert "1/1 (1 no better than chance)" in row
+    assert numbers["rows"]["flat"]["accuracy"]["at_chance"] == 1
+    assert numbers["rows"]["good"]["accuracy"]["at_chance"] == 0

@@ -191,6 +191,8 @@ def test_a_resumed_config_with_a_loose_boolean_is_refused(tmp_path):
         ("fedlgt", "method.threshold=2"),
         ("clip2fl", "method.kd_temperature=-3"),
         ("clip2fl", "method.pcl_temperature=0"),
+        ("fedtsp", "data=fmnist_multilabel"),  # was an IndexError after 95 s of data and training
+        ("fedproto", "data=fmnist_multilabel"),
     ],
 )
 def test_absurd_method_values_are_one_line(tmp_path, capsys, method, bad):

@@ -37,3 +37,12 @@ def within(
     if not (above and below):
         span = f"{'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
         raise ConfigError(f"method.{key} must be in {span} (got {value})")
+
+
+def single_label(name: str, run: dict[str, Any], why: str) -> None:
+    """A method built on one class per example refuses multi-label data (`run["dataset"]`: what
+    the registry knows before loading), so the mistake is one line before any data loads, not
+    an IndexError a round later."""
+    if (run.get("dataset") or {}).get("multilabel"):
+        data = (run.get("data") or {}).get("name")
+        raise ConfigError(f"{name} needs single-label data ({why}); data={data} is multi-label")

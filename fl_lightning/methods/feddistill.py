@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..core.checks import single_label
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.strategy import MethodConfig, Strategy
 from ..core.types import StateDict
@@ -95,6 +96,10 @@ class FedDistill(Strategy[FedDistillConfig, DistillState, LogitBroadcast]):
     name = "feddistill"
     objective_cls = FedDistillObjective
     personalised = True
+
+    @classmethod
+    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
+        single_label(cls.name, run, "per-class mean logits, one class per example")
 
     def objective_kwargs(self) -> dict[str, Any]:
         return {"gamma": self.config.gamma, "num_classes": self.task.num_classes}

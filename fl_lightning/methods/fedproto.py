@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from ..core.batched import MaskedStep
+from ..core.checks import single_label
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import BroadcastT, ClientObjective
 from ..core.strategy import MethodConfig, Strategy
@@ -179,6 +180,10 @@ class FedProtoConfig(MethodConfig):
 class FedProto(Strategy[FedProtoConfig, PrototypeState, PrototypeBroadcast]):
     name = "fedproto"
     objective_cls = FedProtoObjective
+
+    @classmethod
+    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
+        single_label(cls.name, run, "class prototypes, one class per example")
 
     def __init__(self, config: FedProtoConfig, *args: Any, **kwargs: Any) -> None:
         self.personalised = not config.share_weights  # one global model only when weights are shared

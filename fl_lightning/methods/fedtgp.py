@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core.checks import single_label
 from ..core.messages import ClientPayload, ClientUpdate, ServerState, extend
 from ..core.strategy import MethodConfig, ServerContext, Strategy
 from ..core.types import Metrics, StateDict
@@ -66,6 +67,10 @@ class FedTGP(Strategy[FedTGPConfig, FedTGPState, PrototypeBroadcast]):
     name = "fedtgp"
     objective_cls = FedTGPObjective
     personalised = True
+
+    @classmethod
+    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
+        single_label(cls.name, run, "class prototypes, one class per example")
 
     def objective_kwargs(self) -> dict[str, Any]:
         return {"lam": self.config.lam, "num_classes": self.task.num_classes}

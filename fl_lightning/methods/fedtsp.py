@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..core.checks import nonnegative, positive, within
+from ..core.checks import nonnegative, positive, single_label, within
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
@@ -157,6 +157,7 @@ class FedTSP(Strategy[FedTSPConfig, FedTSPState, TSPBroadcast]):
 
     @classmethod
     def check_run(cls, config: Any, run: dict[str, Any]) -> None:
+        single_label(cls.name, run, "one text prototype per example's class")
         nonnegative(config, "lam", "server_epochs", "prompt_momentum", "finetune_after")
         positive(config, "prompt_lr", "logit_scale_lr")
         within(config, "n_ctx", 1, 64)  # prompt tokens: CLIP's whole context is 77 (CoOp: 4 to 16)

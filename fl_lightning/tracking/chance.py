@@ -13,9 +13,10 @@ Chance, measured on the run's own test targets:
   probability ~0.1%, so a run that does is not flagged. (Fashion-MNIST's 10,000 test images:
   0.100 + 0.009.)
 - multi-label `c_ap` (per-class average precision, averaged over classes with a positive):
-  a constant score gives each class its prevalence p_c as AP, so the level is the mean p_c;
-  the margin is three standard deviations of C-AP under random scores on the same targets
-  (estimated from 32 seeded draws: AP has no simple closed form).
+  scores that ignore the input. A constant score gets each class's prevalence as its AP;
+  random scores get a little more on a finite test set (AP rewards the positives that happen
+  to rank first), so the level is random scores' mean C-AP on these targets and the margin
+  three standard deviations of it, both from 32 seeded draws (AP has no simple closed form).
 
 Only the global model's metric is checked (`accuracy` or `c_ap` in the round records): runs
 that evaluate only personal models (`client_accuracy`) are not flagged, since a client's
@@ -50,7 +51,6 @@ def chance_level(targets: Any, multilabel: bool) -> tuple[str, float, float] | N
     present = y.sum(0) > 0
     if not present.any():
         return None
-    level = float(y.mean(0)[present].mean())
     import torch
     from torchmetrics.functional.classification import multilabel_average_precision
 
@@ -62,7 +62,7 @@ def chance_level(targets: Any, multilabel: bool) -> tuple[str, float, float] | N
             torch.rand(y.shape, generator=gen), target, num_labels=y.shape[1], average="none"
         )
         draws.append(float(ap[torch.from_numpy(present)].mean()))
-    return "c_ap", level, 3.0 * float(np.std(draws, ddof=1))
+    return "c_ap", float(np.mean(draws)), 3.0 * float(np.std(draws, ddof=1))
 
 
 def chance_note(records: Sequence[dict[str, Any]], level: tuple[str, float, float] | None) -> dict[str, Any]:

@@ -832,3 +832,38 @@ def test_a_run_at_chance_is_completed_with_a_warning_everywhere(tmp_path, capsys
     assert "1/1 (1 no better than chance)" in row
     assert numbers["rows"]["flat"]["accuracy"]["at_chance"] == 1
     assert numbers["rows"]["good"]["accuracy"]["at_chance"] == 0
+
+
+def test_a_second_ctrl_c_on_the_way_out_still_leaves_a_summary(tmp_path, data_root):
+    """Ctrl-C twice: the first while the driver waits for an overlapped global evaluation (a
+    large test set, little training: where a run spends its time here), the second while the
+    way out waits for that evaluation's thread. summary.json (`interrupted`, and why) is
+    written before that wait, so the second Ctrl-C cannot cost it."""
+    args = small(tmp_path, "runtime=serial", "data.test_subset=4000", "fl.num_clients=2", "fl.local_steps=1",
+                 "eval.batch_size=100", "fl.rounds=40", "run_id=r")  # fmt: skip
+    run_dir = tmp_path / "default" / "r"
+    proc = subprocess.Popen(
+        [EXE, "run", *args, "--quiet"], start_new_session=True, preexec_fn=_default_sigint,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        seen: list[float] = []  # when each round's line appeared: a round lasts one evaluation
+        deadline = time.monotonic() + 600
+        while len(seen) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            if (run_dir / "metrics.jsonl").exists():
+                n = (run_dir / "metrics.jsonl").read_text().count("\n")
+                seen += [time.monotonic()] * (n - len(seen))
+            time.sleep(0.005)
+        assert len(seen) == 3, proc.stderr.read() if proc.stderr else ""
+        period = seen[2] - seen[1]
+        time.sleep(period / 2)  # mid-evaluation, the next round's little training long done
+        proc.send_signal(signal.SIGINT)
+        time.sleep(min(0.3, period / 5))
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["error"] == "interrupted (Ctrl-C)"

@@ -69,5 +69,5 @@ def test_foreign_json_and_foreign_class_are_rejected(tmp_path):
         checkpoint.load(path)
     doc["state"]["__dataclass__"] = "os:system"
     path.write_text(json.dumps(doc))
-    with pytest.raises(CheckpointError, match="foreign class"):
+    with pytest.raises(CheckpointError, match="not a state class of a registered method"):
         checkpoint.load(path)

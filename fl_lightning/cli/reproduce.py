@@ -33,7 +33,7 @@ from ..tracking.reproduce import (
     read_run,
     run_name,
 )
-from .sweep import SweepRun, continue_run, run_grid, sweep_lock
+from .sweep import SweepRun, continue_run, print_plan, run_grid, sweep_lock
 
 
 def specs() -> dict[str, Path]:
@@ -168,9 +168,7 @@ def reproduce_command(
         if dry_run:
             for _, args in steps:
                 print(f"  fl-lightning {' '.join(args)}   (prepare)")
-            for r in todo:
-                verb = f"resume {r.run_dir}" if r.resume else "run " + " ".join(r.overrides)
-                print(f"  fl-lightning {verb}")
+            print_plan(todo)
             return 0
         with sweep_lock(runs_dir):  # one reproduction at a time in its folder
             if steps:

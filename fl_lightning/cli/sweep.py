@@ -264,6 +264,13 @@ def _finished_status(run_dir: Path) -> str:
     return read_run(run_dir).status
 
 
+def print_plan(todo: Sequence[SweepRun]) -> None:
+    """`--dry-run`: the command each run left would be."""
+    for r in todo:
+        what = f"resume {r.run_dir}" if r.resume else "run " + " ".join(r.overrides)
+        print(f"  fl-lightning {what}")
+
+
 @contextlib.contextmanager
 def sweep_lock(folder: Path) -> Iterator[None]:
     """Hold `folder`'s lock for a whole sweep (or reproduction): a second one there is one line."""
@@ -466,9 +473,7 @@ def sweep_command(
             flush=True,
         )
         if dry_run:
-            for r in todo:
-                what = f"resume {r.run_dir}" if r.resume else "run " + " ".join(r.overrides)
-                print(f"  fl-lightning {what}")
+            print_plan(todo)
             return 0
         if read_record(out) is None:
             _write_record(out, overrides, runs)

@@ -137,8 +137,9 @@ class RunResult:
             return curve[max(curve)], best(curve.values())
         if metric is None:  # no metrics.jsonl: fall back to the summary (primary metrics: max)
             key = self.metric_key(None)
-            final, best = self.summary.get(f"final_{key}"), self.summary.get(f"best_{key}")
-            return (final if _number(final) else None), (best if _number(best) else None)
+            last: Any = self.summary.get(f"final_{key}")
+            top: Any = self.summary.get(f"best_{key}")
+            return (float(last) if _number(last) else None), (float(top) if _number(top) else None)
         return None, None
 
     @property

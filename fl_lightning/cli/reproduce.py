@@ -170,7 +170,7 @@ def reproduce_command(
                 print(f"  fl-lightning {' '.join(args)}   (prepare)")
             print_plan(todo)
             return 0
-        with sweep_lock(runs_dir):  # one reproduction at a time in its folder
+        with sweep_lock(folder):  # one reproduction at a time in its folder
             if steps:
                 run_prepare(steps, folder / "logs")
             for path in wipe:

@@ -237,7 +237,8 @@ def plan_sweep(
 
 def continue_run(run: SweepRun, check_lock: bool = True) -> str:
     """What grid point `run` needs, from its run directory: `finished` (completed its rounds,
-    or stopped for good by divergence), `new` (no directory), `resume` (killed mid-run, or
+    or stopped for good by divergence; a run that `failed`, e.g. on a full disk or a Ray that
+    did not start, is tried again), `new` (no directory), `resume` (killed mid-run, or
     finished fewer rounds than it now asks: continue from its last checkpoint; sets
     `run.resume`) or `restart` (killed before its first checkpoint: its leftovers go). A run
     directory held by a live process is RunDirBusy (one line), unless `check_lock` is False."""
@@ -245,7 +246,7 @@ def continue_run(run: SweepRun, check_lock: bool = True) -> str:
 
     rounds = int(run.cfg.fl.rounds)
     state = read_run(run.run_dir)
-    if is_finished(state, rounds):
+    if is_finished(state, rounds) and state.status != "failed":
         return "finished"
     if state.status == "missing":
         return "new"

@@ -22,8 +22,8 @@ import torch
 from fl_lightning.cli.main import main
 from fl_lightning.config import load_run_config
 from fl_lightning.core.errors import CheckpointError, ConfigError
-from fl_lightning.core.messages import ServerState
-from fl_lightning.core.strategy import Strategy
+from fl_lightning.core.messages import Broadcast, ServerState
+from fl_lightning.core.strategy import MethodConfig, Strategy
 from fl_lightning.data.registry import DATASETS
 
 from .conftest import small
@@ -332,10 +332,9 @@ class _OutsideState(ServerState):
     inner: _Inner | None = None
 
 
-class _Outside(Strategy):
-    """A method of another package (here: this test module)."""
-
-    state_cls = _OutsideState
+class _Outside(Strategy[MethodConfig, _OutsideState, Broadcast]):
+    """A method of another package (here: this test module); its state class comes from its
+    generic arguments, as every method's does."""
 
 
 def test_a_method_registered_outside_the_package_registers_its_state_class():
@@ -356,6 +355,70 @@ def test_a_method_registered_outside_the_package_registers_its_state_class():
     assert state_class(f"{__name__}:_Inner") is _Inner
     back = checkpoint._decode(tree, tensors)
     assert back.round == 3 and torch.equal(back.inner.scale, torch.ones(2))
+
+
+_EXT_METHOD = """
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from fl_lightning.core.messages import Broadcast, ServerState
+from fl_lightning.core.strategy import MethodConfig, Strategy
+from fl_lightning.methods import METHODS
+
+
+@dataclass
+class Tally:
+    reports: torch.Tensor
+
+
+@dataclass
+class TallyState(ServerState):
+    tally: Tally | None = None
+
+
+@dataclass
+class FedTallyConfig(MethodConfig):
+    name: str = "fedtally"
+
+
+@METHODS.register("fedtally")
+class FedTally(Strategy[FedTallyConfig, TallyState, Broadcast]):
+    name = "fedtally"
+
+    def aggregate(self, state, updates):
+        before = state.tally.reports if state.tally is not None else torch.zeros(1)
+        return dataclasses.replace(super().aggregate(state, updates), tally=Tally(before + len(updates)))
+"""
+
+
+def test_a_run_of_a_method_from_another_package_resumes_from_its_checkpoint(tmp_path, data_root):
+    """`methods=extpkg.fedtally`: a method outside the package, with a state class (and a nested
+    one) of its own module. Its checkpoint rebuilds both on resume (registered with the method,
+    never imported from the checkpoint's name), and the resumed run counts on from there."""
+    site = tmp_path / "site"
+    (site / "extpkg").mkdir(parents=True)
+    (site / "extpkg" / "__init__.py").write_text("")
+    (site / "extpkg" / "fedtally.py").write_text(_EXT_METHOD)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    args = small(tmp_path / "out", "runtime=serial", "method=fedtally", "methods=extpkg.fedtally",
+                 "run_id=ext", "fl.clients_per_round=2")  # fmt: skip
+    r = subprocess.run([*EXE, "run", *args, "fl.rounds=1", "--quiet"], env=env, capture_output=True,
+                       text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_dir = tmp_path / "out" / "default" / "ext"
+    doc = json.loads((run_dir / "checkpoints" / "round-000001.json").read_text())
+    assert doc["state"]["__dataclass__"] == "extpkg.fedtally:TallyState"
+    assert doc["state"]["fields"]["tally"]["__dataclass__"] == "extpkg.fedtally:Tally"
+    r = subprocess.run([*EXE, "resume", str(run_dir), "fl.rounds=2", "methods=extpkg.fedtally", "--quiet"],
+                       env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "skipped checkpoint" not in r.stderr, r.stderr[-3000:]  # round 1's was read, not set aside
+    tensors = torch.load(run_dir / "checkpoints" / "round-000002.pt", weights_only=True)
+    doc = json.loads((run_dir / "checkpoints" / "round-000002.json").read_text())
+    reports = tensors[doc["state"]["fields"]["tally"]["fields"]["reports"]["__tensor__"]]
+    assert reports.tolist() == [4.0]  # 2 clients in round 1, read back, + 2 in round 2
 
 
 # --- 7. failures of the machine, not the user: one line, nothing lost ----------------------

@@ -698,6 +698,8 @@ def resume_run(run_dir: Path, cfg: DictConfig, console: bool = True) -> dict[str
     """Continue a run from its newest intact checkpoint (`checkpoint.recover`), holding the run
     directory's lock from before anything is read or written. A finished run returns at once,
     with one line on stderr, before any data is loaded or Ray started."""
+    from ..config import method_modules
+    from ..methods import import_methods
     from .local_ray import stop_local_ray
     from .lock import RunLock
 
@@ -705,6 +707,9 @@ def resume_run(run_dir: Path, cfg: DictConfig, console: bool = True) -> dict[str
     run_dir = Path(run_dir)
     try:
         with RunLock(run_dir):
+            # the run's own modules (`methods=`, given again on resume) first: their methods'
+            # state classes are what its checkpoints may rebuild, and `recover` reads them
+            import_methods(method_modules(cfg.methods))
             done = checkpoint.recover(run_dir)  # newer broken checkpoints are set aside, with a warning
             if done >= int(cfg.fl.rounds) and _last_line_round(run_dir) >= done:
                 print(finished_message(run_dir, done), file=sys.stderr)

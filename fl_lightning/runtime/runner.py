@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import to_yaml
 from ..core.about import about
 from ..core.bn_stats import bn_stats_nbytes, pooled_bn_params
-from ..core.errors import ClientFailure, DivergedError
+from ..core.errors import ClientFailure, DivergedError, StartupError
 from ..core.files import open_new
 from ..core.messages import ClientEval, ClientUpdate, RoundPlan, ServerState
 from ..core.objective import evaluate
@@ -355,7 +355,12 @@ class Run:
         save_partition_plot(stats, self.run_dir / "partition.png")
         for w in strategy.warnings():
             log.warning(w)
-        executor, placement, started_ray = self._executor()
+        try:
+            executor, placement, started_ray = self._executor()
+        except StartupError as e:  # Ray did not start: summary.json says why, as for any failed run
+            failed = self._summary(files.records(), None, "failed", outcome.reason(e))
+            outcome.write_summary(files, failed, failing=True)
+            raise
         self._record_choices(placement)
         loggers: list[Any] = []
         status = "failed"
@@ -563,7 +568,7 @@ class Run:
     def _summary(
         self,
         records: list[dict[str, Any]],
-        placement: Placement,
+        placement: Placement | None,
         status: str = "completed",
         error: str | None = None,
     ) -> dict[str, Any]:
@@ -591,11 +596,11 @@ class Run:
             "clients_failed_total": int(sum(r.get("clients_failed", 0) for r in records)),
             "driver_peak_rss_mb": driver_memory_mb().get("driver_peak_rss_mb"),
             "driver_anon_max_mb": max((r.get("driver_anon_mb", 0.0) for r in records), default=None),
-            "num_actors": placement.num_actors,
+            "num_actors": placement.num_actors if placement else 0,  # None: Ray did not start
             "actors_reused": self.actors_reused,  # warm workers of a sweep's previous run
             "actors_prestarted": self.actors_prestarted,  # started while the driver imported
             "startup_s": None if self.startup_s is None else round(self.startup_s, 3),
-            "threads_per_client": placement.threads,
+            "threads_per_client": placement.threads if placement else None,
         }
         out.update(self.p.strategy.run_summary())
         if self.p.weights_info is not None:  # the pretrained trunk the run started from

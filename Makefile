@@ -28,8 +28,11 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy fl_lightning
 
+# Two pytest workers (`TEST_WORKERS=0`: one process): most tests are small serial runs that keep
+# one core busy, so two of them at a time use a 2-core machine's second core.
+TEST_WORKERS ?= 2
 test: lint data
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q --durations=15 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 
 # Flower for benchmarks/vs_flower.py: the optional `bench` extra, installed once (not in `dev`).
 bench-deps: venv

@@ -13,6 +13,10 @@ import pytest
 from fl_lightning.lean_imports import install  # as the CLI and the workers do
 
 install()
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    import torch
+
+    torch.set_num_threads(1)  # one core per pytest worker: two workers on 2 cores, not 4 threads
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach W&B's servers
 os.environ.setdefault("WANDB_SILENT", "true")
 

@@ -208,7 +208,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     # Flower starts Ray itself (ray.init with the init_args below, since none is running);
     # mark its processes for fl_lightning's watchdog so none outlives this process.
-    mark = local_ray._start_watchdog()
+    watchdog = local_ray.Watchdog()
+    mark = watchdog.start()
     if mark:
         os.environ[local_ray.OWNER_ENV] = mark
     gpu = spec["device"] == "gpu"
@@ -230,5 +231,5 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
         if ray.is_initialized():
             ray.shutdown()
-        local_ray.stop_local_ray()
+        watchdog.stop()
     return {"stamps": STAMPS, "ray_init_args": init_args, "client_resources": resources}

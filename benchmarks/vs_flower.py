@@ -57,30 +57,32 @@ MISSING_FLWR = (
 
 # --- the measured processes ------------------------------------------------------------------
 def child_fl_lightning(spec: dict[str, Any]) -> dict[str, Any]:
-    """One fl_lightning run as `fl-lightning run` does it (`early_start` around `start_run`:
+    """One fl_lightning run as `fl-lightning run` does it (`Session.early_start` around `start_run`:
     Ray and the workers start while the driver imports), each round timed."""
     from fl_lightning.lean_imports import install
 
     install()  # as `fl-lightning run` does, first
     from fl_lightning.config import compose
-    from fl_lightning.runtime.early import early_start
     from fl_lightning.runtime.lock import new_run_path
+    from fl_lightning.runtime.session import Session
 
     cfg = compose(spec["overrides"])
     stamps: dict[str, list[float]] = {"round_start": [], "round_end": []}
-    with early_start(cfg):
+    with Session() as session, session.early_start(cfg):
         from fl_lightning.runtime import runner
+        from fl_lightning.runtime.callbacks import Callback
 
-        round_fn = runner.Run._round
+        class Stamps(Callback):  # each round's start and the end of its own work
+            def on_round_start(self, plan: Any) -> Any:
+                stamps["round_start"].append(time.time())
+                return plan
 
-        def timed(self: Any, *args: Any) -> Any:  # (executor, state, round, settle)
-            stamps["round_start"].append(time.time())
-            out = round_fn(self, *args)
-            stamps["round_end"].append(time.time())
-            return out
+            def on_round_end(self, state: Any, record: Any) -> None:
+                stamps["round_end"].append(time.time())
 
-        runner.Run._round = timed  # type: ignore[method-assign]
-        summary, run_dir = runner.start_run(cfg, console=False, run_dir=new_run_path(cfg))
+        summary, run_dir = runner.start_run(
+            cfg, console=False, run_dir=new_run_path(cfg), session=session, callbacks=[Stamps()]
+        )
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     stamps["eval_s"] = [r["time_eval_s"] for r in recs]
     stamps["accuracy"] = [r["accuracy"] for r in recs]

@@ -8,11 +8,12 @@ declares fake GPUs, and the real placement + RayExecutor code creating the clien
 usage: python tests/gpu_placement_probe.py <num_gpus> '<json list of cases>'
 a case is [num_clients, gpus_per_client, placement] or ["busy", num_clients, timeout_s]
 (3 of the GPUs held by another placement group, then ask for one GPU per client) or
-["reuse", num_clients, gpus_per_client, other_num_clients] (inside `reuse_actors`: the same
-placement twice, then another number of clients; prints each executor's worker pids, GPUs and reused
-count, and the placement groups left after the block) or ["early", num_clients, gpus_per_client,
-run_gpus_per_client] (workers and their placement group made as `early_start` makes them, then
-a run's executor asking for run_gpus_per_client: it takes them when the two agree, else ends
+["reuse", num_clients, gpus_per_client, other_num_clients] (a warm `ActorPool`, as a sweep's
+session keeps: the same placement twice, then another number of clients; prints each executor's
+worker pids, GPUs and reused count, and the placement groups left after the pool is cleared) or
+["early", num_clients, gpus_per_client, run_gpus_per_client] (workers and their placement group
+made as `Session.early_start` makes them, then a run's executor asking for run_gpus_per_client:
+it takes them when the two agree, else ends
 them; then one line with the placement groups left after it closed).
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ def main() -> None:
     from fl_lightning.runtime.placement import placement_for
     from fl_lightning.runtime.ray_executor import RayExecutor
 
-    def executor(n, gpus, where="auto", timeout=60):
+    def executor(n, gpus, where="auto", timeout=60, pool=None, early=None):
         cfg = compose([
             "data=digits", "runtime=gpu", f"fl.num_clients={n}", f"runtime.gpus_per_client={gpus}",
             f"runtime.placement={where}", f"runtime.schedule_timeout_s={timeout}", "logger=none",
@@ -46,6 +47,7 @@ def main() -> None:
         ex = RayExecutor(
             p.spec, p.dataset, p.split.train, p.split.test, placement, 0,
             cfg.runtime.placement_strategy, cfg.runtime.schedule_timeout_s, check_cuda=False,
+            pool=pool, early=early,
         )  # fmt: skip
         return ex, placement
 
@@ -56,34 +58,35 @@ def main() -> None:
 
     for case in cases:
         if case[0] == "early":  # workers + group made as `early_start` does, then the run's executor
-            from fl_lightning.runtime import early
+            from fl_lightning.runtime.early import create_workers
 
             _, n, gpus, run_gpus = case
-            early._create_workers(compose([
+            made = create_workers(compose([
                 "data=digits", "runtime=gpu", f"fl.num_clients={n}", f"runtime.gpus_per_client={gpus}",
             ]), check_cuda=False)  # fmt: skip
-            made = early._early
-            ex, _ = executor(n, run_gpus)
+            made_actors, made_pg = list(made.actors), made.pg
+            ex, _ = executor(n, run_gpus, early=made)
             infos = ex.ready()
             print(json.dumps({
                 "case": case, "prestarted": ex.prestarted, "gpu_ids": [i["gpu_ids"] for i in infos],
-                "same_actors": [a._actor_id for a in ex.actors] == [a._actor_id for a in made.actors],
-                "same_pg": ex.pg.id == made.pg.id, "none_pending": early._early is None,
+                "same_actors": [a._actor_id for a in ex.actors] == [a._actor_id for a in made_actors],
+                "same_pg": ex.pg.id == made_pg.id, "none_pending": not made.actors and made.pg is None,
             }), flush=True)  # fmt: skip
             ex.close()
             print(json.dumps({"case": ["left", *case], "placement_groups_left": left()}), flush=True)
             continue
-        if case[0] == "reuse":
-            from fl_lightning.runtime.ray_executor import reuse_actors
+        if case[0] == "reuse":  # a sequential sweep's runs (`Session(reuse_actors=True)`)
+            from fl_lightning.runtime.ray_executor import ActorPool
 
             runs = []
-            with reuse_actors():
-                for n in (case[1], case[1], case[3]):
-                    ex, _ = executor(n, case[2])
-                    infos = ex.ready()
-                    runs.append({"reused": ex.reused, "pids": [i["pid"] for i in infos],
-                                 "gpu_ids": [i["gpu_ids"] for i in infos]})  # fmt: skip
-                    ex.close(reuse=True)
+            pool = ActorPool()
+            for n in (case[1], case[1], case[3]):
+                ex, _ = executor(n, case[2], pool=pool)
+                infos = ex.ready()
+                runs.append({"reused": ex.reused, "pids": [i["pid"] for i in infos],
+                             "gpu_ids": [i["gpu_ids"] for i in infos]})  # fmt: skip
+                ex.close(reuse=True)
+            pool.clear()
             print(json.dumps({"case": case, "runs": runs, "placement_groups_left": left()}), flush=True)
             continue
         busy = None

@@ -194,16 +194,17 @@ def main(argv: list[str] | None = None) -> int:
             # fast: before torch, Ray or data are touched
             cfg = rerun_config(args.from_, args.overrides) if args.from_ else compose(args.overrides)
             from ..data.registry import check_dataset
-            from ..runtime.early import early_start
             from ..runtime.lock import new_run_path
+            from ..runtime.session import Session
 
             run_dir = new_run_path(cfg)  # bad paths and missing data: one line before any work
             check_dataset(cfg.data.name, cfg.data.root, cfg.data.download)
             check_weights_file(cfg)
-            with early_start(cfg):  # a local Ray and its workers start while the driver imports
+            # a local Ray and its workers start while the driver imports
+            with Session() as session, session.early_start(cfg):
                 from ..runtime.runner import start_run
 
-                summary, _ = start_run(cfg, console=not args.quiet, run_dir=run_dir, started_at=t0)
+                summary, _ = start_run(cfg, not args.quiet, run_dir, started_at=t0, session=session)
             if args.quiet:
                 metric = summary.get("primary_metric", "accuracy")  # c_ap for multi-label data
                 print(f"final_{metric}={summary.get(f'final_{metric}')}")

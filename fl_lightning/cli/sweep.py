@@ -54,6 +54,7 @@ from ..core.files import open_new
 from ..core.safe_json import load_file
 from ..runtime.lock import RunDirBusy, RunLock, check_output_dir
 from ..runtime.paths import resolve_output_dir
+from ..runtime.session import Session
 from .progress import RoundMonitor, monitored
 
 
@@ -309,7 +310,7 @@ def _result_line(run: SweepRun, total: int, swept: Sequence[str]) -> str:
     )
 
 
-def _run_inline(run: SweepRun) -> None:
+def _run_inline(run: SweepRun, session: Session) -> None:
     from ..runtime.runner import resume_run, start_run
 
     try:
@@ -317,9 +318,9 @@ def _run_inline(run: SweepRun) -> None:
             from ..config import load_run_config
 
             rounds = f"fl.rounds={run.cfg.fl.rounds}"  # may be more than it ran (a longer schedule)
-            resume_run(run.run_dir, load_run_config(run.run_dir, [rounds]), console=False)
+            resume_run(run.run_dir, load_run_config(run.run_dir, [rounds]), console=False, session=session)
         else:
-            start_run(run.cfg, console=False)
+            start_run(run.cfg, console=False, session=session)
         run.status = "ok"
     except (ClientFailure, CheckpointError, ConfigError, StartupError, RuntimeError, OSError) as e:
         # (its run dir taken, a full disk, ...)
@@ -327,17 +328,14 @@ def _run_inline(run: SweepRun) -> None:
         run.status, run.message = "failed", f"diverged: {why}" if isinstance(e, DivergedError) else why
 
 
-def _shared_ray(runs: Sequence[SweepRun]) -> contextlib.AbstractContextManager[None]:
+def _session(runs: Sequence[SweepRun]) -> Session:
     """One Ray, and warm client workers, for all runs one after another, when every Ray run
     asks for the same Ray (address, CPUs, GPUs); else each run starts its own as `run` does."""
     wants = {
         (rt.address, rt.num_cpus, rt.num_gpus) for rt in (r.cfg.runtime for r in runs) if rt.executor == "ray"
     }
-    if len(wants) != 1:
-        return contextlib.nullcontext()
-    from ..runtime.runner import shared_ray
-
-    return shared_ray()
+    shared = len(wants) == 1
+    return Session(keep_ray=shared, reuse_actors=shared)
 
 
 def own_wandb_service() -> dict[str, str]:
@@ -437,10 +435,12 @@ def run_grid(
     total = total or len(runs)
     with RoundMonitor(sys.stdout) as monitor:  # a line per round of every run: never silent
         if parallel == 1:
-            with _shared_ray(runs):
+            with _session(runs) as session:
                 for r in runs:
                     label = f"[{r.index + 1}/{total}] {r.label(swept)}"
-                    monitored(monitor, r.run_dir, label, int(r.cfg.fl.rounds), partial(_run_inline, r))
+                    monitored(
+                        monitor, r.run_dir, label, int(r.cfg.fl.rounds), partial(_run_inline, r, session)
+                    )
                     print(_result_line(r, total, swept), flush=True)
         else:
             _run_parallel(runs, parallel, log_dir, total, swept, monitor)

@@ -106,12 +106,10 @@ class ClientActor:
         }
 
 
-_REMOTE: Any = None
+#: `ray.remote(ClientActor)`: made once, at import (it needs no running Ray)
+RemoteClientActor: Any = ray.remote(ClientActor)
 
 
 def remote_actor() -> Any:
-    """`ray.remote(ClientActor)`, made once per process."""
-    global _REMOTE
-    if _REMOTE is None:
-        _REMOTE = ray.remote(ClientActor)
-    return _REMOTE
+    """The remote class of `ClientActor`."""
+    return RemoteClientActor

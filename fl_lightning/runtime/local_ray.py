@@ -21,7 +21,7 @@ SIGINT to Ray's processes too) or `kill -9` of the driver they stayed 1-2.5 minu
 `init_ray` marks every process of the Ray it starts (`FL_LIGHTNING_RAY_OWNER=<pid>-<token>`
 in their environment, inherited from the raylet by agents and workers) and starts a small
 watchdog in its own session that waits on a pipe from the driver: when the pipe closes
-(`stop_local_ray()` after `ray.shutdown()`, or the driver's death, `kill -9` included), it
+(`RayConnection.shutdown()`, after `ray.shutdown()`, or the driver's death, `kill -9` included), it
 sends SIGTERM, then SIGKILL, to the processes carrying that mark, and only to them.
 A SIGINT or SIGTERM during `ray.init` is held until it returns (a second one interrupts at
 once), then Ray is shut down and the interrupt raised: Ray's start-up is never left half done.
@@ -141,70 +141,57 @@ for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
         time.sleep(0.05)
 """
 
-_watchdog: subprocess.Popen[bytes] | None = None
+
+class Watchdog:
+    """The watchdog of a local Ray about to start (`start`), and the mark its processes get
+    in their environment (`mark`: None where there is no /proc, nothing to watch with)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.mark: str | None = None
+
+    def start(self) -> str | None:
+        if not os.path.isdir("/proc"):
+            return None
+        mark = f"{OWNER_ENV}={os.getpid()}-{secrets.token_hex(6)}"
+        env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _WATCHDOG, mark, str(os.getpid())],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=env, start_new_session=True,
+            )  # fmt: skip
+        except OSError:
+            return None
+        self.mark = mark.partition("=")[2]
+        return self.mark
+
+    def stop(self, wait_s: float = 10.0) -> None:
+        """After `ray.shutdown()`: end what that Ray left behind (the watchdog does, then
+        exits). A no-op when it never started or was stopped already."""
+        wd, self.proc = self.proc, None
+        if wd is None:
+            return
+        if wd.stdin is not None:
+            with contextlib.suppress(OSError):
+                wd.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            wd.wait(timeout=wait_s)
 
 
-def _start_watchdog() -> str | None:
-    """Start the watchdog of a local Ray about to start; returns the mark its processes get
-    (None where there is no /proc: nothing to watch with)."""
-    global _watchdog
-    stop_local_ray()  # an earlier one's (a Ray shut down without stop_local_ray)
-    if not os.path.isdir("/proc"):
-        return None
-    mark = f"{OWNER_ENV}={os.getpid()}-{secrets.token_hex(6)}"
-    env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
-    try:
-        _watchdog = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _WATCHDOG, mark, str(os.getpid())],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=env, start_new_session=True,
-        )  # fmt: skip
-    except OSError:
-        return None
-    return mark.partition("=")[2]
+class RayConnection:
+    """A Ray that `init_ray` started or joined: `shutdown` disconnects, and for a local Ray
+    stops its watchdog, which ends whatever of it is left."""
 
+    def __init__(self, watchdog: Watchdog | None = None) -> None:
+        self.watchdog = watchdog
 
-def stop_local_ray(wait_s: float = 10.0) -> None:
-    """After `ray.shutdown()` of a local Ray this process started: end what it left behind
-    (the watchdog does, then exits). A no-op when there is none, or while Ray is still up
-    in this process (e.g. a Ray shared by several runs)."""
-    global _watchdog
-    if _watchdog is None:
-        return
-    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-        return
-    wd, _watchdog = _watchdog, None
-    if wd.stdin is not None:
-        with contextlib.suppress(OSError):
-            wd.stdin.close()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        wd.wait(timeout=wait_s)
+    def shutdown(self) -> None:
+        import ray
 
-
-_keep = 0  # open `keep_ray()` blocks
-
-
-@contextlib.contextmanager
-def keep_ray() -> Iterator[None]:
-    """While open, a Ray that a run starts or joins stays up for the next run of this
-    process (a sequential sweep starts Ray once); shut down, and a local one's leftovers
-    ended, on exit. A Ray that was up before is left as it was."""
-    global _keep
-    was_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
-    _keep += 1
-    try:
-        yield
-    finally:
-        _keep -= 1
-        ray = sys.modules.get("ray")
-        if not was_up and not _keep and ray is not None and ray.is_initialized():
-            ray.shutdown()
-            stop_local_ray()
-
-
-def ray_kept() -> bool:
-    """Whether a run should leave the Ray it started up (inside `keep_ray`)."""
-    return _keep > 0
+        ray.shutdown()
+        if self.watchdog is not None:
+            self.watchdog.stop()
 
 
 def cluster_address(address: str | None) -> str | None:
@@ -224,10 +211,12 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
-def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
+def init_ray(
+    address: str | None, num_cpus: int | None = None, num_gpus: int | None = None
+) -> RayConnection | None:
     """Start a private local Ray on loopback, or join a cluster (`address`, else
-    `$RAY_ADDRESS`: see `cluster_address`). Returns True if this call connected (so the
-    caller should `ray.shutdown()`), False if Ray was already up."""
+    `$RAY_ADDRESS`: see `cluster_address`). Returns the connection if this call connected
+    (the caller shuts it down), None if Ray was already up."""
     address = cluster_address(address)
     if not address:
         apply_loopback_env()  # before `import ray`: Ray reads some of these at import
@@ -235,28 +224,29 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
     from ray._private import ray_constants
 
     if ray.is_initialized():
-        return False
+        return None
     from . import signals
 
-    sigterm_ours = signals.ours()
+    sigterm = signals.our_handler()
     kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
     if address:
         try:
             ray.init(address=address, **kwargs)
         except Exception as e:  # unreachable, refused, timed out: one line, not Ray's traceback
             raise StartupError(f"cannot join the Ray cluster at {address}: {_first_line(e)}") from None
-        signals.restore_after_ray_init(sigterm_ours)
+        signals.restore_after_ray_init(sigterm)
         res = ray.cluster_resources()
         print(
             f"ray: joined the cluster at {address} ({len(ray.nodes())} nodes, "
             f"{res.get('CPU', 0):g} CPUs, {res.get('GPU', 0):g} GPUs)",
             file=sys.stderr,
         )
-        return True
+        return RayConnection()
     # If Ray was imported before the variables were set (e.g. by user code), the node-IP
     # switch was already read; set it the way the variable would have.
     ray_constants.ENABLE_RAY_CLUSTER = False
-    mark = _start_watchdog()
+    watchdog = Watchdog()
+    mark = watchdog.start()
     before = os.environ.get(OWNER_ENV)
     try:
         if mark:
@@ -264,10 +254,9 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
         # held: a signal during `ray.init` raises after it returns, never half-way through
         with signals.held(), _home(ray_home()):
             ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, **kwargs)
-            signals.restore_after_ray_init(sigterm_ours)
+            signals.restore_after_ray_init(sigterm)
     except BaseException as e:
-        ray.shutdown()
-        stop_local_ray()
+        RayConnection(watchdog).shutdown()
         if isinstance(e, Exception):  # e.g. "The current node timed out during startup" under load
             raise StartupError(
                 f"the local Ray did not start: {_first_line(e)} (an overloaded machine: try again, "
@@ -279,4 +268,4 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
             os.environ.pop(OWNER_ENV, None)
         else:
             os.environ[OWNER_ENV] = before
-    return True
+    return RayConnection(watchdog)

@@ -16,7 +16,6 @@ Trainer's `devices=1` trains on exactly that GPU.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +31,7 @@ from ..core.messages import ClientPayload, RoundPlan
 from ..core.types import ClientId, ClientState
 from ..data.registry import ArrayDataset
 from .actor import remote_actor
+from .early import EarlyWorkers
 from .host import ClientSpec
 from .placement import Placement, end_workers, layout_key, on_bundle, reserve_gpu_bundles
 
@@ -52,7 +52,12 @@ class RayExecutor:
         schedule_timeout_s: float | None = 120.0,
         check_cuda: bool = True,
         restore: Callable[[list[ClientId]], Iterable[tuple[ClientId, ClientState]]] | None = None,
+        pool: ActorPool | None = None,
+        early: EarlyWorkers | None = None,
     ) -> None:
+        """`restore`: the last checkpoint's state of some clients (for a restarted actor);
+        `pool`: warm workers of a sweep's earlier runs, kept for the next when this run
+        completes; `early`: workers `Session.early_start` made while the driver imported."""
         self.placement = placement
         self.max_client_failures = max_client_failures
         self._spec = spec
@@ -65,12 +70,13 @@ class RayExecutor:
         # warm workers of a sweep's previous run that asked for the same (with their placement
         # group, on GPUs); any other idle worker is ended so its CPUs and GPUs are free for ours
         n = placement.num_actors
-        warm = _pool.take(self._pool_key(), n) if _pool is not None else None
+        self._pool = pool
+        warm = pool.take(self._pool_key(), n) if pool is not None else None
+        handles: list[Any] = []
+        self.pg: Any = None
         if warm is not None:
             handles, self.pg = warm.actors, warm.pg
-        else:  # workers (and their placement group) `early.early_start` made while the driver imported
-            from . import early
-
+        elif early is not None:  # workers (and their placement group) made while the driver imported
             ctor = (spec.accelerator, check_cuda)
             handles, self.pg = early.take(self._options, ctor, n, layout_key(placement, placement_strategy))
         if self.pg is None and placement.gpu_bundles:
@@ -203,17 +209,15 @@ class RayExecutor:
         return self._run(plan, "bn_stats")
 
     def close(self, reuse: bool = False) -> None:
-        """End the actors (and the placement group), or (`reuse`, inside `reuse_actors`)
-        keep them warm, their clients dropped, for the next run."""
-        if reuse and _pool is not None:
+        """End the actors (and the placement group), or (`reuse`, with a `pool`) keep them
+        warm, their clients dropped, for the next run."""
+        if reuse and self._pool is not None:
             for a in self.actors:
                 a.release.remote()
-            _pool.put(self._pool_key(), _Idle(self.actors, self.pg))
+            self._pool.put(self._pool_key(), _Idle(self.actors, self.pg))
         else:
             _end(_Idle(self.actors, self.pg))
         self.actors, self.pg = [], None
-
-
 
 
 @dataclass
@@ -255,24 +259,6 @@ class ActorPool:
         for idle in self._idle.values():
             _end(idle)
         self._idle = {}
-
-
-_pool: ActorPool | None = None
-
-
-@contextlib.contextmanager
-def reuse_actors() -> Iterator[None]:
-    """While open, a finished run's client workers stay up for the next run (same CPUs and
-    GPUs per worker): a sequential sweep pays each worker's process start and imports
-    (Lightning, torchmetrics: seconds per worker) once. Workers are ended on exit."""
-    global _pool
-    outer, _pool = _pool, ActorPool()
-    try:
-        yield
-    finally:
-        pool, _pool = _pool, outer
-        if ray.is_initialized():
-            pool.clear()
 
 
 def _cause(e: Exception) -> str:

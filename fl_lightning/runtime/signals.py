@@ -21,17 +21,30 @@ from types import FrameType
 
 from ..core.errors import Terminated
 
-_received: list[int] = []
+
+class _Terminator:
+    """Our SIGTERM handler. It remembers that it fired (`terminated`): Ray may re-raise a plain
+    KeyboardInterrupt from inside `ray.get`. The handler installed is the only copy of that
+    fact, so there is no module-level state."""
+
+    def __init__(self) -> None:
+        self.fired = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.fired = True
+        raise Terminated
 
 
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    _received.append(signum)  # Ray may re-raise a plain KeyboardInterrupt from inside ray.get
-    raise Terminated
+def our_handler() -> _Terminator | None:
+    """Our SIGTERM handler, if it is the one installed."""
+    handler = signal.getsignal(signal.SIGTERM)
+    return handler if isinstance(handler, _Terminator) else None
 
 
 def terminated() -> bool:
     """Whether this process got SIGTERM (through our handler)."""
-    return bool(_received)
+    handler = our_handler()
+    return handler is not None and handler.fired
 
 
 def stop_on_sigterm() -> bool:
@@ -39,23 +52,18 @@ def stop_on_sigterm() -> bool:
     embedding program's own handler is left alone). True if it is in place."""
     if threading.current_thread() is not threading.main_thread():
         return False
-    current = signal.getsignal(signal.SIGTERM)
-    if current is _raise_terminated:
+    if our_handler() is not None:
         return True
-    if current not in (signal.SIG_DFL, None):
+    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
         return False
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, _Terminator())
     return True
 
 
-def restore_after_ray_init(was_ours: bool) -> None:
+def restore_after_ray_init(handler: _Terminator | None) -> None:
     """`ray.init` replaced the C-level SIGTERM handler behind Python's back: re-install ours."""
-    if was_ours and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_terminated)
-
-
-def ours() -> bool:
-    return signal.getsignal(signal.SIGTERM) is _raise_terminated
+    if handler is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 @contextlib.contextmanager
@@ -68,26 +76,28 @@ def held() -> Iterator[None]:
         yield
         return
     got: list[int] = []
+    sigterm = our_handler()
 
     def hold(signum: int, frame: FrameType | None) -> None:
         if got:
-            _raise(signum)
+            _raise(signum, sigterm)
         got.append(signum)
 
     previous = {}
-    for sig, known in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, _raise_terminated)):
-        if signal.getsignal(sig) is known:
-            previous[sig] = signal.signal(sig, hold)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, hold)
+    if sigterm is not None:
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, hold)
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if got:
-        _raise(signal.SIGTERM if signal.SIGTERM in got else got[0])
+        _raise(signal.SIGTERM if signal.SIGTERM in got else got[0], sigterm)
 
 
-def _raise(signum: int) -> None:
-    if signum == signal.SIGTERM:
-        _raise_terminated(signum, None)
+def _raise(signum: int, sigterm: _Terminator | None) -> None:
+    if signum == signal.SIGTERM and sigterm is not None:
+        sigterm(signum, None)
     raise KeyboardInterrupt

@@ -1,0 +1,95 @@
+"""`summary.json`: a run's result in one object, read by `compare`, `sweep`, `reproduce` and
+the console table. `final_accuracy`/`best_accuracy`/`accuracy_metric` are kept beside
+`final_<primary>` for single-label runs: every earlier result and tool reads them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from omegaconf import DictConfig
+
+from ..core.types import ClientId
+from ..tracking.chance import chance_note
+from .placement import Placement
+from .record import driver_memory_mb
+
+
+def run_summary(
+    cfg: DictConfig,
+    records: list[dict[str, Any]],
+    primary: str,
+    run_id: str,
+    status: str,
+    placement: Placement | None,
+    actors_reused: int = 0,
+    actors_prestarted: int = 0,
+    startup_s: float | None = None,
+    clients_evaluated_ids: Sequence[ClientId] | None = None,
+    extra: dict[str, Any] | None = None,
+    error: str | None = None,
+    chance: tuple[str, float, float] | None = None,
+) -> dict[str, Any]:
+    """`placement`: None when Ray did not start; `extra`: the method's own keys
+    (`Strategy.run_summary`), the pretrained trunk the run started from (`model_weights`);
+    `error`: why the run stopped (one line); `chance`: the test set's chance level
+    (`tracking.chance.chance_level`) for a completed run, which is warned about if it never
+    did better."""
+    evald = [r for r in records if r.get(primary) is not None and not r.get("diverged")]
+    out: dict[str, Any] = {
+        "method": cfg.method.name,
+        "dataset": cfg.data.name,
+        "model": cfg.model.name,
+        "seed": int(cfg.seed),
+        "experiment": cfg.experiment,
+        "run_id": run_id,
+        "status": status,
+        "executor": cfg.runtime.executor,
+        "num_clients": int(cfg.fl.num_clients),
+        "rounds": int(cfg.fl.rounds),
+        "rounds_completed": max((int(r["round"]) for r in records if not r.get("diverged")), default=0),
+        "primary_metric": primary,
+        f"final_{primary}": None,
+        f"best_{primary}": None,
+        "best_round": None,
+        "wall_time_s": float(records[-1]["wall_time_s"]) if records else 0.0,
+        "bytes_up_total": int(sum(r.get("bytes_up", 0) for r in records)),
+        "bytes_down_total": int(sum(r.get("bytes_down", 0) for r in records)),
+        "clients_failed_total": int(sum(r.get("clients_failed", 0) for r in records)),
+        "driver_peak_rss_mb": driver_memory_mb().get("driver_peak_rss_mb"),
+        "driver_anon_max_mb": max((r.get("driver_anon_mb", 0.0) for r in records), default=None),
+        "num_actors": placement.num_actors if placement else 0,  # None: Ray did not start
+        "actors_reused": actors_reused,  # warm workers of a sweep's previous run
+        "actors_prestarted": actors_prestarted,  # started while the driver imported
+        "startup_s": None if startup_s is None else round(startup_s, 3),
+        "threads_per_client": placement.threads if placement else None,
+    }
+    out.update(extra or {})
+    if clients_evaluated_ids is not None:
+        out["clients_evaluated_ids"] = list(clients_evaluated_ids)  # whose splits client_* averages
+    single_label = primary in ("accuracy", "client_accuracy")
+    if single_label:  # the keys every earlier result and tool reads
+        out.update(accuracy_metric=primary, final_accuracy=None, best_accuracy=None)
+    if evald:
+        best = max(evald, key=lambda r: r[primary])
+        out.update(
+            {
+                f"final_{primary}": evald[-1][primary],
+                f"best_{primary}": best[primary],
+                "best_round": best["round"],
+            }
+        )
+        if single_label:
+            out.update(final_accuracy=evald[-1][primary], best_accuracy=best[primary])
+        for k, v in evald[-1].items():
+            if (
+                (k.startswith("client_") or k.startswith(("many_", "medium_", "few_")))
+                and k != primary
+                and isinstance(v, float)
+            ):
+                out[f"final_{k}"] = v
+    if error is not None:
+        out["error"] = error
+    elif status == "completed":  # learned nothing, yet nothing diverged: say so
+        out.update(chance_note(records, chance))
+    return out

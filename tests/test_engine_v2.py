@@ -21,8 +21,8 @@ from fl_lightning.core.optim import OptimConfig
 from fl_lightning.core.params import to_cpu
 from fl_lightning.core.strategy import FedAvgStrategy, TaskInfo, round_rng
 from fl_lightning.methods import METHODS
-from fl_lightning.runtime.host import ClientHost, build_objective
 from fl_lightning.runtime.callbacks import CallbackList, WallClock
+from fl_lightning.runtime.host import ClientHost, build_objective
 from fl_lightning.runtime.runner import Run, prepare, run_rounds, start_run
 
 from .conftest import small

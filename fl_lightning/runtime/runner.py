@@ -219,7 +219,7 @@ class Run:
 
     def _summary_extra(self) -> dict[str, Any]:
         """The method's own summary keys, and the pretrained trunk the run started from."""
-        extra = self.p.strategy.run_summary()
+        extra = dict(self.p.strategy.run_summary())
         if self.p.weights_info is not None:
             extra["model_weights"] = self.p.weights_info
         return extra

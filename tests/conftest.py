@@ -61,10 +61,10 @@ def ray_session():
 
     from fl_lightning.runtime.local_ray import init_ray
 
-    started = init_ray(None, num_cpus=2)
+    conn = init_ray(None, num_cpus=2)  # None: a Ray was up already, left as it is
     yield ray
-    if started:
-        ray.shutdown()
+    if conn is not None:
+        conn.shutdown()
 
 
 def small(tmp_path: Path, *extra: str) -> list[str]:

@@ -1,6 +1,6 @@
 # Two commands do everything (see README): `make demo` and `make test`. Each creates or
 # refreshes the virtual environment and fetches the embedded data, idempotently; `make test`
-# also runs `make lint` (ruff and mypy, configured in pyproject.toml) first.
+# also runs `make lint` (ruff check, ruff format --check and mypy, configured in pyproject.toml) first.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -26,6 +26,7 @@ demo: data
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy fl_lightning
 
 # Two pytest workers (`TEST_WORKERS=0`: one process): most tests are small serial runs that keep

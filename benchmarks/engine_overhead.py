@@ -11,6 +11,7 @@ test images each round. Three ways:
 Writes JSON with wall times, per-phase times, their ratios and peak driver memory.
 Run: `python benchmarks/engine_overhead.py --out benchmarks/results/engine_overhead.json`.
 """
+
 from __future__ import annotations
 
 import argparse

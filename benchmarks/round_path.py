@@ -13,6 +13,7 @@ spent waiting for an overlapped evaluation, and whether every round's accuracy i
 Run: `python benchmarks/round_path.py --out benchmarks/results/round_path.json`
 (`--runtimes serial,ray`, `--test 10000` for an evaluation-heavy round).
 """
+
 from __future__ import annotations
 
 import argparse

@@ -38,7 +38,9 @@ def cases(effnet_size: int) -> dict[str, tuple[str, int, dict]]:
         "ctran/cnn": ("ctran", 56, {**ctran, "trunk": "cnn"}),
         "ctran/tiles": ("ctran", 56, {**ctran, "trunk": "tiles"}),
         "ctran/efficientnet": (
-            "ctran", 56, {**ctran, "trunk": "efficientnet_lite0", "input_size": effnet_size}
+            "ctran",
+            56,
+            {**ctran, "trunk": "efficientnet_lite0", "input_size": effnet_size},
         ),
         "tilenet": ("tilenet", 56, {}),
         "cnn": ("cnn", 28, {"hidden": 384}),

@@ -23,6 +23,7 @@ Every key is checked against a typed schema, so a typo is an error, never silent
 ignored. This module imports no torch, Ray or W&B: bad input is rejected in well under
 a second.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -557,7 +558,8 @@ def validate(cfg: DictConfig) -> None:
         "runtime.placement": (rt.placement, ("auto", "per_client", "pool")),
         "runtime.accelerator": (rt.accelerator, ("auto", "cpu", "gpu")),
         "runtime.placement_strategy": (
-            rt.placement_strategy, ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+            rt.placement_strategy,
+            ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
         ),
         "logger.backend": (cfg.logger.backend, ("wandb", "none")),
         "logger.mode": (cfg.logger.mode, ("auto", "online", "offline", "disabled")),
@@ -612,8 +614,10 @@ def validate_registered(cfg: DictConfig) -> None:
     except OmegaConfBaseException as e:
         raise _schema_errors(e) from None
     if dataclasses.is_dataclass(strategy.config_cls):  # cfg.method is untyped: its raw values
-        check_bools({"method": OmegaConf.to_container(cfg.method, resolve=False)},
-                    _bool_keys(strategy.config_cls, "method."))
+        check_bools(
+            {"method": OmegaConf.to_container(cfg.method, resolve=False)},
+            _bool_keys(strategy.config_cls, "method."),
+        )
     if dataclasses.is_dataclass(method_cfg) and not isinstance(method_cfg, type):
         bad = _nonfinite(dataclasses.asdict(method_cfg), "method")
         if bad is not None:  # e.g. method.mu=nan: a string until the method's schema types it

@@ -3,6 +3,7 @@
 Nothing here fakes a part: runs use the real Lightning Trainer, a real local Ray on
 loopback, real W&B offline files and the real dataset (small subsets for speed).
 """
+
 from __future__ import annotations
 
 import os

@@ -16,6 +16,7 @@ made as `Session.early_start` makes them, then a run's executor asking for run_g
 it takes them when the two agree, else ends
 them; then one line with the placement groups left after it closed).
 """
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """Cluster and multi-GPU paths: the `ray up` configs, the job-submit wrapper, how a run picks
 its Ray, and GPU placement on a real local Ray that declares 4 (fake) GPUs."""
+
 from __future__ import annotations
 
 import collections

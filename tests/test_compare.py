@@ -1,6 +1,7 @@
 """Journey 3: `fl-lightning sweep` (a grid of real tiny runs) and `fl-lightning compare`
 (table of mean ± std over seeds, accuracy-vs-round plots), and what a run sends to W&B
 for comparing runs (partition statistics, seed tag)."""
+
 from __future__ import annotations
 
 import glob

@@ -1,4 +1,5 @@
 """Bad input: one clear line on stderr, a non-zero exit, nothing written, no Ray started."""
+
 import os
 import subprocess
 import sys
@@ -52,8 +53,18 @@ def test_console_script_exit_code_and_single_line(tmp_path):
 
 
 def test_overrides_groups_and_fraction():
-    cfg = compose(["method=fedavg", "data=fmnist", "fl.rounds=5", "fl.num_clients=10",
-                   "data.partition=dirichlet", "data.alpha=0.3", "seed=1", "output_dir=/some/dir"])
+    cfg = compose(
+        [
+            "method=fedavg",
+            "data=fmnist",
+            "fl.rounds=5",
+            "fl.num_clients=10",
+            "data.partition=dirichlet",
+            "data.alpha=0.3",
+            "seed=1",
+            "output_dir=/some/dir",
+        ]
+    )
     assert (cfg.fl.rounds, cfg.fl.num_clients, cfg.data.alpha, cfg.seed) == (5, 10, 0.3, 1)
     assert cfg.output_dir == "/some/dir" and cfg.runtime.executor == "ray"
     assert clients_per_round(cfg) == 10

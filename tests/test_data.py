@@ -2,6 +2,7 @@
 missing-data messages, and each standard dataset's loader read from a tiny copy of its
 real on-disk format written here (CIFAR pickles, MNIST idx, image folders, FedBN split
 files, VOC XML, COCO JSON, FLAIR HDF5). Plus `fl-lightning partition`."""
+
 from __future__ import annotations
 
 import gzip
@@ -357,7 +358,9 @@ def test_flair_hdf5_natural_users(tmp_path):
     with h5py.File(tmp_path / "flair" / "flair_federated.hdf5", "w") as f:
         users = {
             "train": {
-                "u1": ["animal|plant", "food"], "u2": ["animal"], "u3": ["structure|art", "art", "food"]
+                "u1": ["animal|plant", "food"],
+                "u2": ["animal"],
+                "u3": ["structure|art", "art", "food"],
             },
             "test": {"t1": ["plant|food"]},
         }

@@ -40,8 +40,12 @@ NEEDS = {
     "fedbe": ["data.server_subset=500", "method.distill_steps=20", "method.swa_every=5"],
     "ccvr": ["method.retrain_epochs=20"],
     "creff": ["method.match_steps=10", "method.retrain_epochs=20"],
-    "clip2fl": ["method.teacher_epochs=1", "method.teacher_holdout_size=500", "method.match_steps=10",
-                "method.retrain_epochs=20"],  # fmt: skip
+    "clip2fl": [
+        "method.teacher_epochs=1",
+        "method.teacher_holdout_size=500",
+        "method.match_steps=10",
+        "method.retrain_epochs=20",
+    ],  # fmt: skip
     "fedtgp": ["method.server_epochs=10"],
     "fedtsp": ["method.server_epochs=5"],
 }

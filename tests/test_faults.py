@@ -1,5 +1,6 @@
 """A client whose actor dies is retried on a fresh actor; one that keeps failing is
 dropped when fl.max_client_failures allows, else the run stops naming client and cause."""
+
 import pytest
 
 from fl_lightning.config import compose

@@ -284,7 +284,9 @@ def _flair(root: Path) -> None:
     rng = np.random.default_rng(0)
     users = {
         "train": {
-            "u1": ["animal|plant", "food", "plant"], "u2": ["animal", "art|food"], "u3": ["art", "food|plant"]
+            "u1": ["animal|plant", "food", "plant"],
+            "u2": ["animal", "art|food"],
+            "u3": ["art", "food|plant"],
         },
         "test": {"t1": ["plant|food", "animal", "art"]},
     }

@@ -211,6 +211,7 @@ def test_server_step_tunes_only_the_prompts_through_the_frozen_encoder(tsp, gold
     )
     new, metrics = tsp.server_update(aggregated, [], server_ctx(tsp))
     assert isinstance(new, FedTSPState)
+
     # the loss between text and image prototypes went down (reported as server metrics).
     # Tolerance: the logits are exp(s)·cos; text features ENC_TOL apart per element move a
     # cosine by <= sqrt(d)·ENC_TOL and the cross-entropy by <= 2·exp(s)·sqrt(d)·ENC_TOL.

@@ -10,6 +10,7 @@ below one parent, so the test collects that parent's descendants from /proc, sen
 parent SIGTERM (Ray then shuts its node down), and SIGKILLs only those collected PIDs that
 are still alive afterwards (checked against their start time, so a reused PID is never hit).
 """
+
 from __future__ import annotations
 
 import json

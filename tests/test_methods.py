@@ -624,8 +624,12 @@ SMOKE = {
         for m in ("feddistill", "lg_fedavg", "local")
     },
     # fedtsp's own defaults are the paper's 5 local epochs and 20 prompt steps: 1 of each here
-    "fedtsp": ["model=htfe_cnn3", "data.client_test_fraction=0.25", "fl.local_epochs=1",
-               "method.server_epochs=1"],  # fmt: skip
+    "fedtsp": [
+        "model=htfe_cnn3",
+        "data.client_test_fraction=0.25",
+        "fl.local_epochs=1",
+        "method.server_epochs=1",
+    ],  # fmt: skip
     "fedtgp": [
         "model=htfe_cnn3",
         "data.client_test_fraction=0.25",
@@ -634,10 +638,20 @@ SMOKE = {
     ],
     # creff/clip2fl defaults: 10 local epochs, 100 feature steps, 300 re-training epochs (the code's);
     # clip2fl's aligned teacher: a tiny one on the images after the 400 used (tests/test_clip2fl.py)
-    **{m: ["fl.local_epochs=1", "method.match_steps=2", "method.retrain_epochs=1", "method.grad_repeats=1"]
-       + (["method.teacher_holdout_from=400", "method.teacher_holdout_size=200", "method.teacher_epochs=1",
-           "method.teacher_model_kwargs.scaling=1"] if m == "clip2fl" else [])
-       for m in ("creff", "clip2fl")},  # fmt: skip
+    **{
+        m: ["fl.local_epochs=1", "method.match_steps=2", "method.retrain_epochs=1", "method.grad_repeats=1"]
+        + (
+            [
+                "method.teacher_holdout_from=400",
+                "method.teacher_holdout_size=200",
+                "method.teacher_epochs=1",
+                "method.teacher_model_kwargs.scaling=1",
+            ]
+            if m == "clip2fl"
+            else []
+        )
+        for m in ("creff", "clip2fl")
+    },  # fmt: skip
 }
 
 

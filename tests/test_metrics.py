@@ -5,6 +5,7 @@ no positive target and one is never predicted positive, so both zero-denominator
 References are float64; torchmetrics computes AP and P/R in float32 (relative rounding 2**-24 per
 operation, sums over at most 1,200 terms), which stays well inside the 1e-6 tolerance.
 """
+
 from __future__ import annotations
 
 import math

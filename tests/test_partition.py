@@ -1,6 +1,7 @@
 """Partitioners and the partition cache, on real labels: Fashion-MNIST's 60,000 training
 labels (read from the real files in the data root) and scikit-learn's digits. Labels only,
 no images, no training: the whole file runs in a few seconds."""
+
 from __future__ import annotations
 
 import time
@@ -99,6 +100,7 @@ def test_dirichlet_impossible_requests_fail_fast_and_clearly(fm_labels, digit_la
 
 def test_dirichlet_approaches_iid_as_alpha_grows(fm_labels):
     alphas = [0.05, 0.2, 1.0, 5.0, 100.0]
+
     def mean_entropy(alpha: float) -> float:
         splits = [run("dirichlet", fm_labels, 10, seed=s, alpha=alpha) for s in range(3)]
         hists = [class_histogram(fm_labels, parts, 10) for parts in splits]

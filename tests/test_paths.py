@@ -1,5 +1,6 @@
 """Where relative run paths land inside a Ray job (fl_lightning.runtime.paths): against
 $FL_LIGHTNING_RUNS, not Ray's temporary package folder; outside a job nothing changes."""
+
 from __future__ import annotations
 
 import os

@@ -212,8 +212,10 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
         (TINY.replace("  fast:", "  Fast-1:"), "lower-case name"),
         (TINY.replace("direction: lower", "direction: down"), "direction higher|lower"),
         (TINY.replace("seeds: [0, 1]", "seeds: [-1]"), "non-negative"),
-        (TINY.replace("    seeds: [0, 1]", "    prepare: [{creates: /x, command: [ls]}]\n    seeds: [0]"),
-         "must stay inside the folder"),
+        (
+            TINY.replace("    seeds: [0, 1]", "    prepare: [{creates: /x, command: [ls]}]\n    seeds: [0]"),
+            "must stay inside the folder",
+        ),
         (TINY.replace("  slow: {", "  alias: {runs_of: nope}\n  slow: {"), "runs_of must name a row"),
         (TINY.replace("  slow: {", "  al: {runs_of: fast, overrides: [x]}\n  slow: {"), "no overrides"),
     ],

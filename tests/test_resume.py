@@ -1,6 +1,7 @@
 """A run killed at any moment resumes from its last checkpoint and ends the same: every metric
 of every round (losses included) and the final server and client state, bit for bit. SCAFFOLD
 with 2 of 4 clients a round: both sides keep state, and clients that sat out keep theirs."""
+
 import json
 import os
 import signal

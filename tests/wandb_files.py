@@ -3,6 +3,7 @@
 The file is a LevelDB-style log (7-byte header ':W&B' + magic + version, then 32 KiB
 blocks of records with crc32/length/type headers) of `wandb_internal_pb2.Record`s.
 """
+
 from __future__ import annotations
 
 import json

@@ -164,6 +164,7 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
                     f"{cls.__qualname__}.{attr} = {getattr(declared, '__qualname__', declared)} is not "
                     f"its generic argument {arg.__qualname__} (or a subclass of it)"
                 )
+
     #: True for methods without one global model (personal weights): they are evaluated
     #: on each client's own test split, so the data must have one.
     personalised: bool = False

@@ -5,4 +5,5 @@ Importing this package imports every dataset loader, so registering into `DATASE
 imported first. The loaders need numpy only (torch, torchvision, PIL and h5py are imported
 when a dataset is loaded).
 """
+
 from . import datasets, folders, multilabel, standins  # noqa: F401  (register the datasets)

@@ -6,6 +6,7 @@ skip decoding. `atomic_savez` / `load_npz` write and read such files safely (tem
 rename; a corrupt or foreign file is ignored and rebuilt); the per-client split cache of
 `federated.py` and FLAIR's user cache use them too.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -21,6 +21,7 @@ Large folder datasets are decoded once, resized to `data.image_size` (squashed t
 square, as the Office/DomainNet reference code does), and kept in memory as uint8; the
 decoded arrays are cached under `<data.root>/.cache/`. See `folders.py` and `cache.py`.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -72,8 +73,11 @@ def fmnist_where(root: str) -> str:
 
 DATASETS.register("fmnist")(
     DatasetEntry(
-        load=_load_fmnist, present=fmnist_present, where=fmnist_where,
-        download=fetch_fmnist, class_names=tuple(FMNIST_CLASSES),
+        load=_load_fmnist,
+        present=fmnist_present,
+        where=fmnist_where,
+        download=fetch_fmnist,
+        class_names=tuple(FMNIST_CLASSES),
     )  # fmt: skip
 )
 
@@ -92,7 +96,9 @@ def _load_digits(root: str) -> ArrayDataset:
 
 DATASETS.register("digits")(
     DatasetEntry(
-        load=_load_digits, present=lambda root: True, where=lambda root: "",
+        load=_load_digits,
+        present=lambda root: True,
+        where=lambda root: "",
         class_names=tuple(DIGIT_NAMES),
     )  # fmt: skip
 )

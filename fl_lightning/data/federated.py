@@ -8,6 +8,7 @@ files are written atomically. A cache hit is checked like a fresh split (every i
 range, none twice, every client present): an unreadable or inconsistent file is rebuilt,
 with a warning, and overwritten, so a broken cache never stops a run.
 """
+
 from __future__ import annotations
 
 import hashlib

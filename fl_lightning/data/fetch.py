@@ -9,6 +9,7 @@ length, then the shapes and labels Fashion-MNIST must have), so a truncated, ran
 wrong file ends with one line naming it and the command that fetches it again; `fetch`
 checks the files it finds the same way and fetches again when any is broken.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -123,9 +124,7 @@ def fmnist_present(root: str | Path) -> bool:
 
 
 def _from_apt(work: Path) -> Path:
-    subprocess.run(
-        ["apt-get", "download", FMNIST_DEB], cwd=work, check=True, capture_output=True, text=True
-    )
+    subprocess.run(["apt-get", "download", FMNIST_DEB], cwd=work, check=True, capture_output=True, text=True)
     (deb,) = work.glob(f"{FMNIST_DEB}_*.deb")
     subprocess.run(["dpkg", "-x", str(deb), str(work / "x")], check=True, capture_output=True)
     return work / "x" / FMNIST_DEB_DIR

@@ -14,6 +14,7 @@ Domain datasets read either layout, per domain:
     raw class names; PACS's `<domain>_{train,test}_kfold.txt` ("path label" lines) too;
   * plain folders `<dir>/<domain>/<class>/<image>`: a fixed (seed 0) 80/20 split per domain.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -323,10 +324,30 @@ OFFICE = DomainSpec(
     title="Office-Caltech-10",
     folder="office_caltech_10",
     domains=("amazon", "caltech", "dslr", "webcam"),
-    raw_classes=("back_pack", "bike", "calculator", "headphones", "keyboard", "laptop_computer",
-                 "monitor", "mouse", "mug", "projector"),  # fmt: skip
-    class_names=("backpack", "bike", "calculator", "headphones", "keyboard", "laptop computer",
-                 "monitor", "mouse", "mug", "projector"),  # fmt: skip  (FedGLCL's strings)
+    raw_classes=(
+        "back_pack",
+        "bike",
+        "calculator",
+        "headphones",
+        "keyboard",
+        "laptop_computer",
+        "monitor",
+        "mouse",
+        "mug",
+        "projector",
+    ),  # fmt: skip
+    class_names=(
+        "backpack",
+        "bike",
+        "calculator",
+        "headphones",
+        "keyboard",
+        "laptop computer",
+        "monitor",
+        "mouse",
+        "mug",
+        "projector",
+    ),  # fmt: skip  (FedGLCL's strings)
     default_size=256,
     source="the FedBN repository (office_caltech_10 with its split files)",
 )
@@ -335,10 +356,30 @@ DOMAINNET = DomainSpec(
     title="DomainNet (10-class subset)",
     folder="DomainNet",
     domains=("clipart", "infograph", "painting", "quickdraw", "real", "sketch"),
-    raw_classes=("bird", "feather", "headphones", "ice_cream", "teapot", "tiger", "whale", "windmill",
-                 "wine_glass", "zebra"),  # fmt: skip
-    class_names=("bird", "feather", "headphones", "ice cream", "teapot", "tiger", "whale", "windmill",
-                 "wine glass", "zebra"),  # fmt: skip
+    raw_classes=(
+        "bird",
+        "feather",
+        "headphones",
+        "ice_cream",
+        "teapot",
+        "tiger",
+        "whale",
+        "windmill",
+        "wine_glass",
+        "zebra",
+    ),  # fmt: skip
+    class_names=(
+        "bird",
+        "feather",
+        "headphones",
+        "ice cream",
+        "teapot",
+        "tiger",
+        "whale",
+        "windmill",
+        "wine glass",
+        "zebra",
+    ),  # fmt: skip
     default_size=128,
     source="ai.bu.edu/M3SDA (FedBN's split files select the 10-class subset)",
 )
@@ -365,4 +406,3 @@ for _spec in (OFFICE, DOMAINNET, PACS):
             domains=_spec.domains,
         )
     )
-

@@ -1,5 +1,6 @@
 """Long-tailed subsets (Cui et al. 2019 exponential profile), shared by the `*_lt`
 datasets and the `longtail` partitioner."""
+
 from __future__ import annotations
 
 import numpy as np

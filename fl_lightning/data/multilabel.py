@@ -6,6 +6,7 @@ cached under `<data.root>/.cache/`); at 128 px COCO takes ~6 GB, so lower the si
 subset for quick studies. FLAIR also records each training image's user
 (`train_groups`), which the `natural` partitioner turns into clients.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -93,8 +94,12 @@ def _load_voc(root: str, image_size: int | None = None) -> ArrayDataset:
 
 DATASETS.register("voc2007")(
     DatasetEntry(
-        load=_load_voc, present=_voc_present, where=_voc_where, download=_voc_download,
-        class_names=VOC_TEXT, multilabel=True,
+        load=_load_voc,
+        present=_voc_present,
+        where=_voc_where,
+        download=_voc_download,
+        class_names=VOC_TEXT,
+        multilabel=True,
     )  # fmt: skip
 )
 
@@ -159,8 +164,11 @@ def _load_coco(root: str, image_size: int | None = None) -> ArrayDataset:
 
 DATASETS.register("coco")(
     DatasetEntry(
-        load=_load_coco, present=lambda root: _coco_splits(root) is not None, where=_coco_where,
-        class_names=COCO_CLASSES, multilabel=True,
+        load=_load_coco,
+        present=lambda root: _coco_splits(root) is not None,
+        where=_coco_where,
+        class_names=COCO_CLASSES,
+        multilabel=True,
     )  # fmt: skip
 )
 
@@ -171,8 +179,23 @@ DATASETS.register("coco")(
 # train / val / test, users disjoint.
 FLAIR_FILES = ("flair_federated.hdf5", "flair.hdf5")
 FLAIR_COARSE = (
-    "animal", "art", "celebration", "equipment", "fire", "food", "games", "interior_room",
-    "light", "liquid", "material", "music", "outdoor", "plant", "recreation", "religion", "structure",
+    "animal",
+    "art",
+    "celebration",
+    "equipment",
+    "fire",
+    "food",
+    "games",
+    "interior_room",
+    "light",
+    "liquid",
+    "material",
+    "music",
+    "outdoor",
+    "plant",
+    "recreation",
+    "religion",
+    "structure",
 )  # fmt: skip  (sorted, as ml-flair/pfl-research map them to indices)
 
 
@@ -275,7 +298,10 @@ def _load_flair(
 
 DATASETS.register("flair")(
     DatasetEntry(
-        load=_load_flair, present=lambda root: _flair_file(root) is not None, where=_flair_where,
-        class_names=tuple(text_name(n) for n in FLAIR_COARSE), multilabel=True,
+        load=_load_flair,
+        present=lambda root: _flair_file(root) is not None,
+        where=_flair_where,
+        class_names=tuple(text_name(n) for n in FLAIR_COARSE),
+        multilabel=True,
     )  # fmt: skip
 )

@@ -17,6 +17,7 @@ Options a partitioner does not use are ignored, so callers may pass all of them
 | multilabel_dirichlet | multi-hot label skew (Dirichlet over each image's rarest label) | FedLGT note 8 |
 | natural | the dataset's own users (FLAIR); merged whole when fewer clients | FLAIR / FedLGT |
 """
+
 from __future__ import annotations
 
 import math

@@ -11,6 +11,7 @@ one clear message. The loaders (`datasets.py`, `folders.py`, `multilabel.py`,
 `standins.py`) register into `DATASETS`; importing the `fl_lightning.data` package imports
 all of them, so every name is registered whichever data module is imported first.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -91,7 +92,6 @@ class ArrayDataset:
             train_domains=cut(self.train_domains, train), test_domains=cut(self.test_domains, test),
             train_groups=cut(self.train_groups, train),
         )  # fmt: skip
-
 
     def hold_out(self, n: int) -> tuple[ArrayDataset, np.ndarray]:
         """`n` training images taken out of the training set for the server (unlabeled; the

@@ -5,6 +5,7 @@ A data root is shared and so untrusted: `pickle.load` would run whatever a plant
 numpy arrays need (what the official CIFAR python batches and FedBN split files hold) and
 raises a ConfigError naming the file for anything else.
 """
+
 from __future__ import annotations
 
 import _codecs
@@ -35,9 +36,7 @@ ARRAY_GLOBALS: dict[tuple[str, str], Any] = {
     ("_codecs", "encode"): _codecs.encode,
 }
 #: numpy scalars (np.str_ items of an object array, as FedBN's split files hold)
-SCALAR_GLOBALS: dict[tuple[str, str], Any] = {
-    (m, "scalar"): _multiarray("scalar") for m in _MODULES
-}
+SCALAR_GLOBALS: dict[tuple[str, str], Any] = {(m, "scalar"): _multiarray("scalar") for m in _MODULES}
 
 
 class _Refused(pickle.UnpicklingError):

@@ -12,6 +12,7 @@ Office/DomainNet/PACS or VOC/COCO/FLAIR.
 
 Both are deterministic (fixed seed 0), independent of the run seed.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -145,13 +146,23 @@ def _load_fmnist_multilabel(
 
 DATASETS.register("fmnist_domains")(
     DatasetEntry(
-        load=_load_fmnist_domains, present=fmnist_present, where=fmnist_where, download=fetch_fmnist,
-        class_names=tuple(FMNIST_CLASSES), domains=FMNIST_DOMAINS, standin=STANDIN_DOMAINS,
+        load=_load_fmnist_domains,
+        present=fmnist_present,
+        where=fmnist_where,
+        download=fetch_fmnist,
+        class_names=tuple(FMNIST_CLASSES),
+        domains=FMNIST_DOMAINS,
+        standin=STANDIN_DOMAINS,
     )  # fmt: skip
 )
 DATASETS.register("fmnist_multilabel")(
     DatasetEntry(
-        load=_load_fmnist_multilabel, present=fmnist_present, where=fmnist_where, download=fetch_fmnist,
-        class_names=tuple(FMNIST_CLASSES), multilabel=True, standin=STANDIN_MULTILABEL,
+        load=_load_fmnist_multilabel,
+        present=fmnist_present,
+        where=fmnist_where,
+        download=fetch_fmnist,
+        class_names=tuple(FMNIST_CLASSES),
+        multilabel=True,
+        standin=STANDIN_MULTILABEL,
     )  # fmt: skip
 )

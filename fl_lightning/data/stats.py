@@ -3,6 +3,7 @@
 Both read the dict `FederatedSplit.stats(dataset)` returns (the run's `partition.json`),
 so they also work on a finished run's file.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -115,7 +115,6 @@ class FedALAObjective(OwnModelObjective[Broadcast]):
         return update
 
 
-
 @dataclass
 class FedALAConfig(MethodConfig):
     name: str = "fedala"

@@ -99,9 +99,9 @@ class FedDF(ServerDistillation[FedDFConfig]):
         student = model_from(ctx.build_model, mean, ctx.device)
 
         def kl(s: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-            return F.kl_div(
-                F.log_softmax(s / t, 1), F.softmax(teacher / t, 1), reduction="batchmean"
-            ) * (t * t)
+            return F.kl_div(F.log_softmax(s / t, 1), F.softmax(teacher / t, 1), reduction="batchmean") * (
+                t * t
+            )
 
         g = torch.Generator().manual_seed(int(ctx.rng.integers(2**62)))
         order = batch_indices(len(x), c.distill_batch_size, c.distill_steps, g)

@@ -93,7 +93,6 @@ class FedPHPObjective(OwnModelObjective[Broadcast]):
         }
 
 
-
 @dataclass
 class FedPHPConfig(MethodConfig):
     name: str = "fedphp"

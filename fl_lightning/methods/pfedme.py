@@ -130,8 +130,5 @@ class PFedMe(Strategy[PFedMeConfig, ServerState, Broadcast]):
         if prev is None or new.global_params is None or self.config.beta == 1.0:
             return new
         b = self.config.beta
-        mixed = {
-            k: (1 - b) * prev[k] + b * v if is_weight(k, v) else v
-            for k, v in new.global_params.items()
-        }
+        mixed = {k: (1 - b) * prev[k] + b * v if is_weight(k, v) else v for k, v in new.global_params.items()}
         return dataclasses.replace(new, global_params=mixed)

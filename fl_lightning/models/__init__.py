@@ -6,6 +6,7 @@ A `ModelFamily` is registered in `MODELS` too: it gives client i the architectur
 a client's model with `build_client_model(name, client_id, ...)` and cache objectives by
 `architecture(name, client_id)`; for a single model both ignore the client id.
 """
+
 from __future__ import annotations
 
 import inspect

@@ -7,6 +7,7 @@ Linear → BN1d (→ ReLU)), which
 reproduces the papers' projectors: AlexNet keeps fc1 in the neck (fc1 → fc2-to-text),
 ResNet-50 keeps its FC(2048, 2048) in the neck (Table 8 of FedGLCL).
 """
+
 from __future__ import annotations
 
 import torch

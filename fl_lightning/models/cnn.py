@@ -4,6 +4,7 @@
 channels) with 2×2 max-pooling, a 512-unit hidden layer, a linear head. Padding keeps
 it valid for inputs as small as 8×8 (scikit-learn digits).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -66,7 +66,12 @@ class ResNet18Trunk(nn.Module):
 
 
 def _trunk(
-    name: str, in_channels: int, image_size: int, grid: int, tile_model: str, input_size: int | None,
+    name: str,
+    in_channels: int,
+    image_size: int,
+    grid: int,
+    tile_model: str,
+    input_size: int | None,
     pretrained: bool,
 ) -> tuple[nn.Module, int, str]:
     """(trunk, its channel width, the weights prefix of what a weights file fills)."""

@@ -17,6 +17,7 @@ few SGD steps at the paper's lr 0.01 (HtFLlib's ResNets end in batch norm + pool
 
 `htfe_cnn3` is the family (a, b, c).
 """
+
 from __future__ import annotations
 
 from torch import nn

@@ -216,7 +216,6 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", module=r"lightning(_utilities)?\..*")
 
 
-
 def _fit(trainer: L.Trainer, obj: ClientObjective, loader: DataLoader | ResidentBatches) -> None:
     """`trainer.fit`, with Ctrl-C kept a Ctrl-C: Lightning answers a KeyboardInterrupt in a fit
     by ignoring SIGINT from then on and calling `sys.exit(1)`, so a serial run would end
@@ -232,6 +231,7 @@ def _fit(trainer: L.Trainer, obj: ClientObjective, loader: DataLoader | Resident
         if threading.current_thread() is threading.main_thread() and handler is not None:
             signal.signal(signal.SIGINT, handler)
         raise interrupt from None  # a Ctrl-C, or a SIGTERM (`Terminated`)
+
 
 class ClientHost:
     def __init__(

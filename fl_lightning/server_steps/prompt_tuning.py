@@ -17,6 +17,7 @@ encoder and its embeddings never receive a gradient. Everything that survives a 
 (`ctx`, `logit_scale`, the optimiser state) goes in and comes out as CPU tensors, so the
 caller keeps it in its `ServerState`.
 """
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ FedDistill, FedTSP) and FedTGP's trainable global prototypes with an adaptive ma
     means, counts = aggregate_class_means([P_0, P_1], [n_0, n_1], weighting="count")
     gen, protos, loss = train_global_prototypes(gen_params, uploads, margin, ...)   # FedTGP
 """
+
 from __future__ import annotations
 
 import contextlib

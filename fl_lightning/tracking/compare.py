@@ -23,6 +23,7 @@ unpickled or imported. Without `--out`, the plots and compare.json go to `<first
 refused if that is a link, and each file is written to a new temporary file and renamed into
 place, so no planted link there is written through.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Console output: a round progress bar, and a short table at the end."""
+
 from __future__ import annotations
 
 import sys

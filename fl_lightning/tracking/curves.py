@@ -4,6 +4,7 @@ the losses per round, read from the run's `metrics.jsonl` lines and `summary.jso
 matplotlib is imported only here, when the picture is drawn (its Agg canvas directly: no
 global backend switch, no display).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -8,6 +8,7 @@ seed, so the W&B UI can group by method and average seeds without extra work. Th
 is sent flat (`optim.lr`, `data.partition`) for W&B's filters, and every history row holds
 `round`, the x-axis of every chart.
 """
+
 from __future__ import annotations
 
 import json

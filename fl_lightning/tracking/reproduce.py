@@ -186,9 +186,11 @@ def load_spec(path: Path) -> Spec:
         if set(only) - set(SCALES):
             raise ConfigError(f"{path}: rows.{rid}.scales must be among {', '.join(SCALES)}")
         paper = body.get("paper")
-        if not (paper is None or isinstance(paper, (int, float)) or (
-            isinstance(paper, dict) and all(isinstance(v, (int, float)) for v in paper.values())
-        )):
+        if not (
+            paper is None
+            or isinstance(paper, (int, float))
+            or (isinstance(paper, dict) and all(isinstance(v, (int, float)) for v in paper.values()))
+        ):
             raise ConfigError(f"{path}: rows.{rid}.paper must be a number or a mapping metric: number")
         unknown_keys = set(body) - ROW_KEYS
         if unknown_keys:
@@ -410,8 +412,15 @@ def build_report(
         lines.append("")
     notes = _pretrained_notes(rows, states, seeds)
     if notes:
-        lines += ["## Pretrained parts", "", "What the runs started from, as their `summary.json` records it "
-                  "(held-out accuracy on the test set, mean over the row's completed seeds):", "", *notes, ""]
+        lines += [
+            "## Pretrained parts",
+            "",
+            "What the runs started from, as their `summary.json` records it "
+            "(held-out accuracy on the test set, mean over the row's completed seeds):",
+            "",
+            *notes,
+            "",
+        ]
         out["pretrained"] = notes
     # Claims.
     lines += ["## Claims", "",

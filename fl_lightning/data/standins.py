@@ -16,6 +16,7 @@ Both are deterministic (fixed seed 0), independent of the run seed.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -144,25 +145,21 @@ def _load_fmnist_multilabel(
     )  # fmt: skip
 
 
-DATASETS.register("fmnist_domains")(
-    DatasetEntry(
-        load=_load_fmnist_domains,
+def _fmnist_entry(load: Callable[..., ArrayDataset], **extra: Any) -> DatasetEntry:
+    """A dataset built from the Fashion-MNIST files: present, fetched and named as they are."""
+    return DatasetEntry(
+        load=load,
         present=fmnist_present,
         where=fmnist_where,
         download=fetch_fmnist,
         class_names=tuple(FMNIST_CLASSES),
-        domains=FMNIST_DOMAINS,
-        standin=STANDIN_DOMAINS,
-    )  # fmt: skip
+        **extra,
+    )
+
+
+DATASETS.register("fmnist_domains")(
+    _fmnist_entry(_load_fmnist_domains, domains=FMNIST_DOMAINS, standin=STANDIN_DOMAINS)
 )
 DATASETS.register("fmnist_multilabel")(
-    DatasetEntry(
-        load=_load_fmnist_multilabel,
-        present=fmnist_present,
-        where=fmnist_where,
-        download=fetch_fmnist,
-        class_names=tuple(FMNIST_CLASSES),
-        multilabel=True,
-        standin=STANDIN_MULTILABEL,
-    )  # fmt: skip
+    _fmnist_entry(_load_fmnist_multilabel, multilabel=True, standin=STANDIN_MULTILABEL)
 )

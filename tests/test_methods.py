@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.config import compose
-from fl_lightning.core.params import to_cpu, weighted_mean
+from fl_lightning.core.params import to_cpu
 from fl_lightning.core.strategy import OptimConfig, ServerContext, TaskInfo, round_rng, server_rng
 from fl_lightning.data.registry import load_dataset
 from fl_lightning.methods import METHODS
@@ -101,6 +101,20 @@ def example_mean(models: list[tuple[int, dict]], key: str, dt) -> torch.Tensor:
     acc = sum(SIZES3[c] * m[key].to(torch.float64) for c, m in models) / total
     ref = models[0][1][key]
     return acc.to(dt) if ref.is_floating_point() else acc.round().to(ref.dtype)
+
+
+def written_mean(states: list[dict], weights: list[int]) -> dict:
+    """Σ n_k θ_k / Σ n_k key by key, written out in float64 (integer buffers rounded back): the
+    references' average, never the engine's `weighted_mean` (a bug there would be in both)."""
+    total = float(sum(weights))
+    out = {}
+    for key, ref in states[0].items():
+        acc = torch.zeros(ref.shape, dtype=torch.float64)
+        for state, n in zip(states, weights, strict=True):
+            acc = acc + n * state[key].to(torch.float64)
+        acc = acc / total
+        out[key] = acc.to(ref.dtype) if ref.is_floating_point() else acc.round().to(ref.dtype)
+    return out
 
 
 def toy_spec(name: str, objective_kwargs: dict, init, momentum: float = MOM) -> ClientSpec:
@@ -253,7 +267,7 @@ def match(got: dict, ref: tuple[dict, dict], factor: float = 16.0) -> None:
 def mean_of_clients(digits, plan, init, loss_fn, grad_hook=None, momentum=MOM):
     """The reference global model: the example-weighted mean of the hand-written clients."""
     return twin(
-        lambda dt: weighted_mean(
+        lambda dt: written_mean(
             [sd(m) for m, _ in manual_clients(digits, plan, init, loss_fn, grad_hook, dt, momentum)], [70, 50]
         )
     )
@@ -264,6 +278,33 @@ def test_fedavg_is_the_example_weighted_mean_of_plain_sgd(digits):
     _, plan, updates, new, init, _ = one_round("fedavg", digits)
     match(new.global_params, mean_of_clients(digits, plan, init, ce))
     assert [u.num_examples for u in updates] == [70, 50]
+
+
+def test_fedavg_two_rounds_with_partial_participation(digits3):
+    """Both rounds written out, |S| = 2 of N = 3 clients of sizes 70, 50, 40: each round's model
+    is Σ n_k y_k / Σ n_k over that round's clients only (round 2: clients 0 and 2). Mutations
+    caught (in `weighted_mean` or in the strategy's weights): uniform weights, the sum not
+    divided by Σ n_k, integer buffers truncated instead of rounded."""
+    init, plans, states, _ = two_rounds("fedavg", digits3)
+
+    def reference(dt):
+        x, rounds = cast(init, dt), []
+        for plan in plans:
+            ys = []
+            for p in plan.payloads:
+                m = Toy().to(dt)
+                m.load_state_dict(x)
+                m, _ = manual_fit(m, *client_data(digits3, p.client_id), p.seed, ce, momentum=0.0)
+                ys.append((p.client_id, sd(m)))
+            x = {k: example_mean(ys, k, dt) for k in x}
+            rounds.append(x)
+        return rounds
+
+    r32, r64 = twin(reference)
+    for rnd in (0, 1):
+        match(states[rnd].global_params, (r32[rnd], r64[rnd]))
+    # 5 and 4 steps at batch 16 in round 1: (70·5 + 50·4)/120 = 4.58 -> 5 (truncated: 4)
+    assert int(states[0].global_params["features.2.num_batches_tracked"]) == 5
 
 
 def test_fedprox_mu0_equals_fedavg_and_mu_adds_the_proximal_term(digits):
@@ -294,8 +335,8 @@ def test_scaffold_control_variates(digits):
         return [(sd(m), k) for m, k in manual_clients(digits, plan, init, ce, dtype=dt, momentum=0.0)]
 
     (m32, m64) = twin(clients)
-    match(new.global_params, (weighted_mean([m for m, _ in m32], [70, 50]),
-                              weighted_mean([m for m, _ in m64], [70, 50])))  # fmt: skip
+    match(new.global_params, (written_mean([m for m, _ in m32], [70, 50]),
+                              written_mean([m for m, _ in m64], [70, 50])))  # fmt: skip
     # Round 1: c = c_i = 0, so training is plain SGD and c_i+ = (x - y_i)/(K_i lr): the mean
     # of the K_i gradients applied. Checked on the engine's own y_i (its upload, matched to
     # the reference first), in float64: the engine's float32 c_i+ is that arithmetic
@@ -412,7 +453,7 @@ def test_fednova_normalises_by_effective_steps(digits):
             )
             out[k] = init[k].to(dt) - tau_eff * d
         # batch-norm statistics are averaged as in FedAvg
-        out["features.2.running_mean"] = weighted_mean([sd(m) for m, _ in models], [70, 50])[
+        out["features.2.running_mean"] = written_mean([sd(m) for m, _ in models], [70, 50])[
             "features.2.running_mean"
         ]
         return out, a
@@ -435,7 +476,7 @@ def test_fedbn_never_averages_batch_norm(digits):
     for i, u in enumerate(updates):  # each client keeps its own
         personal = r.host.states[u.client_id]["personal"]
         match(personal, ({k: models32[i][k] for k in bn}, {k: models64[i][k] for k in bn}))
-    avg32, avg64 = (weighted_mean(ms, [70, 50]) for ms in (models32, models64))
+    avg32, avg64 = (written_mean(ms, [70, 50]) for ms in (models32, models64))
     match(
         {k: v for k, v in new.global_params.items() if k not in bn},
         ({k: v for k, v in avg32.items() if k not in bn}, {k: v for k, v in avg64.items() if k not in bn}),
@@ -444,10 +485,11 @@ def test_fedbn_never_averages_batch_norm(digits):
 
 
 def test_fedlc_calibrates_logits_by_local_counts(digits):
-    """Mutations caught: exponent -1/4 -> +1/4, the shift added instead of subtracted."""
+    """Mutations caught: exponent -1/4 -> +1/4 or -1/2, the shift added instead of subtracted,
+    τ dropped (τ = 0.5 here: at τ = 1 a dropped τ changes nothing)."""
     from fl_lightning.methods.fedlc import calibrated_logits
 
-    _, plan, _, new, init, _ = one_round("fedlc", digits, tau=1.0)
+    _, plan, _, new, init, _ = one_round("fedlc", digits, tau=0.5)
     ds, shards = digits
 
     def expect(dt):
@@ -458,12 +500,12 @@ def test_fedlc_calibrates_logits_by_local_counts(digits):
             m.load_state_dict(init)
 
             def loss(m, x, y, counts=counts):
-                shift = counts.to(x.dtype).clamp(min=1) ** -0.25
+                shift = 0.5 * counts.to(x.dtype).clamp(min=1) ** -0.25
                 logits = (m(x) - shift).masked_fill(counts == 0, float("-inf"))
                 return F.cross_entropy(logits, y)
 
             models.append(sd(manual_fit(m, *client_data(digits, p.client_id), p.seed, loss)[0]))
-        return weighted_mean(models, [70, 50])
+        return written_mean(models, [70, 50])
 
     match(new.global_params, twin(expect))
     z = calibrated_logits(torch.zeros(1, 3), torch.tensor([16, 1, 0]), 1.0)
@@ -499,7 +541,7 @@ def test_moon_adds_the_model_contrastive_term(digits):
         return [sd(m) for m, _ in manual_clients(digits, plan, init, moon_loss(g, g), dtype=dt)]
 
     m32, m64 = twin(clients)
-    match(new.global_params, (weighted_mean(m32, [70, 50]), weighted_mean(m64, [70, 50])))
+    match(new.global_params, (written_mean(m32, [70, 50]), written_mean(m64, [70, 50])))
     for i, u in enumerate(updates):  # the previous local model is kept as client state
         match(r.host.states[u.client_id]["moon/prev"], (m32[i], m64[i]))
 
@@ -563,9 +605,10 @@ def test_fedproto_prototypes_and_their_aggregation(digits):
 
 
 def test_fedglcl_logits_are_cosine_to_class_text_over_tau(digits):
-    """Mutations caught: tau multiplied instead of divided, the text features left
+    """Mutations caught: tau multiplied instead of divided or dropped, the configured tau not
+    reaching the objective (τ = 0.1 here, not the default 0.07), the text features left
     unnormalised, a projector other than the configured one."""
-    strategy, plan, updates, new, init, obj = one_round("fedglcl", digits)
+    strategy, plan, updates, new, init, obj = one_round("fedglcl", digits, tau=0.1)
     T = strategy.class_features
     assert T.shape == (10, 384) and torch.allclose(T.norm(dim=1), torch.ones(10), atol=1e-5)  # 100 ulps
     assert set(init) == set(obj.model.state_dict()) and "head.0.weight" in init  # projector, no classifier
@@ -575,7 +618,7 @@ def test_fedglcl_logits_are_cosine_to_class_text_over_tau(digits):
     def clients(dt):
         def loss(m, x, y):
             # T is L2-normalised; normalised again as the engine does (the same vectors)
-            logits = F.normalize(m(x), dim=-1) @ F.normalize(T.to(x.dtype), dim=-1).T / 0.07
+            logits = F.normalize(m(x), dim=-1) @ F.normalize(T.to(x.dtype), dim=-1).T / 0.1
             return F.cross_entropy(logits, y)
 
         out = []
@@ -585,7 +628,7 @@ def test_fedglcl_logits_are_cosine_to_class_text_over_tau(digits):
             m = m.to(dt)
             m.load_state_dict(init)
             out.append(sd(manual_fit(m, *client_data(digits, p.client_id), p.seed, loss)[0]))
-        return weighted_mean(out, [70, 50])
+        return written_mean(out, [70, 50])
 
     match(new.global_params, twin(clients))
     # prediction = nearest class text

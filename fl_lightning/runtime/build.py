@@ -27,7 +27,7 @@ from ..data.registry import ArrayDataset, check_dataset, load_from_config
 from ..methods import METHODS
 from ..models import family
 from ..models.weights import MODEL_GENERIC_KEYS, load_trunk
-from .host import ClientSpec, build_objective
+from .host import ClientSpec, build_objective, precision_of
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Prepared:
     cfg: DictConfig
     dataset: ArrayDataset
     split: FederatedSplit
-    strategy: Strategy
+    strategy: Strategy[Any, Any, Any]
     spec: ClientSpec
     init_params: dict[str, torch.Tensor] | None  # the initial global weights (None: nothing shared)
     objective: ClientObjective[Any]  # the driver's copy: initial weights, global evaluation
@@ -117,7 +117,7 @@ def prepare(cfg: DictConfig) -> Prepared:
         eval_spec=eval_spec,
         bn_stats=cfg.fl.bn_stats,
         resident_shards=bool(cfg.runtime.resident_shards),
-        precision=str(cfg.runtime.precision),
+        precision=precision_of(cfg.runtime.precision),
         batched=int(cfg.runtime.batched),
     )
     torch.manual_seed(cfg.seed)

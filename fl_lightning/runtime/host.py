@@ -21,7 +21,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import numpy as np
@@ -42,6 +42,15 @@ from ..data.registry import ArrayDataset
 from ..methods import METHODS, import_methods
 from ..models import MODELS, architecture, build_client_model
 from .batched import Shard, train_stacked
+
+#: runtime.precision: the values config.py accepts, a subset of what `L.Trainer(precision=)` takes
+Precision = Literal["32", "bf16-mixed", "16-mixed"]
+_PRECISIONS: dict[str, Precision] = {"32": "32", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
+
+
+def precision_of(value: object) -> Precision:
+    """`runtime.precision` (already checked by config.py) as Lightning's literal type."""
+    return _PRECISIONS[str(value)]
 
 
 @dataclass
@@ -73,7 +82,7 @@ class ClientSpec:
     init_seed: int | None = None
     #: runtime.resident_shards: batches by index from the shard on the fit's device (no loader)
     resident_shards: bool = True
-    precision: str = "32"  # runtime.precision, Lightning's: 32 | bf16-mixed | 16-mixed
+    precision: Precision = "32"  # runtime.precision, Lightning's
     #: the module of the method's strategy, imported by a host that has not registered the
     #: method (a package's own, named by the run's `methods=`): a worker then registers it too
     method_module: str = ""
@@ -114,6 +123,10 @@ class ResidentBatches:
         if n % bs and not self.drop_last:
             idx = order[(n // bs) * bs :]
             yield self.x[idx], self.y[idx]
+
+
+#: what a fit draws its batches from
+Loader = DataLoader[tuple[torch.Tensor, ...]] | ResidentBatches
 
 
 def drop_last(n: int, batch_size: int) -> bool:
@@ -216,7 +229,7 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", module=r"lightning(_utilities)?\..*")
 
 
-def _fit(trainer: L.Trainer, obj: ClientObjective, loader: DataLoader | ResidentBatches) -> None:
+def _fit(trainer: L.Trainer, obj: ClientObjective[Any], loader: Loader) -> None:
     """`trainer.fit`, with Ctrl-C kept a Ctrl-C: Lightning answers a KeyboardInterrupt in a fit
     by ignoring SIGINT from then on and calling `sys.exit(1)`, so a serial run would end
     "failed" with exit 1 instead of "interrupted" (exit 130, resumable), and every process it
@@ -305,7 +318,7 @@ class ClientHost:
             max_steps=steps if steps is not None else -1,
             gradient_clip_val=clip,
             gradient_clip_algorithm="norm" if clip is not None else None,
-            precision=s.precision,  # type: ignore[arg-type]  # checked in config.py
+            precision=s.precision,
             logger=False,
             enable_progress_bar=False,
             enable_checkpointing=False,
@@ -317,7 +330,7 @@ class ClientHost:
     def _device(self) -> torch.device:
         return torch.device("cuda" if self.spec.accelerator == "gpu" else "cpu")
 
-    def _loader(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> DataLoader | ResidentBatches:
+    def _loader(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> Loader:
         bs, g = self.spec.batch_size, torch.Generator().manual_seed(seed)
         drop = drop_last(len(y), bs)
         if self.spec.resident_shards:

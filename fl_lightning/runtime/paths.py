@@ -135,7 +135,8 @@ def run_dir_message(run_dir: PathLike) -> str:
 
 def new_run_dir(cfg: DictConfig) -> Path:
     """Where a new run goes: <output_dir>/<experiment>/<run_id, or method_data_seed_time_hex>."""
-    run_id = cfg.run_id or (
+    run_id: str = cfg.run_id or (
         f"{cfg.method.name}_{cfg.data.name}_s{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}_{secrets.token_hex(2)}"
     )
-    return resolve_output_dir(cfg.output_dir) / cfg.experiment / run_id
+    experiment: str = cfg.experiment
+    return resolve_output_dir(cfg.output_dir) / experiment / run_id

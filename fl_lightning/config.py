@@ -430,13 +430,15 @@ def compose(overrides: list[str]) -> DictConfig:
     run_defaults = method_defaults(defaults["method"], unlisted)
     for block in (*METHOD_DEFAULT_BLOCKS, "defaults"):
         files["method"].pop(block, None)
+    listed = set(files["method"])  # the method keys its file vouches for
     try:
         cfg = OmegaConf.structured(RootConfig)
         OmegaConf.set_struct(cfg, False)
         cfg.merge_with(files)
         OmegaConf.set_struct(cfg, True)
-        for g in ("method", "model", "text"):
+        for g in ("model", "text"):
             OmegaConf.set_struct(cfg[g], True)
+        OmegaConf.set_struct(cfg.method, False)  # its dataclass may hold more: checked below
         cfg.merge_with({"data": _group_file("data", defaults["data"])})
         cfg.merge_with(base)
     except OmegaConfBaseException as e:
@@ -449,12 +451,34 @@ def compose(overrides: list[str]) -> DictConfig:
     try:
         cfg.merge_with(preset)
         cfg.merge_with(_dotlist(dotted))
+        _check_method_keys(cfg, [str(k) for k in cfg.method if k not in listed])
+        OmegaConf.set_struct(cfg.method, True)
         check_names(cfg)  # before resolve: an interpolated run_id is refused, not followed
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
         raise _schema_errors(e) from None
     validate(cfg)
     return cfg
+
+
+def _check_method_keys(cfg: DictConfig, extra: list[str]) -> None:
+    """Method keys its conf file does not list (`method.server_lr=0.3` for FedAdam, whose file
+    holds only its name; any key of a method from another package): each must be a field of
+    the method's config dataclass. The methods are imported only then, so a run that sets no
+    such key starts as fast as before; a typo is still one line before any work."""
+    if not extra:
+        return
+    from .methods import METHODS, import_methods
+
+    import_methods(method_modules(cfg.methods))
+    name = str(cfg.method.name)
+    if name not in METHODS:
+        return  # validate_registered names the unknown method
+    cls = METHODS.get(name).config_cls
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    bad = [k for k in extra if k not in fields]
+    if bad:
+        raise ConfigError(f"unknown config key 'method.{bad[0]}'")
 
 
 def clients_per_round(cfg: DictConfig) -> int:

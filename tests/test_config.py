@@ -125,3 +125,16 @@ def test_clip2fl_imagenet_lt_student_neck_is_a_plain_linear_to_the_text_dimensio
     net = build_model("resnet50", num_classes=1000, in_channels=3, image_size=32, hidden=512, neck="linear")
     assert isinstance(net.neck, torch.nn.Linear) and net.neck.in_features == 2048
     assert net.forward_features(torch.zeros(2, 3, 32, 32)).shape == (2, 512)
+
+
+def test_a_method_key_its_file_does_not_list_is_taken_from_its_dataclass(tmp_path, capsys):
+    """FedAdam's conf file holds only its name (the dataclass holds the defaults): its keys are
+    still set from the command line, and a key no field matches is one line, exit 2."""
+    cfg = compose(["method=fedadam", "method.server_lr=0.3", "method.tau=0.01"])
+    assert (cfg.method.server_lr, cfg.method.tau) == (0.3, 0.01)
+    assert (
+        main(["run", "method=fedadam", "method.server_lrr=0.3", f"output_dir={tmp_path}", "logger=none"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert err == "fl-lightning: error: unknown config key 'method.server_lrr'\n"
+    assert list(tmp_path.iterdir()) == []

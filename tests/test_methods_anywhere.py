@@ -225,3 +225,16 @@ def test_a_run_directory_alone_never_imports_a_module(tmp_path):
     with pytest.raises(ConfigError, match="run --from it with methods=somepkg.fedfoo"):
         rerun_config(run_dir, [])
     assert rerun_config(run_dir, ["methods=otherpkg.x"]).methods == "otherpkg.x"  # a new run may
+
+
+def test_a_strategy_that_sets_no_name_is_called_by_its_registered_name():
+    """Not its base class's (FedAvg's): summaries, W&B and messages name the method."""
+    from fl_lightning.core.strategy import FedAvgStrategy
+
+    class Unnamed(FedAvgStrategy):
+        pass
+
+    if "test_unnamed_toy" not in METHODS:
+        METHODS.register("test_unnamed_toy")(Unnamed)
+    assert METHODS.get("test_unnamed_toy").name == "test_unnamed_toy"
+    assert FedAvgStrategy.name == "fedavg" and METHODS.get("fedavg").name == "fedavg"

@@ -32,8 +32,17 @@ from ..core.state_classes import register_state_classes
 if TYPE_CHECKING:
     from ..core.strategy import Strategy
 
+
 # a method's state classes are what its checkpoints may rebuild (nothing is imported then)
-METHODS: Registry[type[Strategy]] = Registry("method", on_register=register_state_classes)
+def _registered(name: str, strategy: type[Strategy]) -> None:
+    """A strategy that does not set `name` itself is called by its registered name (not its
+    base class's: summaries, W&B and messages name it), and its state classes are declared."""
+    if "name" not in vars(strategy):
+        strategy.name = name
+    register_state_classes(strategy)
+
+
+METHODS: Registry[type[Strategy]] = Registry("method", on_register=_registered)
 
 #: a module name as `methods=` takes it: dotted identifiers, nothing else (no paths)
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")

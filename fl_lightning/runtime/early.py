@@ -1,10 +1,10 @@
-"""A cold `runtime=ray` run overlaps its start-up steps (issue 18).
+"""A cold `runtime=ray` run overlaps its start-up steps. (Measured in benchmarks/cold_start.py.)
 
 In order, a cold run pays the driver's imports (torch, Lightning: ~4.6 s on 2 cores), its
 data (~0.3 s), `ray.init` (~2.8 s) and then its workers' own imports (~4.7 s, in parallel).
 `Session.early_start` starts the private local Ray in the main thread (Ray's signal handling wants
 it there) while a thread imports the driver's modules, then creates the workers the run
-will ask for (`create_workers`: the placement `Session.executor` computes, from Ray's resources); each
+will ask for (`create_workers`: the placement `Session.workers` computes, from Ray's resources); each
 worker imports torch and Lightning in its constructor (`actor.py`), so that runs while the
 driver finishes its imports and loads its data. (Importing in the main thread after the
 workers were created, with no thread, was ~0.9 s slower on 2 cores: median of 4 alternating

@@ -14,10 +14,10 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """`on_register(name, obj)` runs for every entry registered (METHODS: declares the method's
+    """`on_register(obj)` runs for every entry registered (METHODS: declares the method's
     checkpoint state classes, `core/state_classes.py`)."""
 
-    def __init__(self, kind: str, on_register: Callable[[str, T], None] | None = None) -> None:
+    def __init__(self, kind: str, on_register: Callable[[T], None] | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
         self._on_register = on_register
@@ -28,7 +28,7 @@ class Registry(Generic[T]):
                 raise KeyError(f"{self.kind} {name!r} is already registered")
             self._entries[name] = obj
             if self._on_register is not None:
-                self._on_register(name, obj)
+                self._on_register(obj)
             return obj
 
         return deco

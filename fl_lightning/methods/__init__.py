@@ -21,7 +21,7 @@ import importlib
 import logging
 import pkgutil
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
@@ -33,16 +33,23 @@ if TYPE_CHECKING:
     from ..core.strategy import Strategy
 
 
-# a method's state classes are what its checkpoints may rebuild (nothing is imported then)
-def _registered(name: str, strategy: type[Strategy]) -> None:
+class _MethodRegistry(Registry["type[Strategy]"]):  # a string: Strategy is imported for typing only
     """A strategy that does not set `name` itself is called by its registered name (not its
-    base class's: summaries, W&B and messages name it), and its state classes are declared."""
-    if "name" not in vars(strategy):
-        strategy.name = name
-    register_state_classes(strategy)
+    base class's: summaries, W&B and messages name it)."""
+
+    def register(self, name: str) -> Callable[[type[Strategy]], type[Strategy]]:
+        deco = super().register(name)
+
+        def named(strategy: type[Strategy]) -> type[Strategy]:
+            if "name" not in vars(strategy):
+                strategy.name = name
+            return deco(strategy)
+
+        return named
 
 
-METHODS: Registry[type[Strategy]] = Registry("method", on_register=_registered)
+# a method's state classes are what its checkpoints may rebuild (nothing is imported then)
+METHODS: Registry[type[Strategy]] = _MethodRegistry("method", on_register=register_state_classes)
 
 #: a module name as `methods=` takes it: dotted identifiers, nothing else (no paths)
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")

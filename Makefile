@@ -30,10 +30,12 @@ lint: venv
 	$(VENV)/bin/mypy fl_lightning
 
 # Two pytest workers (`TEST_WORKERS=0`: one process): most tests are small serial runs that keep
-# one core busy, so two of them at a time use a 2-core machine's second core.
+# one core busy, so two of them at a time use a 2-core machine's second core. `worksteal`: a worker
+# that runs out takes half of the other's queue, so neither ends long after the other
+# (tests/conftest.py orders the suite: unit lane, long tests, the rest).
 TEST_WORKERS ?= 2
 test: lint data
-	$(PY) -m pytest -q --durations=15 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
+	$(PY) -m pytest -q --durations=15 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 
 # Flower for benchmarks/vs_flower.py: the optional `bench` extra, installed once (not in `dev`).
 bench-deps: venv

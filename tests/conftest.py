@@ -68,5 +68,24 @@ def ray_session():
         conn.shutdown()
 
 
+#: fixtures that make a test more than a unit test: the data set, a Ray, files on disk
+_NOT_UNIT = {"data_root", "ray_session", "tmp_path", "tmp_path_factory"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The order tests run in (every one still runs): first the unit lane (no data set, no
+    Ray, no files: a broken function shows in the first minute), then the long tests marked
+    `slow`, then the rest. `make test`'s two workers (`--dist worksteal`) start on the two
+    halves of this order and an idle one takes half of the other's queue from its end: the
+    long tests run early and the suite ends on short ones, both workers busy to the end."""
+
+    def lane(item: pytest.Item) -> int:
+        if item.get_closest_marker("slow") is not None:
+            return 1
+        return 2 if _NOT_UNIT & set(getattr(item, "fixturenames", ())) else 0
+
+    items.sort(key=lane)  # stable: the collection order within each lane
+
+
 def small(tmp_path: Path, *extra: str) -> list[str]:
     return [*SMALL, f"output_dir={tmp_path}", *extra]

@@ -115,6 +115,7 @@ def test_bundles_must_fit_on_single_nodes():
 
 # --- GPU placement on a real local Ray with declared GPUs -------------------------------------------
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_ray_places_client_actors_evenly_on_declared_gpus():
     """Real RayExecutor + placement group on a private local Ray (2 CPUs, 2 fake GPUs) in a
     subprocess, so the session's `ray_session` instance is untouched. Each actor reports

@@ -9,6 +9,7 @@ import json
 import statistics
 from pathlib import Path
 
+import pytest
 import yaml
 
 from fl_lightning.cli.main import main
@@ -165,6 +166,7 @@ def _live_client_actors() -> int:
     )
 
 
+@pytest.mark.slow
 def test_sequential_ray_sweep_sets_up_the_same_workers_again(tmp_path, capsys, ray_session):
     """Runs one after another share one Ray and the finished run's client workers (their
     process start and imports paid once); a reused worker leaves no trace in the numbers."""

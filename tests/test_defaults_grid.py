@@ -80,7 +80,14 @@ def test_every_method_is_in_the_grid():
     assert names == set(METHODS.names()) and len(names) >= 30
 
 
-@pytest.mark.parametrize(("method", "split"), cases())
+#: the cells that take longest (10 local epochs, or C-Tran): scheduled among the long runs
+LONG = {"creff", "clip2fl", *MULTILABEL}
+
+
+@pytest.mark.parametrize(
+    ("method", "split"),
+    [pytest.param(m, s, marks=[pytest.mark.slow] if m in LONG else []) for m, s in cases()],
+)
 def test_trains_at_its_defaults(method, split, tmp_path, data_root):
     cfg = compose(overrides(method, split, tmp_path))
     validate_registered(cfg)

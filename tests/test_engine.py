@@ -3,6 +3,7 @@
 import glob
 import json
 
+import pytest
 import torch
 
 from fl_lightning.config import compose
@@ -19,6 +20,7 @@ def _records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_issue_example_learns_well_above_chance(tmp_path, data_root):
     """The README's example command (serial executor, 6,000 training images for speed). The bar
     was 0.55 for the old default optimiser (SGD 0.05, momentum 0.9: an effective step of 0.5,
@@ -52,6 +54,7 @@ def test_issue_example_learns_well_above_chance(tmp_path, data_root):
     assert sum(stats["train_sizes"]) == 6000 and len(stats["train_class_histogram"]) == 10
 
 
+@pytest.mark.slow
 def test_serial_and_ray_give_identical_metrics(tmp_path, data_root, ray_session, monkeypatch):
     """Same config and seed, both executors (Ray with per-client actors and with a pool; the
     pool's actor gets one client at a time, so its next ones are submitted as each returns)."""
@@ -157,6 +160,7 @@ def test_overlapped_evaluation_writes_the_same_lines_and_checkpoints(tmp_path, d
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_resident_shards_give_the_dataloaders_numbers_and_bf16_runs(tmp_path, data_root):
     """`runtime.resident_shards` (batches by index from the shard on the fit's device) draws the
     same batches as a torch DataLoader for the same seed: 2 local epochs (the loader's RNG goes
@@ -226,6 +230,7 @@ def test_client_evaluation_on_a_fixed_sample_of_clients(tmp_path, data_root, cap
     assert err.count("\n") == 1 and "eval.clients_sample must be in [1, fl.num_clients=6]" in err
 
 
+@pytest.mark.slow
 def test_cli_ray_run_starts_its_workers_while_the_driver_imports(tmp_path, data_root, ray_session):
     """`runtime.early_start` (default): the CLI creates the run's workers before the driver
     has prepared anything and the run takes them; the same numbers as without it."""

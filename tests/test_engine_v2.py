@@ -218,6 +218,7 @@ def test_build_errors_name_the_part(tmp_path, data_root):
 
 
 # --- unstable participation (fl.fraction_range, the FedDTR paper's J ~ U[lo, 1]) ------------
+@pytest.mark.slow
 def test_fraction_range_draws_the_number_of_clients_each_round(tmp_path, data_root, capsys):
     import numpy as np
 

@@ -302,6 +302,7 @@ _FORK_IMPORTS = textwrap.dedent(
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.slow
 def test_every_module_imports_first_in_a_fresh_interpreter():
     modules = [m for m in MODULES if not m.endswith("__main__")]  # __main__ runs the CLI
     warm = sorted(

@@ -501,6 +501,7 @@ def test_ctrl_c_while_a_checkpoint_is_written_ends_the_run_interrupted(tmp_path,
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to find processes")
+@pytest.mark.slow
 def test_ctrl_c_during_ray_start_up_leaves_no_ray_process(tmp_path, data_root):
     ray_tmp = tempfile.mkdtemp(prefix="flr", dir="/tmp")  # short: Ray's socket paths are limited
     entry = f"FL_LIGHTNING_RAY_TMPDIR={ray_tmp}"
@@ -542,6 +543,7 @@ def test_ctrl_c_during_ray_start_up_leaves_no_ray_process(tmp_path, data_root):
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to find processes")
 @pytest.mark.parametrize("runtime", ["serial", "ray"])
+@pytest.mark.slow
 def test_sigterm_stops_a_run_like_ctrl_c(tmp_path, runtime):
     """`kill <pid>` (also what `ray job stop` sends): exit 143, one line, the run `interrupted`
     and resumable, no Ray process left; not Ray's stack dump and a run with no summary."""
@@ -665,6 +667,7 @@ def _run_dirs(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir() and (p / "config.yaml").exists())
 
 
+@pytest.mark.slow
 def test_a_killed_parallel_sweep_resumes_without_duplicates_or_orphans(tmp_path, capsys, data_root):
     """kill -9 of `sweep --parallel 2` once a run has checkpointed: its runs end with it (no
     orphan trains on), `sweep --resume` refuses while another sweep holds the folder, then

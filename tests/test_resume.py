@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from fl_lightning.cli.main import main
 from fl_lightning.config import compose
 from fl_lightning.runtime.runner import start_run
@@ -21,6 +23,7 @@ def _accs(run_dir):
     return [json.loads(line)["accuracy"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_result(tmp_path, data_root):
     args = small(tmp_path, "fl.rounds=4", "runtime=serial", "data.train_subset=3000", "method=scaffold",
                  "fl.clients_per_round=2")  # fmt: skip

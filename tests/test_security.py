@@ -393,6 +393,7 @@ class FedTally(Strategy[FedTallyConfig, TallyState, Broadcast]):
 """
 
 
+@pytest.mark.slow
 def test_a_run_of_a_method_from_another_package_resumes_from_its_checkpoint(tmp_path, data_root):
     """`methods=extpkg.fedtally`: a method outside the package, with a state class (and a nested
     one) of its own module. Its checkpoint rebuilds both on resume (registered with the method,
@@ -446,6 +447,7 @@ def _limit_file_size(limit: int):
     return preexec
 
 
+@pytest.mark.slow
 def test_a_file_size_limit_during_a_checkpoint_is_one_line_and_resumable(tmp_path, data_root):
     """RLIMIT_FSIZE below a checkpoint's size (a quota): the checkpoint write fails with EFBIG.
     One line, exit 1, no temporary file, summary.json saying why; resumed without the limit,
@@ -481,6 +483,7 @@ def tiny_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(tmp_path, data_root, tiny_disk):
     """A disk with room for round 1's checkpoint but not round 2's: one line, exit 1, no
     temporary file left (it would fill the disk), summary.json written and saying why, round 1's
@@ -505,6 +508,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(tmp_path,
     assert [x["round"] for x in _rounds(moved)] == [1, 2]
 
 
+@pytest.mark.slow
 def test_a_run_directory_removed_mid_run_is_one_line(tmp_path, data_root):
     """`rm -rf` of the run directory while it trains: one line, exit 1, and the run does not
     create it again (nothing half-made appears where it was)."""
@@ -530,6 +534,7 @@ def test_a_run_directory_removed_mid_run_is_one_line(tmp_path, data_root):
     assert not run_dir.exists()
 
 
+@pytest.mark.slow
 def test_ray_that_does_not_start_is_one_line(tmp_path, data_root):
     """Ray's start-up timing out under load ("The current node timed out during startup"),
     made real by stopping the new Ray's raylet (SIGSTOP) before it registers: one line, exit 1.

@@ -27,6 +27,7 @@ method's dataclass, which imports the methods, and torch with them.)
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import math
@@ -36,14 +37,14 @@ import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .core.errors import ConfigError
-from .core.optim import OPTIMIZERS, OptimConfig
+from .core.optim import OptimConfig
 from .core.registry import METHOD_ENTRY_POINTS
 
 GROUPS = ("method", "data", "model", "text", "runtime", "logger")
@@ -71,7 +72,7 @@ class FLConfig:
     #: batch-norm running statistics of the global model: averaged (FedAvg of the clients'),
     #: recompute (pooled exactly from the sampled clients' data under the new weights), or
     #: local (each client keeps its own; evaluated on the clients' own test splits)
-    bn_stats: str = "averaged"
+    bn_stats: Literal["averaged", "recompute", "local"] = "averaged"
 
 
 @dataclass
@@ -108,12 +109,13 @@ class EvalConfig:
     #: would start the next round from: the round's aggregate plus its personal parts; PFLlib's
     #: point, all clients) or `trained` (the model right after its local training, before it
     #: uploads; FedDTR's code; the round's participants only)
-    timing: str = "received"
+    timing: Literal["received", "trained"] = "received"
     #: with timing=received: evaluate this many clients, one seeded sample fixed for the run
     #: (the same clients every round, and for every method with the same seed), so an
     #: evaluation round's cost does not grow with fl.num_clients; null: every client
     clients_sample: int | None = None
-    device: str = "auto"  # where the driver evaluates the global model: auto (cuda if any) | cpu | cuda
+    #: where the driver evaluates the global model (auto: cuda if any)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     per_class: bool = False  # single-label: also class_accuracy/<c> for every class
     #: long-tail groups by training-set class counts: [many_above, few_below] gives
     #: many_/medium_/few_accuracy (ImageNet-LT: [100, 20]); null: none
@@ -133,24 +135,25 @@ class CheckpointConfig:
 
 @dataclass
 class RuntimeConfig:
-    executor: str = "ray"  # ray | serial
+    executor: Literal["ray", "serial"] = "ray"
     # "auto" or host:port joins a cluster; null: $RAY_ADDRESS (a Ray job's cluster), else local
     address: str | None = None
-    placement: str = "auto"  # auto | per_client | pool
+    placement: Literal["auto", "per_client", "pool"] = "auto"
     num_actors: int | None = None  # pool size; default: one per CPU (or GPU)
     num_cpus: int | None = None  # size of a local Ray instance; default: all
     num_gpus: int | None = None
     cpus_per_client: float | None = None  # CPUs per actor; default: an even share
     gpus_per_client: float | None = None  # default: 1 when GPUs exist
     threads_per_client: int | None = None  # torch threads per fit; default: CPU share
-    accelerator: str = "auto"  # auto | cpu | gpu
-    placement_strategy: str = "PACK"  # GPU placement group: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    accelerator: Literal["auto", "cpu", "gpu"] = "auto"
+    #: the GPU placement group's strategy
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     schedule_timeout_s: float | None = 120.0  # wait this long for the GPU bundles; null: forever
     #: clients' batches drawn by index from their shard on the fit's device (the shard is copied
     #: there once per fit); false: a torch DataLoader. Same batches, same numbers either way.
     resident_shards: bool = True
     #: local training, Lightning's: 32 | bf16-mixed | 16-mixed (on a CPU Lightning makes 16-mixed bf16)
-    precision: str = "32"
+    precision: Literal["32", "bf16-mixed", "16-mixed"] = "32"
     #: a cold CLI run on a private local Ray starts Ray and its client workers while the driver
     #: imports torch and Lightning (`runtime/early.py`); false: one after the other. Same numbers.
     early_start: bool = True
@@ -161,11 +164,12 @@ class RuntimeConfig:
 
 @dataclass
 class LoggerConfig:
-    backend: str = "wandb"  # wandb | none
+    backend: Literal["wandb", "none"] = "wandb"
     project: str = "fl_lightning"
     entity: str | None = None
     group: str | None = None  # default: the experiment name
-    mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
+    #: auto: online with an API key, else offline
+    mode: Literal["auto", "online", "offline", "disabled"] = "auto"
     tags: list[str] = field(default_factory=list)
 
 
@@ -345,6 +349,34 @@ def _bool_keys(cls: Any, prefix: str = "") -> list[str]:
     return out
 
 
+def _literal_keys(cls: Any, prefix: str = "") -> list[str]:
+    """The dotted keys of the `Literal` fields of a config dataclass, nested ones included."""
+    hints = typing.get_type_hints(cls)
+    out: list[str] = []
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if typing.get_origin(kind) is Literal:
+            out.append(prefix + f.name)
+        elif dataclasses.is_dataclass(kind):
+            out += _literal_keys(kind, f"{prefix}{f.name}.")
+    return out
+
+
+def _texts(tree: Any) -> Any:
+    """`tree` (a layer of the config, plain data) with a number given for a `Literal` field of
+    text written as text: `runtime.precision=32` on the command line, or unquoted in a file,
+    is the choice "32" (the schema's `Literal` compares exactly)."""
+    if isinstance(tree, dict):
+        for key in _literal_keys(RootConfig):
+            *parents, last = key.split(".")
+            node: Any = tree
+            for part in parents:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict) and isinstance(node.get(last), int | float):
+                node[last] = str(node[last])
+    return tree
+
+
 def check_bools(tree: Any, keys: list[str], prefix: str = "") -> None:
     """ConfigError unless each of `keys` present in `tree` (nested dicts, raw values) is a real
     bool: OmegaConf would take `2` or `'yes'` for true and the typo would pass silently."""
@@ -359,9 +391,9 @@ def check_bools(tree: Any, keys: list[str], prefix: str = "") -> None:
 def _dotlist(items: list[str]) -> DictConfig:
     """`OmegaConf.from_dotlist`, with a YAML error in a value as one ConfigError naming the override."""
     try:
-        conf = OmegaConf.from_dotlist(list(items))
-        check_bools(OmegaConf.to_container(conf, resolve=False), _bool_keys(RootConfig))
-        return conf
+        tree = OmegaConf.to_container(OmegaConf.from_dotlist(list(items)), resolve=False)
+        check_bools(tree, _bool_keys(RootConfig))
+        return OmegaConf.create(_texts(tree))
     except yaml.YAMLError:
         for item in items:
             try:
@@ -385,9 +417,16 @@ def _nonfinite(node: Any, key: str = "") -> str | None:
     return None
 
 
+_LITERAL = re.compile(r"Invalid value (.*), expected one of \[(.*)\]")
+
+
 def _schema_errors(e: OmegaConfBaseException) -> ConfigError:
     key = getattr(e, "full_key", None) or getattr(e, "key", None)
     msg = str(e).splitlines()[0]
+    literal = _LITERAL.match(msg)
+    if literal and key:  # a `Literal` field of the schema: name the choices plainly
+        valid = ", ".join(v.strip().strip("'") for v in literal.group(2).split(","))
+        return ConfigError(f"{key}={literal.group(1)} is not one of: {valid}")
     if "not in struct" in msg or "Key '" in msg and "not" in msg:
         return ConfigError(f"unknown config key {key!r}")
     return ConfigError(f"bad value for {key!r}: {msg}" if key else msg)
@@ -435,22 +474,22 @@ def compose(overrides: list[str]) -> DictConfig:
     try:
         cfg = OmegaConf.structured(RootConfig)
         OmegaConf.set_struct(cfg, False)
-        cfg.merge_with(files)
+        cfg.merge_with(_texts(files))
         OmegaConf.set_struct(cfg, True)
         for g in ("model", "text"):
             OmegaConf.set_struct(cfg[g], True)
         OmegaConf.set_struct(cfg.method, False)  # its dataclass may hold more: checked below
         cfg.merge_with({"data": _group_file("data", defaults["data"])})
-        cfg.merge_with(base)
+        cfg.merge_with(_texts(base))
     except OmegaConfBaseException as e:
         raise _schema_errors(e) from None
     try:  # the method's optim/fl defaults: above config.yaml, below the preset and the command line
-        cfg.merge_with(run_defaults)
+        cfg.merge_with(_texts(run_defaults))
     except OmegaConfBaseException as e:
         path = conf_dir() / "method" / f"{defaults['method']}.yaml"
         raise ConfigError(f"{path}: {_schema_errors(e)}") from None
     try:
-        cfg.merge_with(preset)
+        cfg.merge_with(_texts(preset))
         cfg.merge_with(_dotlist(dotted))
         _check_method_keys(cfg, [str(k) for k in cfg.method if k not in listed])
         OmegaConf.set_struct(cfg.method, True)
@@ -578,25 +617,6 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"data.imbalance_factor must be >= 1 (got {data.imbalance_factor})")
     if data.partition == "longtail" and data.imbalance_factor <= 1:
         raise ConfigError("data.partition=longtail needs data.imbalance_factor > 1 (e.g. 10, 50, 100)")
-    enums = {
-        "runtime.executor": (rt.executor, ("ray", "serial")),
-        "runtime.placement": (rt.placement, ("auto", "per_client", "pool")),
-        "runtime.accelerator": (rt.accelerator, ("auto", "cpu", "gpu")),
-        "runtime.placement_strategy": (
-            rt.placement_strategy,
-            ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
-        ),
-        "logger.backend": (cfg.logger.backend, ("wandb", "none")),
-        "logger.mode": (cfg.logger.mode, ("auto", "online", "offline", "disabled")),
-        "optim.name": (cfg.optim.name, OPTIMIZERS),
-        "fl.bn_stats": (cfg.fl.bn_stats, ("averaged", "recompute", "local")),
-        "eval.device": (cfg.eval.device, ("auto", "cpu", "cuda")),
-        "eval.timing": (cfg.eval.timing, ("received", "trained")),
-        "runtime.precision": (str(rt.precision), ("32", "bf16-mixed", "16-mixed")),
-    }
-    for key, (value, valid) in enums.items():
-        if value not in valid:
-            raise ConfigError(f"{key}={value!r} is not one of: {', '.join(valid)}")
     sample = cfg.eval.clients_sample
     if sample is not None and not 1 <= sample <= cfg.fl.num_clients:
         raise ConfigError(
@@ -632,21 +652,7 @@ def validate_registered(cfg: DictConfig) -> None:
 
     import_methods(method_modules(cfg.methods))
     strategy = METHODS.get(cfg.method.name)
-    try:
-        method_cfg = OmegaConf.to_object(
-            OmegaConf.merge(OmegaConf.structured(strategy.config_cls), cfg.method)
-        )
-    except OmegaConfBaseException as e:
-        raise _schema_errors(e) from None
-    if dataclasses.is_dataclass(strategy.config_cls):  # cfg.method is untyped: its raw values
-        check_bools(
-            {"method": OmegaConf.to_container(cfg.method, resolve=False)},
-            _bool_keys(strategy.config_cls, "method."),
-        )
-    if dataclasses.is_dataclass(method_cfg) and not isinstance(method_cfg, type):
-        bad = _nonfinite(dataclasses.asdict(method_cfg), "method")
-        if bad is not None:  # e.g. method.mu=nan: a string until the method's schema types it
-            raise ConfigError(f"{bad} must be a finite number (got {cfg.method[bad.split('.', 1)[1]]})")
+    method_cfg = method_config(cfg)
     # A method may refuse an optimiser its algorithm does not hold under (SCAFFOLD: momentum):
     # a classmethod `check_optim(method_config, optim)` raising ConfigError, before any data.
     optim = OmegaConf.to_container(cfg.optim, resolve=True)
@@ -687,6 +693,41 @@ def validate_registered(cfg: DictConfig) -> None:
 
         text_kwargs = {k: v for k, v in cfg.text.items() if k != "name"}
         check_kwargs("text", cfg.text.name, TEXT_ENCODERS.get(cfg.text.name), text_kwargs)
+
+
+def method_config(cfg: DictConfig) -> Any:
+    """The run's method config: its dataclass (the one source of its defaults) with the keys
+    the conf file, a preset and the command line set; ConfigError naming a bad value. The
+    method must be registered (`validate_registered` imports the modules)."""
+    from .methods import METHODS
+
+    cls = METHODS.get(cfg.method.name).config_cls
+    if dataclasses.is_dataclass(cls):  # cfg.method is untyped: its raw values
+        check_bools({"method": OmegaConf.to_container(cfg.method, resolve=False)}, _bool_keys(cls, "method."))
+    try:
+        method_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), cfg.method))
+    except OmegaConfBaseException as e:
+        raise _schema_errors(e) from None
+    if dataclasses.is_dataclass(method_cfg) and not isinstance(method_cfg, type):
+        bad = _nonfinite(dataclasses.asdict(method_cfg), "method")
+        if bad is not None:  # e.g. method.mu=nan: a string until the method's schema types it
+            raise ConfigError(f"{bad} must be a finite number (got {cfg.method[bad.split('.', 1)[1]]})")
+    return method_cfg
+
+
+def with_method_defaults(cfg: DictConfig) -> DictConfig:
+    """`cfg` with every key of its method written out: the dataclass's defaults under what was
+    set. What `fl-lightning config` prints and a run's config.yaml records, so that a default
+    changed later does not change what `run --from` or a resume of that run does."""
+    from .methods import import_methods
+
+    import_methods(method_modules(cfg.methods))
+    values = OmegaConf.structured(method_config(cfg))
+    out = copy.deepcopy(cfg)
+    OmegaConf.set_struct(out, False)
+    out.method = OmegaConf.create(OmegaConf.to_container(values, resolve=True))
+    OmegaConf.set_struct(out, True)
+    return out
 
 
 def to_yaml(cfg: DictConfig) -> str:
@@ -773,7 +814,7 @@ def _saved_config(path: Path, overrides: list[str]) -> DictConfig:
     try:
         cfg = OmegaConf.structured(RootConfig)
         OmegaConf.set_struct(cfg, False)
-        cfg.merge_with(doc)
+        cfg.merge_with(_texts(doc))
         OmegaConf.set_struct(cfg, True)
         # method.allow_momentum may be new to a run's config (validate_registered checks it)
         OmegaConf.set_struct(cfg.method, False)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fl_lightning.config import compose, validate_registered
 from fl_lightning.core.errors import ConfigError
 from fl_lightning.core.metrics import EvalSpec
 from fl_lightning.core.objective import evaluate
@@ -308,14 +309,15 @@ def test_ccvr_virtual_features_follow_the_pooled_gaussian():
     ],
 )
 def test_bad_values_are_one_line_config_errors(method, kwargs, message):
-    cls = METHODS.get(method)
+    """Refused by the checks that run before any data loads (`validate_registered`)."""
+    cfg = compose([f"method={method}", *(f"method.{k}={v}" for k, v in kwargs.items())])
     with pytest.raises(ConfigError) as err:
-        cls(cls.config_cls(**kwargs), 2, 2, 0, TaskInfo(num_classes=10))
+        validate_registered(cfg)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("method", ["fedfocal", "ccvr"])
+@pytest.mark.parametrize("method", ["fedfocal", "ccvr", "creff"])
 def test_single_label_methods_refuse_multilabel_data(method):
-    cls = METHODS.get(method)
+    cfg = compose([f"method={method}", "data=fmnist_multilabel"])
     with pytest.raises(ConfigError, match="single-label"):
-        cls(cls.config_cls(), 2, 2, 0, TaskInfo(num_classes=10, multilabel=True))
+        validate_registered(cfg)

@@ -8,16 +8,25 @@ told; FedGLCL's projector is linear | bn | bn_relu (auto: by the backbone).
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from omegaconf import OmegaConf
 from torch import nn
 
 from fl_lightning.cli.main import main
-from fl_lightning.config import compose, conf_dir, load_run_config, method_defaults, validate_registered
+from fl_lightning.config import (
+    compose,
+    conf_dir,
+    load_run_config,
+    method_defaults,
+    validate_registered,
+    with_method_defaults,
+)
 from fl_lightning.core.errors import ConfigError
 from fl_lightning.core.optim import OptimConfig
 from fl_lightning.methods.fedglcl import FedGLCLConfig, GLCLObjective, projector_kind
@@ -60,7 +69,7 @@ def test_precedence_config_yaml_method_defaults_preset_command_line(conf):
 def test_method_group_defaults_below_preset_and_command_line(conf):
     """A method file's `defaults:` picks groups (FedTSP: its HtFE family, MiniLM), recorded in
     the config; an experiment preset or the command line choosing the group wins."""
-    tsp = compose(["method=fedtsp"])
+    tsp = with_method_defaults(compose(["method=fedtsp"]))  # the dataclass fills the method keys
     assert (tsp.model.name, tsp.text.name) == ("htfe_cnn3", "minilm")
     assert "defaults" not in tsp.method
     assert compose(["method=fedtsp", "model=cnn"]).model.name == "cnn"
@@ -109,7 +118,7 @@ def test_the_papers_defaults():
     (its paper's optimiser is the benchmark protocol of every method: the presets pin it)."""
     scaffold = compose(["method=scaffold"])
     assert (scaffold.optim.name, scaffold.optim.momentum) == ("sgd", 0.0)
-    tsp = compose(["method=fedtsp"])
+    tsp = with_method_defaults(compose(["method=fedtsp"]))  # the dataclass fills the method keys
     assert (tsp.optim.lr, tsp.optim.momentum, tsp.optim.weight_decay) == (0.01, 0.0, 0.0)
     assert (tsp.fl.local_epochs, tsp.fl.batch_size, tsp.method.server_epochs) == (5, 100, 20)
     assert tsp.method.logit_scale_init < tsp.method.logit_scale_max
@@ -156,7 +165,8 @@ def test_scaffold_runs_out_of_the_box_and_accepts_momentum_when_told():
 
 
 def test_an_older_scaffold_run_with_momentum_can_resume_when_told(tmp_path):
-    container = OmegaConf.to_container(compose(["method=scaffold", "optim.momentum=0.9"]))
+    cfg = with_method_defaults(compose(["method=scaffold", "optim.momentum=0.9"]))  # as a run writes it
+    container = OmegaConf.to_container(cfg)
     assert isinstance(container, dict)
     del container["method"]["allow_momentum"]  # written before the key existed
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(container))
@@ -200,4 +210,75 @@ def test_fedglcl_auto_projector_follows_the_backbone_and_final_relu_still_works(
     with pytest.raises(ConfigError, match="is not one of: auto, linear, bn, bn_relu"):
         projector_kind("mlp")
     assert FedGLCLConfig().projector == "auto" and FedGLCLConfig().final_relu is None
-    assert compose(["method=fedglcl"]).method.projector == "auto"
+    assert with_method_defaults(compose(["method=fedglcl"])).method.projector == "auto"
+
+
+# --- the method's dataclass: the one source of its defaults --------------------------------
+def test_method_files_only_override_their_dataclass():
+    """A key in conf/method/<name>.yaml equal to its dataclass default is a second copy that
+    can drift from it (clip2fl's `beta` did: 1 in the file, 3 in the code): refused."""
+    from fl_lightning.methods import METHODS, import_methods
+
+    import_methods([])
+    repeated = []
+    for path in sorted((conf_dir() / "method").glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text()) or {}
+        cls = METHODS.get(doc.get("name", path.stem)).config_cls
+        defaults = {k: v for k, v in dataclasses.asdict(cls()).items()}
+        for key, value in doc.items():
+            if key in ("name", "defaults", "optim", "fl"):
+                continue
+            assert key in defaults, f"{path.name}: {key!r} is no field of {cls.__name__}"
+            if defaults[key] == value:
+                repeated.append(f"{path.name}: {key}")
+    assert repeated == []
+
+
+def test_a_run_records_every_method_key_with_its_dataclass_default(tmp_path, data_root):
+    """config.yaml holds the method's full config (FedAdam's file names only the method), so a
+    default changed later does not change what `run --from` or a resume of that run does."""
+    from fl_lightning.methods.fedadam import FedAdamConfig
+
+    args = ["method=fedadam", "method.server_lr=0.3", "logger=none", "runtime=serial", "fl.rounds=1",
+            "fl.num_clients=2", "data.train_subset=200", "data.test_subset=100", "run_id=adam",
+            f"data.root={data_root}", f"output_dir={tmp_path}", "eval.clients=false"]  # fmt: skip
+    shown = with_method_defaults(compose(args)).method
+    assert (shown.server_lr, shown.beta2, shown.tau) == (0.3, FedAdamConfig.beta2, FedAdamConfig.tau)
+    assert main(["run", "--quiet", *args]) == 0
+    saved = yaml.safe_load((tmp_path / "default" / "adam" / "config.yaml").read_text())["method"]
+    assert saved == dataclasses.asdict(FedAdamConfig(server_lr=0.3))
+
+
+@pytest.mark.parametrize(
+    "method, bad, message",
+    [
+        ("ccvr", "method.virtual_per_class=0", "method.virtual_per_class must be >= 1"),
+        ("creff", "method.grad_augment=blur", "method.grad_augment='blur'"),
+        ("clip2fl", "method.num_features=0", "method.num_features must be >= 1"),  # CReFF's check
+        ("ditto", "method.lam=-1", "method.lam >= 0"),
+        ("fedala", "method.eta=0", "fedala needs method.eta > 0"),
+        ("fedamp", "method.sigma=0", "method.sigma > 0"),
+        ("fedbe", "method.samples=-1", "method.samples must be >= 0"),
+        ("fedbe", "method.distill_lr=0", "method.distill_lr must be > 0"),
+        ("fedfomo", "method.m=0", "fedfomo needs method.m >= 1"),
+        ("feddtr", "method.text=false", "method.prior=true needs method.text=true"),
+        ("fedphp", "method.mu=2", "fedphp needs 0 <= method.mu"),
+        ("fedrep", "method.head_epochs=0", "method.head_epochs >= 1"),
+        ("perfedavg", "method.alpha=-1", "method.alpha > 0"),
+        ("pfedme", "method.lam=0", "pfedme needs method.lam > 0"),
+        ("fedtsp", "method.direction=sideways", "method.direction='sideways'"),
+        ("fedtsp", "method.weighting=median", "method.weighting='median'"),
+        ("fedtsp", "method.finetune_after=3", "method.finetune_after (-FT) needs method.share_weights"),
+        ("fedglcl", "method.projector=mlp", "is not one of: auto, linear, bn, bn_relu"),
+        ("fedglcl", "method.class_embedding=onehot", "method.class_embedding='onehot' is not one of"),
+    ],
+)
+def test_every_method_check_runs_before_any_data(method, bad, message):
+    """The checks of a method's values live in its `check_run` (or its config's
+    `__post_init__`), which `validate_registered` runs before the data is looked at: here the
+    data root does not exist, so a check left in the strategy's constructor (after the data
+    loads) would never be reached."""
+    cfg = compose([f"method={method}", bad, "data.root=/nonexistent/fl_lightning_data"])
+    with pytest.raises(ConfigError) as err:
+        validate_registered(cfg)
+    assert message in str(err.value) and "\n" not in str(err.value)

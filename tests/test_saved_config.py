@@ -7,7 +7,7 @@ import json
 import yaml
 
 from fl_lightning.cli.main import main
-from fl_lightning.config import compose, load_run_config
+from fl_lightning.config import compose, load_run_config, with_method_defaults
 
 from .conftest import small
 
@@ -30,7 +30,7 @@ def _numbers(run_dir):
 
 def test_config_yaml_holds_what_ran_and_a_run_from_it_repeats_the_numbers(tmp_path, data_root, capsys):
     first, again = tmp_path / "first", tmp_path / "again"
-    assert compose(small(first, *LEFT_OPEN)).method.projector == "auto"  # what the run is given
+    assert with_method_defaults(compose(small(first, *LEFT_OPEN))).method.projector == "auto"  # given
     assert main(["run", "--quiet", *small(first, *LEFT_OPEN)]) == 0
     run_dir = _run_dir(first)
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())

@@ -25,7 +25,7 @@ def method_needs(name: str) -> list[str]:
     """What method `name` needs beyond `fl-lightning run method=<name>`'s defaults."""
     from omegaconf import OmegaConf
 
-    from ..config import compose, method_group_defaults
+    from ..config import compose, method_config, method_group_defaults
     from ..methods import METHODS
 
     strategy = METHODS.get(name)
@@ -34,9 +34,7 @@ def method_needs(name: str) -> list[str]:
         needs.append("clients' own test splits (data.client_test_fraction > 0)")
     try:
         cfg = compose([f"method={name}"])
-        method_cfg = OmegaConf.to_object(
-            OmegaConf.merge(OmegaConf.structured(strategy.config_cls), cfg.method)
-        )
+        method_cfg = method_config(cfg)
         tree = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(tree, dict)
         run = {str(k): v for k, v in tree.items()}

@@ -30,7 +30,7 @@ from torch import nn
 from .batched import MaskedStep
 from .messages import Broadcast, ClientPayload, ClientUpdate
 from .metrics import EvalSpec, TaskMetrics
-from .optim import OptimConfig
+from .optim import OptimConfig, OptimizerName
 from .params import to_cpu
 from .types import ClientState, StateDict
 
@@ -155,11 +155,11 @@ class ClientObjective(L.LightningModule, Generic[BroadcastT]):
     def __init__(
         self,
         model: nn.Module,
-        lr: float = 0.05,
-        momentum: float = 0.9,
-        weight_decay: float = 0.0,
-        optimizer: str = "sgd",
-        grad_clip: float | None = None,
+        lr: float = OptimConfig.lr,  # the optimiser's defaults are OptimConfig's (one source)
+        momentum: float = OptimConfig.momentum,
+        weight_decay: float = OptimConfig.weight_decay,
+        optimizer: OptimizerName = OptimConfig.name,
+        grad_clip: float | None = OptimConfig.grad_clip,
     ) -> None:
         super().__init__()
         self.model = model

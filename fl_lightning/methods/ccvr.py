@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.checks import single_label
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState, extend
 from ..core.objective import ClientObjective, on_shared_features
@@ -194,7 +195,8 @@ class CCVR(Strategy[CCVRConfig, CCVRState, CCVRBroadcast]):
     name = "ccvr"
     objective_cls = CCVRObjective
 
-    def __init__(self, config: CCVRConfig, *args: Any, **kwargs: Any) -> None:
+    @classmethod
+    def check_run(cls, config: CCVRConfig, run: dict[str, Any]) -> None:
         c = config
         for key in ("virtual_per_class", "retrain_batch_size"):
             if getattr(c, key) < 1:
@@ -208,9 +210,7 @@ class CCVR(Strategy[CCVRConfig, CCVRState, CCVRBroadcast]):
             )
         if c.init_head not in ("fedavg", "fresh"):
             raise ConfigError(f"method.init_head={c.init_head!r} is not one of: fedavg, fresh")
-        super().__init__(config, *args, **kwargs)
-        if self.task.multilabel:
-            raise ConfigError("ccvr needs single-label data (class-conditional feature statistics)")
+        single_label(cls.name, run, "class-conditional feature statistics")
 
     def objective_kwargs(self) -> dict[str, Any]:
         return {"num_classes": self.task.num_classes}

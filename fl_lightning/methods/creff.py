@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..core.checks import single_label
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective, on_shared_features
@@ -189,12 +190,11 @@ class CReFF(Strategy[CReFFConfig, CReFFState, CReFFBroadcast]):
     name = "creff"
     objective_cls: ClassVar[type[ClientObjective[Any]]] = CReFFObjective
 
-    def __init__(self, config: CReFFConfig, *args: Any, **kwargs: Any) -> None:
-        super().__init__(config, *args, **kwargs)
+    @classmethod
+    def check_run(cls, config: CReFFConfig, run: dict[str, Any]) -> None:
         if config.grad_augment not in AUGMENTS:
             raise ConfigError(f"method.grad_augment={config.grad_augment!r}: expected dsa or none")
-        if self.task.multilabel:
-            raise ConfigError(f"{self.name} re-trains a single-label classifier; the data is multi-label")
+        single_label(cls.name, run, "it re-trains a single-label classifier")
         for key in ("num_features", "grad_repeats", "grad_batch", "retrain_batch_size"):
             if getattr(config, key) < 1:
                 raise ConfigError(f"method.{key} must be >= 1 (got {getattr(config, key)})")

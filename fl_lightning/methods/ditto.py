@@ -108,10 +108,10 @@ class Ditto(Strategy[DittoConfig, ServerState, Broadcast]):
     objective_cls = DittoObjective
     personalised = True
 
-    def __init__(self, config: DittoConfig, *args: Any, **kwargs: Any) -> None:
+    @classmethod
+    def check_run(cls, config: DittoConfig, run: dict[str, Any]) -> None:
         if config.lam < 0 or config.personal_epochs < 1:
             raise ConfigError("ditto needs method.lam >= 0 and method.personal_epochs >= 1")
-        super().__init__(config, *args, **kwargs)
 
     def warnings(self) -> list[str]:
         if self.config.lam == 0:

@@ -134,7 +134,8 @@ class FedALA(FedAvgStrategy):
     objective_cls = FedALAObjective
     personalised = True
 
-    def __init__(self, config: FedALAConfig, *args: Any, **kwargs: Any) -> None:
+    @classmethod
+    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
         c = config
         if not (c.eta > 0 and 0 < c.rand_percent <= 100 and c.layer_idx >= 1 and c.threshold >= 0
                 and c.num_pre_loss >= 1 and c.ala_batch_size >= 1 and c.start_max_epochs >= 1):  # fmt: skip
@@ -142,4 +143,3 @@ class FedALA(FedAvgStrategy):
                 "fedala needs method.eta > 0, 0 < rand_percent <= 100, layer_idx >= 1, threshold >= 0, "
                 "num_pre_loss >= 1, ala_batch_size >= 1 and start_max_epochs >= 1"
             )
-        super().__init__(config, *args, **kwargs)

@@ -105,10 +105,10 @@ class FedAMP(Strategy[FedAMPConfig, FedAMPServerState, Broadcast]):
     personalised = True
     plain_eval_payloads = True  # evaluation scores w_i alone: no cloud models to compute
 
-    def __init__(self, config: FedAMPConfig, *args: Any, **kwargs: Any) -> None:
+    @classmethod
+    def check_run(cls, config: FedAMPConfig, run: dict[str, Any]) -> None:
         if config.alpha_k <= 0 or config.lam < 0 or config.sigma <= 0:
             raise ConfigError("fedamp needs method.alpha_k > 0, method.lam >= 0 and method.sigma > 0")
-        super().__init__(config, *args, **kwargs)
 
     def objective_kwargs(self) -> dict[str, Any]:
         return {"lam": self.config.lam, "alpha_k": self.config.alpha_k}

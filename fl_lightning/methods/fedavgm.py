@@ -56,12 +56,12 @@ def momentum_step(
 class FedAvgM(Strategy[FedAvgMConfig, FedAvgMState, Broadcast]):
     name = "fedavgm"
 
-    def __init__(self, config: FedAvgMConfig, *args: Any, **kwargs: Any) -> None:
+    @classmethod
+    def check_run(cls, config: FedAvgMConfig, run: dict[str, Any]) -> None:
         if not 0 <= config.server_momentum < 1:
             raise ConfigError(f"method.server_momentum must be in [0, 1) (got {config.server_momentum})")
         if config.server_lr <= 0:
             raise ConfigError(f"method.server_lr must be > 0 (got {config.server_lr})")
-        super().__init__(config, *args, **kwargs)
 
     def aggregate(self, state: FedAvgMState, updates: Sequence[ClientUpdate]) -> FedAvgMState:
         avg = super().aggregate(state, updates)

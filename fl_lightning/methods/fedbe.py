@@ -68,11 +68,11 @@ def gaussian_samples(
 class FedBE(ServerDistillation[FedBEConfig]):
     name = "fedbe"
 
-    def __init__(self, config: FedBEConfig, *args: Any, **kwargs: Any) -> None:
+    @classmethod
+    def check_run(cls, config: FedBEConfig, run: dict[str, Any]) -> None:
         positive_fields(config, ("distill_steps", "distill_batch_size", "distill_lr", "swa_every"))
         if config.samples < 0:
             raise ConfigError(f"method.samples must be >= 0 (got {config.samples})")
-        super().__init__(config, *args, **kwargs)
 
     def distil(
         self, mean: StateDict, sent: Sequence[ClientUpdate], ctx: ServerContext, x: torch.Tensor

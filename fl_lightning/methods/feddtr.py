@@ -179,10 +179,10 @@ class FedDTR(Strategy[FedDTRConfig, ServerState, DTRBroadcast]):
     @classmethod
     def check_run(cls, config: Any, run: dict[str, Any]) -> None:
         positive(config, "tau")  # divides the cosine logits
-
-    def __init__(self, config: FedDTRConfig, *args: Any, **kwargs: Any) -> None:
         if config.prior and not config.text:
             raise ConfigError("feddtr: method.prior=true needs method.text=true (P_i is built from text)")
+
+    def __init__(self, config: FedDTRConfig, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         self.class_features: torch.Tensor | None = None
         self.text_encoder = "none"

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..core.checks import single_label
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ServerState
 from ..core.objective import ClientObjective
@@ -49,12 +50,11 @@ class FedFocal(Strategy[FedFocalConfig, ServerState, Broadcast]):
     name = "fedfocal"
     objective_cls = FedFocalObjective
 
-    def __init__(self, config: FedFocalConfig, *args: Any, **kwargs: Any) -> None:
+    @classmethod
+    def check_run(cls, config: FedFocalConfig, run: dict[str, Any]) -> None:
         if config.gamma < 0:
             raise ConfigError(f"method.gamma must be >= 0 (got {config.gamma})")
-        super().__init__(config, *args, **kwargs)
-        if self.task.multilabel:  # multi-hot targets have no single p_y to focus on
-            raise ConfigError("fedfocal needs single-label data (the focal loss weighs p_y)")
+        single_label(cls.name, run, "the focal loss weighs p_y")  # multi-hot targets have no single p_y
 
     def warnings(self) -> list[str]:
         return ["fedfocal with method.gamma=0 is FedAvg"] if self.config.gamma == 0 else []

@@ -140,10 +140,10 @@ class FedFomo(Strategy[FedFomoConfig, FedFomoServerState, Broadcast]):
     personalised = True
     plain_eval_payloads = True  # evaluation scores each client's own model: no models to send
 
-    def __init__(self, config: FedFomoConfig, *args: Any, **kwargs: Any) -> None:
+    @classmethod
+    def check_run(cls, config: FedFomoConfig, run: dict[str, Any]) -> None:
         if config.m < 1 or not 0 < config.val_fraction < 1:
             raise ConfigError("fedfomo needs method.m >= 1 and 0 < method.val_fraction < 1")
-        super().__init__(config, *args, **kwargs)
 
     def objective_kwargs(self) -> dict[str, Any]:
         return {"val_fraction": self.config.val_fraction}

@@ -136,12 +136,22 @@ class FedGLCLConfig(MethodConfig):
     tau: float = 0.07
     templates: list[str] = field(default_factory=lambda: ["a photo of a {}"])  # or ["imagenet80"]
     class_embedding: str = "text"  # text | random | orthogonal (Table 10)
-    #: auto (bn_relu if the backbone has batch norm, else linear) | linear | bn | bn_relu
+    #: the projector to the text dimension: linear | bn (Linear -> BN1d) | bn_relu (Linear ->
+    #: BN1d -> ReLU, the authors' AlexNet head) | auto: bn_relu when the backbone has batch norm,
+    #: linear when it has none. The paper gives every method the same AlexNet-BN, so its BN
+    #: projector is like for like; on a BN-free backbone (model=cnn) a BN projector is the only
+    #: batch norm in the comparison, and under extreme label skew its averaged running
+    #: statistics misdescribe the averaged model (measured: ~5x the real variance, -10 points).
+    #: On cnn_bn with MiniLM texts, `bn` beat `bn_relu` by ~5 points at 2 classes per client
+    #: (docs/results.md, 3 seeds).
     projector: str = "auto"
     final_relu: bool | None = None  # legacy: true = projector bn_relu, false = bn
     prox_mu: float = 0.0  # > 0: FedGLCL + FedProx
     moon_mu: float = 0.0  # > 0: FedGLCL + MOON
     moon_temperature: float = 0.5
+
+
+CLASS_EMBEDDINGS = ("text", "random", "orthogonal")
 
 
 def class_vectors(kind: str, text: torch.Tensor, seed: int) -> torch.Tensor:
@@ -157,7 +167,7 @@ def class_vectors(kind: str, text: torch.Tensor, seed: int) -> torch.Tensor:
             raise ConfigError(f"{text.shape[0]} orthogonal class vectors need dimension >= classes")
         q, _ = torch.linalg.qr(rand.T)
         return q.T.contiguous()
-    raise ConfigError(f"method.class_embedding={kind!r} is not one of: text, random, orthogonal")
+    raise ConfigError(f"method.class_embedding={kind!r} is not one of: {', '.join(CLASS_EMBEDDINGS)}")
 
 
 @METHODS.register("fedglcl")
@@ -169,10 +179,13 @@ class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
     def check_run(cls, config: Any, run: dict[str, Any]) -> None:
         positive(config, "tau", "moon_temperature")  # they divide the logits
         nonnegative(config, "prox_mu", "moon_mu")
+        projector_kind(config.projector, config.final_relu)  # a bad value: ConfigError
+        if config.class_embedding not in CLASS_EMBEDDINGS:
+            valid = ", ".join(CLASS_EMBEDDINGS)
+            raise ConfigError(f"method.class_embedding={config.class_embedding!r} is not one of: {valid}")
 
     def __init__(self, config: FedGLCLConfig, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
-        projector_kind(config.projector, config.final_relu)  # a bad value: ConfigError, before the text model
         from ..text import class_text_features
 
         text_cfg = dict(self.task.text)

@@ -123,13 +123,14 @@ class FedLGTConfig(MethodConfig):
     #: text: frozen features of state_words (random ones with label_embedding=frozen_random) |
     #: learned (the paper's FedC-Tran; the authors' code freezes them for FedC-Tran too)
     state_embedding: str = "text"
-    prompt: str = "The photo contains {}."
+    prompt: str = "The photo contains {}."  # [paper] "The photo contains [CLASS]"; [code] adds the "."
+    #: [paper] the state embeddings' words; unknown is the zero vector
     state_words: list[str] = field(default_factory=lambda: ["positive", "negative"])
-    lmt: bool = True
-    known_fraction: float = 0.75
-    ca_mle: bool = True
-    epsilon: float = 0.02
-    threshold: float = 0.5
+    lmt: bool = True  # [code] --use_lmt: C-Tran's random label mask
+    known_fraction: float = 0.75  # [code] known labels per sample ~ U{0..floor(0.75 C)}
+    ca_mle: bool = True  # [paper] client-aware masked label embedding (--use_global_guide)
+    epsilon: float = 0.02  # [paper] uncertainty margin around the threshold
+    threshold: float = 0.5  # [paper] τ
     reduction: str = "sum"  # sum (authors' code) | mean over the unknown positions
 
 

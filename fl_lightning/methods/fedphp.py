@@ -107,8 +107,8 @@ class FedPHP(FedAvgStrategy):
     objective_cls = FedPHPObjective
     personalised = True
 
-    def __init__(self, config: FedPHPConfig, *args: Any, **kwargs: Any) -> None:
-        super().__init__(config, *args, **kwargs)
+    @classmethod
+    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
         if not 0.0 <= config.mu <= 1.0 or not 0.0 <= config.lam <= 1.0:
             raise ConfigError(f"fedphp needs 0 <= method.mu, method.lam <= 1 (got {config.mu}, {config.lam})")
 

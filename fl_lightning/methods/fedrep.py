@@ -59,7 +59,7 @@ class FedRep(Strategy[FedRepConfig, ServerState, Broadcast]):
     objective_cls = FedRepObjective
     personalised = True
 
-    def __init__(self, config: FedRepConfig, *args: Any, **kwargs: Any) -> None:
+    @classmethod
+    def check_run(cls, config: FedRepConfig, run: dict[str, Any]) -> None:
         if config.head_epochs < 1 or (config.body_epochs is not None and config.body_epochs < 1):
             raise ConfigError("fedrep needs method.head_epochs >= 1 and method.body_epochs >= 1 (or null)")
-        super().__init__(config, *args, **kwargs)

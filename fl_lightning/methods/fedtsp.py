@@ -134,14 +134,18 @@ class FedTSPConfig(MethodConfig):
         "a photo of a"  # the soft prompts start as these token embeddings (m = their count)
     )
     n_ctx: int | None = None  # with ctx_init=null: m random N(0, 0.02²) vectors (the authors' code)
-    server_epochs: int = 20  # E_s: full-batch prompt steps per round (paper: 20 by default, BERT)
+    #: E_s, full-batch prompt steps per round: the paper's default ("we set E_s = 20 by default",
+    #: Sec. 4.5; FedTSP-BERT improves with E_s, CLIP barely moves). MiniLM, like BERT, never saw
+    #: images, so the BERT setting applies; 1 step at lr 0.01 moved the prototypes by < 1e-4.
+    server_epochs: int = 20
     prompt_lr: float = 0.01  # the authors' code (SGD)
     prompt_momentum: float = 0.0  # > 0 keeps momentum buffers in the server state (the code has none)
     learn_logit_scale: bool = True
     logit_scale_init: float = LN_100  # s with τ = 1/exp(s) = 0.01 (the authors' code)
     logit_scale_lr: float = 0.01
-    #: clamp on s after each server step (a guard: the authors' code has none; null: none).
-    #: Must lie above `logit_scale_init`, so that s can rise as well as fall.
+    #: clamp on s after each server step (a guard against a runaway scale, τ >= 0.001: the
+    #: authors' code has none; null: none). Must lie above `logit_scale_init`, so that s can
+    #: rise as well as fall (a clamp at ln 100 pinned it: it could only fall).
     logit_scale_max: float | None = LN_1000
     direction: str = "image_to_text"  # image_to_text (code) | text_to_image (Eq. 7) | symmetric
     weighting: str = "count"  # image-prototype aggregation: count (Eq. 6) | uniform (the code)
@@ -161,11 +165,6 @@ class FedTSP(Strategy[FedTSPConfig, FedTSPState, TSPBroadcast]):
         nonnegative(config, "lam", "server_epochs", "prompt_momentum", "finetune_after")
         positive(config, "prompt_lr", "logit_scale_lr")
         within(config, "n_ctx", 1, 64)  # prompt tokens: CLIP's whole context is 77 (CoOp: 4 to 16)
-
-    def __init__(self, config: FedTSPConfig, *args: Any, **kwargs: Any) -> None:
-        # personal models unless weights are shared (and then again in the -FT rounds)
-        self.personalised = not config.share_weights or config.finetune_after is not None
-        super().__init__(config, *args, **kwargs)
         if config.direction not in ("image_to_text", "text_to_image", "symmetric"):
             raise ConfigError(
                 f"method.direction={config.direction!r}: expected image_to_text, text_to_image or symmetric"
@@ -182,6 +181,11 @@ class FedTSP(Strategy[FedTSPConfig, FedTSPState, TSPBroadcast]):
             raise ConfigError(
                 "method.finetune_after (-FT) needs method.share_weights=true (a global model to fine-tune)"
             )
+
+    def __init__(self, config: FedTSPConfig, *args: Any, **kwargs: Any) -> None:
+        # personal models unless weights are shared (and then again in the -FT rounds)
+        self.personalised = not config.share_weights or config.finetune_after is not None
+        super().__init__(config, *args, **kwargs)
         from ..text.prompts import descriptions
 
         text_cfg = dict(self.task.text)

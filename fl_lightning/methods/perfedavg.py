@@ -111,7 +111,7 @@ class PerFedAvg(Strategy[PerFedAvgConfig, ServerState, Broadcast]):
     objective_cls = PerFedAvgObjective
     personalised = True
 
-    def __init__(self, config: PerFedAvgConfig, *args: Any, **kwargs: Any) -> None:
+    @classmethod
+    def check_run(cls, config: PerFedAvgConfig, run: dict[str, Any]) -> None:
         if config.alpha is not None and config.alpha <= 0:
             raise ConfigError("perfedavg needs method.alpha > 0 (or null: optim.lr)")
-        super().__init__(config, *args, **kwargs)

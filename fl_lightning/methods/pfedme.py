@@ -112,13 +112,13 @@ class PFedMe(Strategy[PFedMeConfig, ServerState, Broadcast]):
     objective_cls = PFedMeObjective
     personalised = True
 
-    def __init__(self, config: PFedMeConfig, *args: Any, **kwargs: Any) -> None:
+    @classmethod
+    def check_run(cls, config: PFedMeConfig, run: dict[str, Any]) -> None:
         c = config
         if c.lam <= 0 or c.personal_lr <= 0 or c.inner_steps < 1 or c.mu < 0 or c.beta <= 0:
             raise ConfigError(
                 "pfedme needs method.lam > 0, personal_lr > 0, inner_steps >= 1, mu >= 0 and beta > 0"
             )
-        super().__init__(config, *args, **kwargs)
 
     def objective_kwargs(self) -> dict[str, Any]:
         kwargs = super().objective_kwargs()

@@ -66,10 +66,10 @@ class TauNorm(Strategy[TauNormConfig, ServerState, Broadcast]):
     name = "taunorm"
     objective_cls = TauNormObjective
 
-    def __init__(self, config: TauNormConfig, *args: Any, **kwargs: Any) -> None:
+    @classmethod
+    def check_run(cls, config: TauNormConfig, run: dict[str, Any]) -> None:
         if config.tau < 0:
             raise ConfigError(f"method.tau must be >= 0 (got {config.tau})")
-        super().__init__(config, *args, **kwargs)
 
     def warnings(self) -> list[str]:
         return ["taunorm with method.tau=0 is FedAvg"] if self.config.tau == 0 else []

@@ -14,7 +14,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import clients_per_round, participation, validate_registered
+from ..config import (
+    clients_per_round,
+    method_config,
+    participation,
+    validate_registered,
+    with_method_defaults,
+)
 from ..core.batched import model_refusal
 from ..core.errors import ConfigError
 from ..core.metrics import EvalSpec
@@ -67,9 +73,7 @@ def prepare(cfg: DictConfig) -> Prepared:
             "set data.client_test_fraction (and eval.clients=true)"
         )
     strategy_cls = METHODS.get(cfg.method.name)
-    method_cfg = OmegaConf.to_object(
-        OmegaConf.merge(OmegaConf.structured(strategy_cls.config_cls), cfg.method)
-    )
+    method_cfg = method_config(cfg)
     used = np.concatenate([np.asarray(t) for t in split.train]) if split.train else np.zeros(0, np.int64)
     if dataset.multilabel:  # per label: the training samples that carry it
         train_counts = tuple(int(c) for c in np.asarray(dataset.train_y[used]).sum(axis=0).round())
@@ -148,7 +152,7 @@ def resolved_config(cfg: DictConfig, chosen: dict[str, Any], spec: ClientSpec) -
     fell back to), the backbone's keyword arguments as built (FedTSP and CLIP2FL set the
     feature dimension to the text's) and the W&B group (the experiment when unset). The
     run id and the placement are written when they are known (`runner.py`)."""
-    out = copy.deepcopy(cfg)
+    out = copy.deepcopy(with_method_defaults(cfg))  # every method key, its dataclass's defaults too
     OmegaConf.set_struct(out, False)
     OmegaConf.set_struct(out.method, False)  # a key the method file leaves to its schema
     if "text" in chosen:  # the whole group: an encoder's keys are not `none`'s

@@ -168,8 +168,9 @@ class LoggerConfig:
     project: str = "fl_lightning"
     entity: str | None = None
     group: str | None = None  # default: the experiment name
-    #: auto: online with an API key, else offline
-    mode: Literal["auto", "online", "offline", "disabled"] = "auto"
+    #: auto: online with an API key, else offline (`$WANDB_MODE` wins, and may say shared:
+    #: W&B's mode for one run written from several machines)
+    mode: Literal["auto", "online", "offline", "disabled", "shared"] = "auto"
     tags: list[str] = field(default_factory=list)
 
 
@@ -730,8 +731,27 @@ def with_method_defaults(cfg: DictConfig) -> DictConfig:
     return out
 
 
-def to_yaml(cfg: DictConfig) -> str:
-    return OmegaConf.to_yaml(cfg, resolve=True)
+def typed(cfg: DictConfig) -> RootConfig:
+    """The composed tree turned once into the typed `RootConfig` the runtime reads (mypy checks
+    every read of it): `method` the method's own config dataclass; `model` and `text` stay
+    mappings, since each builder takes keys of its own (`name` plus its arguments)."""
+    run = OmegaConf.to_object(cfg)
+    assert isinstance(run, RootConfig)
+    run.method = method_config(cfg)
+    return run
+
+
+def tree(cfg: DictConfig | RootConfig) -> dict[str, Any]:
+    """A config as plain data (W&B's run config)."""
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    out = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(out, dict)
+    return {str(k): v for k, v in out.items()}
+
+
+def to_yaml(cfg: DictConfig | RootConfig) -> str:
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    return OmegaConf.to_yaml(node, resolve=True)
 
 
 #: what a resume may change: nothing that changes the numbers (method.allow_momentum only

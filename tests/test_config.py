@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fl_lightning.cli.main import main
-from fl_lightning.config import choices, clients_per_round, compose
+from fl_lightning.config import RootConfig, choices, clients_per_round, compose, conf_dir
 
 BAD = [
     (["fl.roundz=3"], "unknown config key 'fl.roundz'"),
@@ -138,3 +138,46 @@ def test_a_method_key_its_file_does_not_list_is_taken_from_its_dataclass(tmp_pat
     err = capsys.readouterr().err
     assert err == "fl-lightning: error: unknown config key 'method.server_lrr'\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_run_level_yaml_files_list_the_schemas_defaults_and_nothing_else():
+    """conf/config.yaml and the default group files (runtime/ray.yaml, logger/wandb.yaml) are the
+    annotated listing of `RootConfig`'s defaults: a value that differs from the dataclass would
+    make two sources of one default (OptimConfig said lr 0.05 with momentum 0.9 while
+    config.yaml said 0.01 without), so a changed default must change both."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    schema = OmegaConf.to_container(OmegaConf.structured(RootConfig))
+    assert isinstance(schema, dict)
+
+    def differing(doc: dict, ref: dict, where: str) -> list[str]:
+        out = []
+        for key, value in doc.items():
+            if key == "defaults":
+                continue
+            if isinstance(value, dict) and isinstance(ref.get(key), dict):
+                out += differing(value, ref[key], f"{where}{key}.")
+            elif key not in ref or ref[key] != value:
+                out.append(f"{where}{key}: {value!r} (schema: {ref.get(key, 'no such key')!r})")
+        return out
+
+    root = conf_dir()
+    found = differing(yaml.safe_load((root / "config.yaml").read_text()), schema, "")
+    found += differing(
+        yaml.safe_load((root / "runtime" / "ray.yaml").read_text()), schema["runtime"], "runtime."
+    )
+    found += differing(
+        yaml.safe_load((root / "logger" / "wandb.yaml").read_text()), schema["logger"], "logger."
+    )
+    assert found == []
+    # and the schema's Literal choices are what `validate` and the errors name
+    assert "is not one of: ray, serial" in _error(["runtime.executor=dask"])
+
+
+def _error(overrides: list[str]) -> str:
+    from fl_lightning.core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        compose(overrides)
+    return str(err.value)

@@ -15,9 +15,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import (
+    RootConfig,
     clients_per_round,
     method_config,
     participation,
+    typed,
     validate_registered,
     with_method_defaults,
 )
@@ -40,7 +42,7 @@ from .host import ClientSpec, build_objective, precision_of
 class Prepared:
     """Everything a run needs before its first round (built without starting Ray)."""
 
-    cfg: DictConfig
+    cfg: RootConfig  # typed, as config.yaml records it (the method's resolved choices written in)
     dataset: ArrayDataset
     split: FederatedSplit
     strategy: Strategy[Any, Any, Any]
@@ -139,9 +141,9 @@ def prepare(cfg: DictConfig) -> Prepared:
         # architecture has alike (e.g. LG-FedAvg's head) can be global.
         init_params = _family_shared_params(spec, objective) or None
         spec.init_seed = int(cfg.seed)
-    cfg = resolved_config(cfg, strategy.resolved(objective.model), spec)
+    run = typed(resolved_config(cfg, strategy.resolved(objective.model), spec))
     return Prepared(
-        cfg, dataset, split, strategy, spec, init_params, objective, eval_spec, server_x, weights_info
+        run, dataset, split, strategy, spec, init_params, objective, eval_spec, server_x, weights_info
     )
 
 
@@ -189,6 +191,6 @@ def _family_shared_params(spec: ClientSpec, objective: ClientObjective[Any]) -> 
     return shared
 
 
-def local_resources(cfg: DictConfig) -> tuple[float, float]:
+def local_resources(cfg: DictConfig | RootConfig) -> tuple[float, float]:
     gpus = cfg.runtime.num_gpus if cfg.runtime.num_gpus is not None else torch.cuda.device_count()
     return float(cfg.runtime.num_cpus or os.cpu_count() or 1), float(gpus)

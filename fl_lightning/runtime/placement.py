@@ -21,6 +21,8 @@ from ..core.errors import ConfigError
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+    from ..config import RootConfig
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -138,7 +140,7 @@ def plan_placement(
     )
 
 
-def placement_for(cfg: DictConfig, cpus: float, gpus: float) -> Placement:
+def placement_for(cfg: DictConfig | RootConfig, cpus: float, gpus: float) -> Placement:
     """The run's placement on `cpus` and `gpus` (its `runtime` settings)."""
     rt = cfg.runtime
     return plan_placement(

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from ..config import to_yaml
+from ..config import RootConfig, to_yaml
 from ..core.errors import DivergedError, StartupError
 from ..core.files import open_new
 from ..core.messages import ServerState
@@ -187,8 +187,9 @@ class Run:
         place of `auto`/null, W&B's config taken from the same (`load_run_config` lets a
         resume on another machine choose the machine's parts again)."""
         cfg = self.cfg
-        cfg.runtime.placement, cfg.runtime.accelerator = placement.mode, placement.accelerator
-        cfg.eval.device = driver_device(str(cfg.eval.device)).type
+        cfg.runtime.placement = "per_client" if placement.mode == "per_client" else "pool"
+        cfg.runtime.accelerator = "gpu" if placement.accelerator == "gpu" else "cpu"
+        cfg.eval.device = "cuda" if driver_device(cfg.eval.device).type == "cuda" else "cpu"
         cfg.run_id = self.run_dir.name
         if cfg.logger.backend == "wandb":  # online with an API key, else offline
             from ..tracking.loggers import wandb_mode
@@ -316,7 +317,7 @@ def start_run(
         return run.execute(), run_dir
 
 
-def write_config(run_dir: Path, cfg: DictConfig) -> None:
+def write_config(run_dir: Path, cfg: RootConfig) -> None:
     """`<run_dir>/config.yaml`, replaced whole (a reader never sees half of it)."""
     tmp = run_dir / ".config.yaml.tmp"
     with open_new(tmp) as f:  # not through a link planted under this name

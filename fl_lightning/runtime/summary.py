@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from omegaconf import DictConfig
-
+from ..config import RootConfig
 from ..core.types import ClientId
 from ..tracking.chance import chance_note
 from .placement import Placement
@@ -16,7 +15,7 @@ from .record import driver_memory_mb
 
 
 def run_summary(
-    cfg: DictConfig,
+    cfg: RootConfig,
     records: list[dict[str, Any]],
     primary: str,
     run_id: str,
@@ -39,7 +38,7 @@ def run_summary(
     out: dict[str, Any] = {
         "method": cfg.method.name,
         "dataset": cfg.data.name,
-        "model": cfg.model.name,
+        "model": cfg.model["name"],
         "seed": int(cfg.seed),
         "experiment": cfg.experiment,
         "run_id": run_id,

@@ -8,8 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
+from ...config import tree
 from ...core.about import about
 from ...core.errors import DivergedError
 from ...tracking.console import Progress
@@ -114,15 +113,13 @@ def wandb_loggers(p: Prepared, run_dir: Path, meta: dict[str, Any]) -> list[Metr
     lc = cfg.logger
     if lc.backend != "wandb" or lc.mode == "disabled":
         return []
-    tree = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(tree, dict)
-    config = {str(k): v for k, v in tree.items()}
+    config = tree(cfg)
     config["strategy"] = p.strategy.summary()
     config["partition"] = {"train_sizes": [int(len(t)) for t in p.split.train]}
     method, data = cfg.method.name, cfg.data
     paper = about(type(p.strategy), method).tag()  # paper:arXiv:<id>, where it has one
     tags = [method, data.name, f"seed:{cfg.seed}", *([paper] if paper else []), *lc.tags]
-    if data.get("partition"):
+    if data.partition:
         tags.insert(2, f"partition:{data.partition}")
     wb = WandbLogger(
         run_dir, run_dir.name, lc.project, lc.entity, lc.group or cfg.experiment,

@@ -181,3 +181,16 @@ def _error(overrides: list[str]) -> str:
     with pytest.raises(ConfigError) as err:
         compose(overrides)
     return str(err.value)
+
+
+def test_a_run_recorded_under_wandb_shared_mode_resumes(tmp_path):
+    """The runner writes the W&B mode it chose into config.yaml; `$WANDB_MODE=shared` makes it
+    `shared`, which the schema must accept again on resume (it refused it before)."""
+    from omegaconf import OmegaConf
+
+    from fl_lightning.config import load_run_config
+
+    cfg = compose(["logger.mode=offline"])
+    cfg.logger.mode = "shared"
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    assert load_run_config(tmp_path, []).logger.mode == "shared"

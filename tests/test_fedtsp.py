@@ -260,8 +260,7 @@ def test_logit_scale_starts_below_its_clamp_and_moves_both_ways(tsp, golden):
                             max_logit_scale=LN_100, **kw)  # fmt: skip
     assert float(pinned.logit_scale) == pytest.approx(LN_100, abs=1e-6)
     with pytest.raises(ConfigError, match="could only fall"):
-        FedTSP(FedTSPConfig(logit_scale_max=LN_100), num_clients=2, clients_per_round=2, seed=0,
-               task=tsp.task)  # fmt: skip
+        FedTSP.check_run(FedTSPConfig(logit_scale_max=LN_100), {})  # before any data
 
 
 def test_table4_switches_handcrafted_prompts_and_no_tuning(fmnist, golden):

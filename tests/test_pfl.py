@@ -66,9 +66,9 @@ def run(
         num_classes=10, class_names=tuple(ds.class_names), dataset="digits", has_client_test_split=True,
         rounds=rounds,
     )  # fmt: skip
-    strategy = cls(
-        cls.config_cls(**method_kwargs), num_clients=3, clients_per_round=per_round, seed=0, task=task
-    )
+    config = cls.config_cls(**method_kwargs)
+    cls.check_run(config, {"dataset": {"multilabel": False}})  # as `validate_registered`, before data
+    strategy = cls(config, num_clients=3, clients_per_round=per_round, seed=0, task=task)
     torch.manual_seed(0)
     obj = cls.build_objective(Toy(), OptimConfig(lr=LR, momentum=momentum), **strategy.objective_kwargs())
     init = to_cpu(obj.model.state_dict())

@@ -70,6 +70,7 @@ class FedBE(ServerDistillation[FedBEConfig]):
 
     @classmethod
     def check_run(cls, config: FedBEConfig, run: dict[str, Any]) -> None:
+        super().check_run(config, run)  # the server's images (ServerDistillation's)
         positive_fields(config, ("distill_steps", "distill_batch_size", "distill_lr", "swa_every"))
         if config.samples < 0:
             raise ConfigError(f"method.samples must be >= 0 (got {config.samples})")

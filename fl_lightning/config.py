@@ -644,8 +644,9 @@ def check_weights_file(cfg: DictConfig) -> None:
         raise ConfigError(f"model.weights={w}: no such file (write one with `fl-lightning pretrain`)")
 
 
-def validate_registered(cfg: DictConfig) -> None:
-    """Checks against the registries (imports the methods, models and datasets)."""
+def validate_registered(cfg: DictConfig) -> Any:
+    """Checks against the registries (imports the methods, models and datasets); the run's
+    method config (`method_config`), checked."""
     from .data.partition import PARTITIONERS
     from .data.registry import DATASETS
     from .methods import METHODS, import_methods
@@ -694,6 +695,7 @@ def validate_registered(cfg: DictConfig) -> None:
 
         text_kwargs = {k: v for k, v in cfg.text.items() if k != "name"}
         check_kwargs("text", cfg.text.name, TEXT_ENCODERS.get(cfg.text.name), text_kwargs)
+    return method_cfg
 
 
 def method_config(cfg: DictConfig) -> Any:

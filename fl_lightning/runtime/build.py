@@ -17,7 +17,6 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import (
     RootConfig,
     clients_per_round,
-    method_config,
     participation,
     typed,
     validate_registered,
@@ -61,7 +60,7 @@ def _mapping(node: Any) -> dict[str, Any]:
 
 def prepare(cfg: DictConfig) -> Prepared:
     """Validate against the registries, load data, partition, build the initial model."""
-    validate_registered(cfg)
+    method_cfg = validate_registered(cfg)  # checked before any data
     d = cfg.data
     check_dataset(d.name, d.root, d.download)
     dataset = load_from_config(d)  # with data.image_size, domains, ... and train/test subsets
@@ -75,7 +74,6 @@ def prepare(cfg: DictConfig) -> Prepared:
             "set data.client_test_fraction (and eval.clients=true)"
         )
     strategy_cls = METHODS.get(cfg.method.name)
-    method_cfg = method_config(cfg)
     used = np.concatenate([np.asarray(t) for t in split.train]) if split.train else np.zeros(0, np.int64)
     if dataset.multilabel:  # per label: the training samples that carry it
         train_counts = tuple(int(c) for c in np.asarray(dataset.train_y[used]).sum(axis=0).round())

@@ -10,9 +10,10 @@ the distillation methods. For the suite's time, server-side procedures run fewer
 at their default rates (distillation, feature matching, classifier re-training, prototype and
 prompt tuning), and CLIP2FL's teacher (built once, on held-out images) is small: how long a
 server step runs is not what diverges a client. The client optimiser, local schedule and
-every rate are the defaults a user gets. CReFF and CLIP2FL train 10 local epochs by default:
-on the first 1,000 images each of their clients still takes 6x the steps per round of a
-one-epoch method on 2,000 (30 against 5); CLIP2FL's teacher is a resnet8 at width 1.
+every rate are the defaults a user gets. The methods whose defaults take many steps per round
+(`MANY_STEPS`: CReFF's and CLIP2FL's 10 local epochs, FedTSP's 5, pFedMe's 5 inner steps per
+batch) train on the first 1,000 images: each of their clients still takes 3-6x the steps per
+round of a one-epoch method on 2,000. CLIP2FL's teacher is a resnet8 at width 1.
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ MULTILABEL_SPLITS = {
     "dir01": ["data.partition=multilabel_dirichlet", "data.alpha=0.1"],
 }
 MULTILABEL = {"fedlgt", "fedctran"}
+#: several local epochs, or several steps per batch, by default: half the images
+MANY_STEPS = {"creff", "clip2fl", "fedtsp", "pfedme"}
 #: what a method needs to run at all, beyond its defaults
 NEEDS = {
     "feddf": ["data.server_subset=500", "method.distill_steps=20"],
     "fedbe": ["data.server_subset=500", "method.distill_steps=20", "method.swa_every=5"],
     "ccvr": ["method.retrain_epochs=20"],
-    "creff": ["data.train_subset=1000", "method.match_steps=10", "method.retrain_epochs=5"],
+    "creff": ["method.match_steps=10", "method.retrain_epochs=5"],
     "clip2fl": [
-        "data.train_subset=1000",
         "method.teacher_epochs=1",
         "method.teacher_holdout_size=500",
         "method.teacher_model_kwargs={scaling: 1}",
@@ -66,6 +68,8 @@ def cases() -> list[tuple[str, str]]:
 def overrides(method: str, split: str, tmp_path) -> list[str]:
     # a mosaic holds up to 4 images and C-Tran is the largest model here: 500 mosaics
     data = ["data=fmnist_multilabel", "data.train_subset=500"] if method in MULTILABEL else ["data=fmnist"]
+    if method in MANY_STEPS:
+        data.append("data.train_subset=1000")
     splits = MULTILABEL_SPLITS if method in MULTILABEL else SPLITS
     return [
         f"method={method}", "data.train_subset=2000", *data, *splits[split], *NEEDS.get(method, []),

@@ -17,7 +17,7 @@ PRESETS = {
     "clip2fl_fmnist_lt": ["method.teacher_holdout_from=2000", "method.teacher_holdout_size=200",
                           "method.teacher_epochs=1", "method.teacher_model_kwargs.scaling=1",
                           "method.match_steps=2", "method.retrain_epochs=2", "method.grad_repeats=1"],
-    "fedlgt_fmnist_multilabel": ["data.train_subset=1000"],
+    "fedlgt_fmnist_multilabel": ["data.train_subset=500"],
     "feddtr_fmnist": [],
     "fedtsp_fmnist": ["method.server_epochs=1"],
 }  # fmt: skip

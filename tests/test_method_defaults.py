@@ -258,8 +258,8 @@ def test_a_run_records_every_method_key_with_its_dataclass_default(tmp_path, dat
         ("ditto", "method.lam=-1", "method.lam >= 0"),
         ("fedala", "method.eta=0", "fedala needs method.eta > 0"),
         ("fedamp", "method.sigma=0", "method.sigma > 0"),
-        ("fedbe", "method.samples=-1", "method.samples must be >= 0"),
-        ("fedbe", "method.distill_lr=0", "method.distill_lr must be > 0"),
+        ("fedbe", "method.samples=-1 data.server_subset=500", "method.samples must be >= 0"),
+        ("fedbe", "method.distill_lr=0 data.server_subset=500", "method.distill_lr must be > 0"),
         ("fedfomo", "method.m=0", "fedfomo needs method.m >= 1"),
         ("feddtr", "method.text=false", "method.prior=true needs method.text=true"),
         ("fedphp", "method.mu=2", "fedphp needs 0 <= method.mu"),
@@ -278,7 +278,7 @@ def test_every_method_check_runs_before_any_data(method, bad, message):
     `__post_init__`), which `validate_registered` runs before the data is looked at: here the
     data root does not exist, so a check left in the strategy's constructor (after the data
     loads) would never be reached."""
-    cfg = compose([f"method={method}", bad, "data.root=/nonexistent/fl_lightning_data"])
+    cfg = compose([f"method={method}", *bad.split(), "data.root=/nonexistent/fl_lightning_data"])
     with pytest.raises(ConfigError) as err:
         validate_registered(cfg)
     assert message in str(err.value) and "\n" not in str(err.value)

@@ -21,8 +21,8 @@ checked against the same schema (a typo is an error naming the file), and show i
 
 Every key is checked against a typed schema, so a typo is an error, never silently
 ignored. This module imports no torch, Ray or W&B: bad input is rejected in well under
-a second. (One exception: a `method.<key>` its conf file does not list is checked against the
-method's dataclass, which imports the methods, and torch with them.)
+a second. (One exception: a `method.<key>` is checked against the method's config dataclass,
+the one source of its defaults, which imports the methods, and torch with them.)
 """
 
 from __future__ import annotations

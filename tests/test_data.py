@@ -453,6 +453,64 @@ def test_partition_command_bad_request_is_one_line(data_root, tmp_path, capsys):
     assert code == 2 and "needs data.imbalance_factor > 1" in capsys.readouterr().err
 
 
+def test_a_partition_plot_is_drawn_once_per_split_then_copied(data_root, tmp_path, monkeypatch):
+    """A sweep over methods or seeds of one split draws its plot once (`<cache>/plot-*.png`);
+    another split draws its own; without a cache folder every call draws."""
+    from fl_lightning.data import stats as stats_module
+
+    ds = load_dataset("fmnist", data_root).subset(600, 100)
+    one, other = (make_split(ds, p, 6, 0).stats(ds) for p in ("iid", "dirichlet"))
+    cache = tmp_path / "cache"
+    first = stats_module.save_partition_plot(one, tmp_path / "a" / "partition.png", cache)
+    (cached,) = cache.glob("plot-*.png")
+    assert first.read_bytes() == cached.read_bytes() and first.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    def no_drawing(*args):
+        raise AssertionError("drew a plot it had")
+
+    monkeypatch.setattr(stats_module, "draw_partition_plot", no_drawing)
+    again = stats_module.save_partition_plot(one, tmp_path / "b" / "partition.png", cache)
+    assert again.read_bytes() == first.read_bytes()
+    with pytest.raises(AssertionError, match="drew"):  # another split, or no cache: drawn
+        stats_module.save_partition_plot(other, tmp_path / "c" / "partition.png", cache)
+    with pytest.raises(AssertionError, match="drew"):
+        stats_module.save_partition_plot(one, tmp_path / "d" / "partition.png")
+    monkeypatch.undo()
+    stats_module.save_partition_plot(other, tmp_path / "c" / "partition.png", cache)
+    assert len(list(cache.glob("plot-*.png"))) == 2
+
+
+def test_fmnist_is_inflated_once_then_read_from_its_cache_until_a_file_changes(data_root, tmp_path, caplog):
+    """The four gzipped files are read and checked once; later loads read `.cache/fmnist-*.npz`.
+    A file replaced after that (here by a truncated copy) is read again, and refused: the cache
+    never hides a changed file. A cache file of garbage is rebuilt."""
+    import gzip as gz
+    import logging
+    import os
+
+    from fl_lightning.data.fetch import FMNIST_FILES, fmnist_dir, read_fmnist_file
+
+    root = tmp_path / "data"
+    fmnist_dir(root).mkdir(parents=True)
+    for f in FMNIST_FILES:
+        (fmnist_dir(root) / f).write_bytes((fmnist_dir(data_root) / f).read_bytes())
+    want = load_fmnist_arrays(data_root)
+    first = load_fmnist_arrays(str(root))
+    (cached,) = (root / ".cache").glob("fmnist-*.npz")
+    assert all(np.array_equal(a, b) for a, b in zip(first, want, strict=True))
+    assert np.array_equal(first[1], read_fmnist_file(root, FMNIST_FILES[1]))
+    cached.write_bytes(b"not an npz")
+    with caplog.at_level(logging.WARNING, logger="fl_lightning"):
+        again = load_fmnist_arrays(str(root))
+    assert "rebuilding" in caplog.text and all(np.array_equal(a, b) for a, b in zip(again, want, strict=True))
+    labels = fmnist_dir(root) / "train-labels-idx1-ubyte.gz"
+    stamp = labels.stat().st_mtime_ns
+    labels.write_bytes(gz.compress(gz.decompress(labels.read_bytes())[:-10]))  # 10 labels short
+    os.utime(labels, ns=(stamp + 2_000_000_000, stamp + 2_000_000_000))  # a later file, as any write
+    with pytest.raises(ConfigError, match="train-labels-idx1-ubyte.gz is corrupt"):
+        load_fmnist_arrays(str(root))
+
+
 def test_partition_plot_of_thousands_of_clients(data_root, tmp_path):
     """Past 200 clients the sizes are one filled step curve, not a bar per client (10,000
     bars took ~5 s and ~100 MB of the driver's memory before round 1)."""

@@ -15,7 +15,7 @@ def partition_command(overrides: list[str]) -> int:
     from ..config import compose
 
     cfg = compose(overrides)  # ConfigError (one line, exit 2) on bad input, before any loading
-    from ..data.federated import prepare_data
+    from ..data.federated import partition_cache_dir, prepare_data
     from ..data.partition import PARTITIONERS
     from ..data.registry import DATASETS
     from ..data.stats import format_table, save_partition_plot
@@ -29,7 +29,7 @@ def partition_command(overrides: list[str]) -> int:
     out = resolve_output_dir(str(cfg.output_dir)) / "partitions" / name
     out.mkdir(parents=True, exist_ok=True)
     (out / "partition.json").write_text(json.dumps(stats) + "\n")
-    png = save_partition_plot(stats, out / "partition.png")
+    png = save_partition_plot(stats, out / "partition.png", partition_cache_dir(cfg.data))
     opts = ", ".join(f"{k}={v}" for k, v in split.options.items())
     print(
         f"{cfg.data.name}: {len(dataset.train_y)} training samples, {dataset.num_classes} classes"

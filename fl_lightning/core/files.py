@@ -4,6 +4,7 @@ directory (no matplotlib import here: a figure is duck-typed)."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,6 +35,22 @@ def save_figure(fig: Any, path: str | Path) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def copy_atomic(src: str | Path, dst: str | Path) -> Path:
+    """`src`'s bytes to a temporary file beside `dst`, then renamed: `dst` is the whole copy
+    or what it was before."""
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=dst.name, suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, open(src, "rb") as f:
+            shutil.copyfileobj(f, out)
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dst
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> Path:

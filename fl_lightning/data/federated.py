@@ -216,7 +216,9 @@ def partition_options(data: Any) -> dict[str, Any]:
 
 
 def partition_cache_dir(data: Any) -> Path | None:
-    if not data.get("cache_partitions", True):
+    """Where splits (and their plots) are cached; None with `data.cache_partitions=false`.
+    `data`: a run config's `data` section, as a mapping or the typed `DataConfig`."""
+    if not getattr(data, "cache_partitions", True):
         return None
     return Path(str(data.root)).expanduser() / ".partitions"
 

@@ -6,17 +6,47 @@ so they also work on a finished run's file.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..core.files import save_figure
+from ..core.files import copy_atomic, save_figure
+
+log = logging.getLogger("fl_lightning")
+
+#: part of a cached plot's key: bump it when the picture changes, so an old look is redrawn
+PLOT_VERSION = 1
 
 
-def save_partition_plot(stats: dict[str, Any], path: str | Path) -> Path:
+def save_partition_plot(stats: dict[str, Any], path: str | Path, cache_dir: str | Path | None = None) -> Path:
     """A heatmap of samples per (client, class), with client sizes beside it, as a PNG.
-    Uses matplotlib's Agg canvas directly (no global backend switch, no display)."""
+    With `cache_dir` (the partition cache's folder), a plot drawn before for the same
+    statistics is copied, not drawn again: drawing costs a run ~0.2 s plus matplotlib's
+    import, and a sweep over methods or seeds of one split draws it once."""
+    if cache_dir is None:
+        return draw_partition_plot(stats, path)
+    text = json.dumps(stats, sort_keys=True)
+    key = hashlib.sha1(f"{PLOT_VERSION}|{text}".encode()).hexdigest()[:16]
+    cached = Path(cache_dir).expanduser() / f"plot-{key}.png"
+    try:
+        return copy_atomic(cached, path)
+    except FileNotFoundError:
+        pass
+    draw_partition_plot(stats, path)
+    try:
+        copy_atomic(path, cached)
+    except OSError as e:  # the run's own picture is written; only the next run draws again
+        log.warning("could not cache the partition plot in %s: %s", cached.parent, e)
+    return Path(path)
+
+
+def draw_partition_plot(stats: dict[str, Any], path: str | Path) -> Path:
+    """`save_partition_plot` without a cache: matplotlib's Agg canvas directly (no global
+    backend switch, no display)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import LogNorm, Normalize
     from matplotlib.figure import Figure

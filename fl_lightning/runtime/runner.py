@@ -31,6 +31,7 @@ from ..core.files import open_new
 from ..core.messages import ServerState
 from ..core.strategy import ServerContext, Strategy, round_rng, server_rng
 from ..core.types import ClientId
+from ..data.federated import partition_cache_dir
 from ..data.stats import save_partition_plot
 from ..models import build_client_model
 from ..tracking.chance import chance_level
@@ -234,7 +235,7 @@ class Run:
     def _write_partition(self) -> None:
         stats = self.p.split.stats(self.p.dataset)
         (self.run_dir / "partition.json").write_text(json.dumps(stats) + "\n")
-        save_partition_plot(stats, self.run_dir / "partition.png")
+        save_partition_plot(stats, self.run_dir / "partition.png", partition_cache_dir(self.cfg.data))
 
     def context(self, rnd: int) -> ServerContext:
         """What round `rnd`'s server step may use besides the state and the updates."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -21,54 +22,45 @@ def cache_dir(kind: str, env: str) -> Path:
     return Path("~/.cache/fl_lightning").expanduser() / kind
 
 
-def save_figure(fig: Any, path: str | Path) -> Path:
-    """`fig.savefig` as PNG to a temporary file beside `path`, then renamed: a reader (the W&B
-    upload, a dashboard) never sees half a picture, and a failed write leaves nothing."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def copy_atomic(src: str | Path, dst: str | Path) -> Path:
-    """`src`'s bytes to a temporary file beside `dst`, then renamed: `dst` is the whole copy
-    or what it was before."""
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=dst.name, suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as f:
-            shutil.copyfileobj(f, out)
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return dst
-
-
-def atomic_torch_save(obj: Any, path: str | Path) -> Path:
-    """`torch.save` to a temporary file beside `path`, then renamed: a cache or weights file is
-    whole or absent, never half written (a killed build, a full disk)."""
-    import torch  # here: the CLI imports this module before torch
-
+def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
+    """`write(f)` into a temporary file beside `path`, then renamed over it: `path` is whole or
+    what it was before (a killed writer, a full disk), and a link planted at `path` is
+    replaced, not written through."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".part")
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            write(f)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """`fig.savefig` as PNG, written atomically: a reader (the W&B upload, a dashboard) never
+    sees half a picture, and a failed write leaves nothing."""
+    return write_atomic(path, lambda f: fig.savefig(f, format="png"))
+
+
+def copy_atomic(src: str | Path, dst: str | Path) -> Path:
+    """`src`'s bytes to `dst`, written atomically."""
+
+    def copy(out: BinaryIO) -> None:
+        with open(src, "rb") as f:
+            shutil.copyfileobj(f, out)
+
+    return write_atomic(dst, copy)
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> Path:
+    """`torch.save`, written atomically: a cache or weights file is whole or absent, never half
+    written."""
+    import torch  # here: the CLI imports this module before torch
+
+    return write_atomic(path, lambda f: torch.save(obj, f))
 
 
 def open_new(path: Path) -> BinaryIO:

@@ -167,7 +167,8 @@ def test_resident_shards_give_the_dataloaders_numbers_and_bf16_runs(tmp_path, da
     on from epoch to epoch) and FedRep's two fits per round over one loader. Then
     `runtime.precision=bf16-mixed` trains (Lightning's CPU autocast) to finite numbers."""
     args = small(tmp_path, "fl.rounds=2", "runtime=serial", "fl.num_clients=2", "fl.local_epochs=2",
-                 "method=fedrep", "data.client_test_fraction=0.25", "fl.batch_size=24")  # fmt: skip
+                 "method=fedrep", "data.client_test_fraction=0.25", "fl.batch_size=24",
+                 "data.train_subset=800")  # fmt: skip
     _, on = start_run(compose([*args, "run_id=resident"]), console=False)
     _, off = start_run(compose([*args, "runtime.resident_shards=false", "run_id=loader"]), console=False)
     keys = ("train_loss", "client_accuracy", "client_loss")
@@ -189,7 +190,7 @@ def test_client_evaluation_on_a_fixed_sample_of_clients(tmp_path, data_root, cap
     from fl_lightning.runtime.runner import prepare
 
     args = small(tmp_path, "runtime=serial", "fl.num_clients=6", "fl.rounds=2",
-                 "data.client_test_fraction=0.25")  # fmt: skip
+                 "data.client_test_fraction=0.25", "data.train_subset=1200")  # fmt: skip
     _, all_dir = start_run(compose([*args, "run_id=all"]), console=False)
     _, six_dir = start_run(compose([*args, "eval.clients_sample=6", "run_id=six"]), console=False)
     part, part_dir = start_run(compose([*args, "eval.clients_sample=3", "run_id=three"]), console=False)

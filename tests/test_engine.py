@@ -61,7 +61,8 @@ def test_serial_and_ray_give_identical_metrics(tmp_path, data_root, ray_session,
     from fl_lightning.runtime import ray_executor
 
     # 3 clients: one actor each, then all three in one pooled actor (actors are the cost here)
-    args = small(tmp_path, "fl.rounds=2", "fl.num_clients=3", "runtime.threads_per_client=1")
+    args = small(tmp_path, "fl.rounds=2", "fl.num_clients=3", "runtime.threads_per_client=1",
+                 "data.train_subset=600")  # fmt: skip
     serial, sdir = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False)
     ray_pc, pdir = start_run(
         compose([*args, "runtime=ray", "runtime.placement=per_client", "run_id=per_client"]), console=False

@@ -453,31 +453,25 @@ def test_partition_command_bad_request_is_one_line(data_root, tmp_path, capsys):
     assert code == 2 and "needs data.imbalance_factor > 1" in capsys.readouterr().err
 
 
-def test_a_partition_plot_is_drawn_once_per_split_then_copied(data_root, tmp_path, monkeypatch):
-    """A sweep over methods or seeds of one split draws its plot once (`<cache>/plot-*.png`);
-    another split draws its own; without a cache folder every call draws."""
-    from fl_lightning.data import stats as stats_module
+def test_a_partition_plot_is_drawn_once_per_split_then_copied(data_root, tmp_path):
+    """A sweep over methods or seeds of one split draws its plot once (`<cache>/plot-*.png`) and
+    copies it after; another split draws its own; without a cache folder every call draws. To
+    tell a copy from a drawing, the cached file is swapped for another split's picture."""
+    from fl_lightning.data.stats import draw_partition_plot, save_partition_plot
 
     ds = load_dataset("fmnist", data_root).subset(600, 100)
     one, other = (make_split(ds, p, 6, 0).stats(ds) for p in ("iid", "dirichlet"))
     cache = tmp_path / "cache"
-    first = stats_module.save_partition_plot(one, tmp_path / "a" / "partition.png", cache)
+    first = save_partition_plot(one, tmp_path / "a" / "partition.png", cache).read_bytes()
     (cached,) = cache.glob("plot-*.png")
-    assert first.read_bytes() == cached.read_bytes() and first.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-    def no_drawing(*args):
-        raise AssertionError("drew a plot it had")
-
-    monkeypatch.setattr(stats_module, "draw_partition_plot", no_drawing)
-    again = stats_module.save_partition_plot(one, tmp_path / "b" / "partition.png", cache)
-    assert again.read_bytes() == first.read_bytes()
-    with pytest.raises(AssertionError, match="drew"):  # another split, or no cache: drawn
-        stats_module.save_partition_plot(other, tmp_path / "c" / "partition.png", cache)
-    with pytest.raises(AssertionError, match="drew"):
-        stats_module.save_partition_plot(one, tmp_path / "d" / "partition.png")
-    monkeypatch.undo()
-    stats_module.save_partition_plot(other, tmp_path / "c" / "partition.png", cache)
-    assert len(list(cache.glob("plot-*.png"))) == 2
+    assert cached.read_bytes() == first and first[:8] == b"\x89PNG\r\n\x1a\n"
+    foreign = draw_partition_plot(other, tmp_path / "other.png").read_bytes()
+    assert foreign != first
+    cached.write_bytes(foreign)  # what `one` would never draw: seen again only if copied
+    assert save_partition_plot(one, tmp_path / "b" / "partition.png", cache).read_bytes() == foreign
+    assert save_partition_plot(one, tmp_path / "d" / "partition.png").read_bytes() != foreign  # drawn
+    assert save_partition_plot(other, tmp_path / "c" / "partition.png", cache).read_bytes() == foreign
+    assert len(list(cache.glob("plot-*.png"))) == 2  # the other split drew and cached its own
 
 
 def test_fmnist_is_inflated_once_then_read_from_its_cache_until_a_file_changes(data_root, tmp_path, caplog):
@@ -503,6 +497,11 @@ def test_fmnist_is_inflated_once_then_read_from_its_cache_until_a_file_changes(d
     with caplog.at_level(logging.WARNING, logger="fl_lightning"):
         again = load_fmnist_arrays(str(root))
     assert "rebuilding" in caplog.text and all(np.array_equal(a, b) for a, b in zip(again, want, strict=True))
+    planted = {f: read_fmnist_file(data_root, f).copy() for f in FMNIST_FILES}  # well-formed, but
+    planted["train-labels-idx1-ubyte.gz"][0] = 200  # a label out of range: rebuilt, not served
+    with open(cached, "wb") as out:
+        np.savez(out, **planted)
+    assert all(np.array_equal(a, b) for a, b in zip(load_fmnist_arrays(str(root)), want, strict=True))
     labels = fmnist_dir(root) / "train-labels-idx1-ubyte.gz"
     stamp = labels.stat().st_mtime_ns
     labels.write_bytes(gz.compress(gz.decompress(labels.read_bytes())[:-10]))  # 10 labels short

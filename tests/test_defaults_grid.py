@@ -146,14 +146,16 @@ def test_trains_at_its_defaults(method, split, tmp_path, data_root):
 @pytest.mark.parametrize(
     ("method", "split", "rate", "why"),
     [
-        ("creff", "dir01", "optim.lr=0.3", "diverged: round 1"),
-        ("fedtsp", "shards2", "optim.lr=5 fl.rounds=1", "round 1: train_loss"),
+        ("creff", "dir01", "optim.lr=0.3", ("diverged: round",)),
+        ("fedtsp", "shards2", "optim.lr=5 fl.rounds=1", ("round 1: train_loss", "diverged: round 1")),
     ],
 )
 def test_a_cell_tells_a_too_large_rate(method, split, rate, why, tmp_path, data_root):
     """The grid's cells are small (5 clients, 2 rounds), but a default that diverges on a
-    user's split diverges in them too: CReFF at 3x its lr turns NaN in round 1, FedTSP at
-    500x its lr blows its loss up without a NaN (to ~6e8 in round 1, ~1e17 in round 2: one
-    round here; `LOSS_BOUND` sees it)."""
+    user's split diverges in them too: CReFF at 3x its lr turns NaN (in round 1 here), FedTSP
+    at 500x its lr blows its loss up without a NaN (to ~6e8 in round 1, ~1e17 in round 2: one
+    round here; `LOSS_BOUND` sees it). A float32 blow-up is the CPU's own: on another CPU
+    the same run may reach a NaN a round apart or instead of the finite 6e8, and is flagged
+    either way."""
     found = problem(method, split, tmp_path, *rate.split())
-    assert found is not None and why in found, found
+    assert found is not None and found.startswith(why), found

@@ -33,9 +33,9 @@ from ..core.errors import ConfigError
 from .cache import cached_arrays
 from .fetch import (
     FMNIST_FILES,
-    FMNIST_SHAPES,
     CorruptDataFile,
     fetch_fmnist,
+    fmnist_check,
     fmnist_dir,
     fmnist_present,
     read_fmnist_file,
@@ -63,10 +63,17 @@ def load_fmnist_arrays(root: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     def read() -> dict[str, np.ndarray]:
         return {f: read_fmnist_file(root, f) for f in FMNIST_FILES}
 
-    arrays = cached_arrays(
-        root, "fmnist", [fmnist_dir(root) / f for f in FMNIST_FILES], read,
-        valid=lambda a: set(a) == set(FMNIST_FILES) and all(a[f].shape == FMNIST_SHAPES[f] for f in a),
-    )  # fmt: skip
+    def whole(arrays: dict[str, np.ndarray]) -> bool:  # a cached copy passes a fresh read's checks
+        try:
+            for f in FMNIST_FILES:
+                if arrays[f].dtype != np.uint8:
+                    return False
+                fmnist_check(f, arrays[f])
+        except (KeyError, CorruptDataFile):
+            return False
+        return True
+
+    arrays = cached_arrays(root, "fmnist", [fmnist_dir(root) / f for f in FMNIST_FILES], read, valid=whole)
     tx, ty, vx, vy = (arrays[f] for f in FMNIST_FILES)
     return tx[:, None], ty.astype(np.int64), vx[:, None], vy.astype(np.int64)
 

@@ -73,6 +73,9 @@ class FLConfig:
     #: recompute (pooled exactly from the sampled clients' data under the new weights), or
     #: local (each client keeps its own; evaluated on the clients' own test splits)
     bn_stats: Literal["averaged", "recompute", "local"] = "averaged"
+    #: how a round's clients are drawn: uniform, or size (without replacement, each with
+    #: probability its share of the training examples: FedLGT on FLAIR, Li et al. 2019)
+    sampling: Literal["uniform", "size"] = "uniform"
 
 
 @dataclass
@@ -455,6 +458,10 @@ def compose(overrides: list[str]) -> DictConfig:
         # another method chosen on the command line (`+experiment=clip2fl_cifar10_lt method=fedavg`,
         # a baseline in the same setting) has no keys for
         preset.pop("method", None)
+    if preset_groups.get("model") not in (None, defaults.get("model")):
+        # likewise its `model:` block (FedLGT's C-Tran trunk) for another model on the command
+        # line (the FedAvg baseline's plain ResNet-18 in the same setting)
+        preset.pop("model", None)
     # The method's own group choices (its file's `defaults:`, e.g. FedTSP's model family):
     # above config.yaml, below an experiment preset and the command line.
     for group, name in method_group_defaults(defaults.get("method", "")).items():

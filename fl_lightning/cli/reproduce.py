@@ -19,12 +19,16 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
 
 from ..config import compose, conf_dir
 from ..core.errors import ConfigError
 from ..runtime.paths import resolve_output_dir
 from ..tracking.reproduce import (
     SCALES,
+    Scale,
     Spec,
     build_report,
     is_finished,
@@ -73,6 +77,7 @@ def plan(
     todo: list[SweepRun] = []
     done: list[SweepRun] = []
     wipe: list[Path] = []
+    missing: list[str] = []
     for row in spec.run_rows(scale):
         for seed in seeds:
             name = run_name(row.id, seed)
@@ -85,6 +90,7 @@ def plan(
                 cfg = compose(args)
             except ConfigError as e:
                 raise ConfigError(f"{spec.name} row {row.id!r}: {e}") from None
+            missing += [m for m in missing_inputs(spec.scales[scale], cfg) if m not in missing]
             run = SweepRun(len(todo), args, cfg, out / experiment / name)
             need = continue_run(run)  # as a resumed sweep: finished, resume, restart or new
             if need == "finished":
@@ -93,7 +99,29 @@ def plan(
             if need == "restart":
                 wipe.append(run.run_dir)
             todo.append(run)
+    if missing:  # every missing dataset and weights file at once, before any data loads
+        raise ConfigError(f"{spec.name} --scale {scale} cannot start: " + "; ".join(missing))
     return todo, done, wipe
+
+
+def missing_inputs(scale: Scale, cfg: Any) -> list[str]:
+    """What a run of `scale` lacks on disk: its dataset (unless it may be downloaded) and the
+    files the scale `requires` (the paper's weights), each as what to get and where."""
+    from .. import data  # noqa: F401  (registers every loader)
+    from ..data.registry import check_dataset
+
+    found: list[str] = []
+    try:
+        check_dataset(str(cfg.data.name), str(Path(str(cfg.data.root)).expanduser()), bool(cfg.data.download))
+    except ConfigError as e:
+        found.append(str(e))
+    for key, what in scale.requires.items():
+        value = OmegaConf.select(cfg, key)
+        if not value:
+            found.append(f"{what}: pass {key}=<path>")
+        elif not Path(str(value)).expanduser().exists():
+            found.append(f"{what}: put it at {value} (or pass {key}=<path>)")
+    return found
 
 
 def prepare_steps(spec: Spec, scale: str, folder: Path) -> list[tuple[Path | None, list[str]]]:

@@ -174,6 +174,9 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
     #: (fewest, most) clients per round for unstable participation (`fl.fraction_range`);
     #: None: always `clients_per_round`
     participation: tuple[int, int] | None = None
+    #: each client's probability of being drawn (`fl.sampling=size`: its share of the training
+    #: examples, FedLGT's FLAIR protocol); None: uniform
+    sample_weights: np.ndarray | None = None
 
     def __init__(
         self,
@@ -260,7 +263,7 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         k = self.clients_per_round
         if self.participation is not None:  # drawn first, from the same (seed, round) stream
             k = int(rng.integers(self.participation[0], self.participation[1] + 1))
-        chosen = rng.choice(self.num_clients, size=k, replace=False)
+        chosen = rng.choice(self.num_clients, size=k, replace=False, p=self.sample_weights)
         return sorted(int(c) for c in chosen)
 
     def broadcast(self, state: StateT, rnd: int) -> BroadcastT:
@@ -313,6 +316,7 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
             "num_clients": self.num_clients,
             "clients_per_round": self.clients_per_round,
             **({"participation": list(self.participation)} if self.participation else {}),
+            **({"sampling": "size"} if self.sample_weights is not None else {}),
         }
 
     def run_summary(self) -> dict[str, Any]:

@@ -3,6 +3,9 @@
 `cnn` is the FedAvg paper's CNN (McMahan et al. 2017): two 5×5 conv layers (32, 64
 channels) with 2×2 max-pooling, a 512-unit hidden layer, a linear head. Padding keeps
 it valid for inputs as small as 8×8 (scikit-learn digits).
+
+`fedavg_cnn` is PFLlib's FedAvgCNN, FedDTR's 4-layer CNN: the same layers with unpadded
+convolutions, so a 32×32 image gives Linear(1600 → 512) (padded: 4096 → 512).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class SmallCNN(nn.Module):
         channels: tuple[int, int] = (32, 64),
         hidden: int = 512,
         batch_norm: bool = False,
+        padding: int = 2,
     ) -> None:
         super().__init__()
         c1, c2 = channels
@@ -32,17 +36,20 @@ class SmallCNN(nn.Module):
             return (nn.BatchNorm2d(c) if dim == 2 else nn.BatchNorm1d(c)) if batch_norm else nn.Identity()
 
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, c1, 5, padding=2),
+            nn.Conv2d(in_channels, c1, 5, padding=padding),
             norm(c1),
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, 5, padding=2),
+            nn.Conv2d(c1, c2, 5, padding=padding),
             norm(c2),
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
             nn.Flatten(),
         )
-        flat = c2 * (image_size // 4) ** 2
+        side = ((image_size + 2 * padding - 4) // 2 + 2 * padding - 4) // 2
+        if side < 1:
+            raise ValueError(f"the CNN needs larger images than {image_size}px at padding {padding}")
+        flat = c2 * side**2
         self.neck = nn.Sequential(nn.Linear(flat, hidden), norm(hidden, 1), nn.ReLU(inplace=True))
         self.feature_dim = hidden
         self.head = nn.Linear(hidden, num_classes)
@@ -84,3 +91,15 @@ def cnn_bn(
 ) -> SmallCNN:
     """`cnn` with batch norm after each conv and the hidden layer (for FedBN and friends)."""
     return SmallCNN(num_classes, in_channels, image_size, _pair(channels), hidden, batch_norm=True)
+
+
+@MODELS.register("fedavg_cnn")
+def fedavg_cnn(
+    num_classes: int,
+    in_channels: int = 3,
+    image_size: int = 32,
+    channels: Sequence[int] = (32, 64),
+    hidden: int = 512,
+) -> SmallCNN:
+    """PFLlib's FedAvgCNN (FedDTR's CNN): `cnn` with unpadded convolutions."""
+    return SmallCNN(num_classes, in_channels, image_size, _pair(channels), hidden, padding=0)

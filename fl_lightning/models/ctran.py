@@ -193,3 +193,34 @@ def ctran(
         num_classes, in_channels, trunk, d_model or 512, layers, heads, dropout, image_size, grid, tile_model,
         input_size, pretrained,
     )  # fmt: skip
+
+
+class ResNet18Classifier(nn.Module):
+    """torchvision's ResNet-18 with a linear head (`model=resnet18`): FedLGT's FedAvg
+    baseline, a multi-label classifier on the same ImageNet trunk (`model.weights`: a
+    torchvision state dict) as C-Tran with `trunk=resnet18`."""
+
+    weights_prefix = "trunk."
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.trunk = ResNet18Trunk()
+        self.head = nn.Linear(512, num_classes)
+        self.feature_dim = 512
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(nn.functional.adaptive_avg_pool2d(self.trunk(x), 1), 1)
+
+    def forward_head(self, f: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(f)
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+@MODELS.register("resnet18")
+def resnet18(num_classes: int, in_channels: int = 3, image_size: int = 224) -> ResNet18Classifier:
+    if in_channels not in (1, 3):
+        raise ConfigError(f"model=resnet18 takes grey or RGB images (got {in_channels} channels)")
+    return ResNet18Classifier(num_classes)

@@ -16,11 +16,19 @@ few SGD steps at the paper's lr 0.01 (HtFLlib's ResNets end in batch norm + pool
   average pooling, linear.
 
 `htfe_cnn3` is the family (a, b, c).
+
+`htfe3` is the papers' own HtFE3 (FedTGP/FedTSP, HtFLlib's `-m HtFE3`): ResNet-10, ResNet-18 and
+ResNet-34, torchvision's BasicBlock ResNets with their ImageNet stem (7×7 stride-2 conv and
+max-pool, as HtFLlib builds them for 32×32 CIFAR too), from scratch. ResNet-10 is BasicBlock
+[1, 1, 1, 1] (HtFLlib's `resnet10`). HtFLlib swaps `fc` for an average pool to the feature
+dimension; here the 512-d pooled trunk goes through the same Linear + BatchNorm neck as the
+small members, for the reason above.
 """
 
 from __future__ import annotations
 
 from torch import nn
+from torchvision.models.resnet import BasicBlock, ResNet
 
 from . import MODELS, register_family
 from .backbones import Backbone
@@ -72,3 +80,35 @@ def htfe_cnn_c(
 
 
 register_family("htfe_cnn3", ["htfe_cnn_a", "htfe_cnn_b", "htfe_cnn_c"])
+
+
+def _htfe_resnet(layers: list[int], num_classes: int, in_channels: int, feature_dim: int) -> Backbone:
+    net = ResNet(BasicBlock, layers)  # torchvision's init; no pretrained weights
+    if in_channels != 3:
+        net.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
+    trunk = nn.Sequential(*(m for name, m in net.named_children() if name != "fc"))
+    return Backbone(trunk, _neck(512, feature_dim), nn.Linear(feature_dim, num_classes), feature_dim)
+
+
+@MODELS.register("htfe_resnet10")
+def htfe_resnet10(
+    num_classes: int, in_channels: int = 3, image_size: int = 32, feature_dim: int = 512
+) -> Backbone:
+    return _htfe_resnet([1, 1, 1, 1], num_classes, in_channels, feature_dim)
+
+
+@MODELS.register("htfe_resnet18")
+def htfe_resnet18(
+    num_classes: int, in_channels: int = 3, image_size: int = 32, feature_dim: int = 512
+) -> Backbone:
+    return _htfe_resnet([2, 2, 2, 2], num_classes, in_channels, feature_dim)
+
+
+@MODELS.register("htfe_resnet34")
+def htfe_resnet34(
+    num_classes: int, in_channels: int = 3, image_size: int = 32, feature_dim: int = 512
+) -> Backbone:
+    return _htfe_resnet([3, 4, 6, 3], num_classes, in_channels, feature_dim)
+
+
+register_family("htfe3", ["htfe_resnet10", "htfe_resnet18", "htfe_resnet34"])

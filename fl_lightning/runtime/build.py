@@ -93,6 +93,14 @@ def prepare(cfg: DictConfig) -> Prepared:
     )
     strategy = strategy_cls(method_cfg, cfg.fl.num_clients, clients_per_round(cfg), cfg.seed, task)
     strategy.participation = participation(cfg)
+    if cfg.fl.sampling == "size":  # a client is drawn with probability its share of the examples
+        sizes = np.asarray([len(t) for t in split.train], dtype=np.float64)
+        if np.count_nonzero(sizes) < clients_per_round(cfg):
+            raise ConfigError(
+                f"fl.sampling=size draws {clients_per_round(cfg)} clients a round, but only "
+                f"{np.count_nonzero(sizes)} hold training examples"
+            )
+        strategy.sample_weights = sizes / sizes.sum()
     if cfg.fl.bn_stats == "local":  # no one set of statistics: each client's own model is evaluated
         strategy.personalised = True
     ev = cfg.eval

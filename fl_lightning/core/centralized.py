@@ -5,9 +5,10 @@ global RNG is restored afterwards, so building one changes nothing of the run th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -34,6 +35,20 @@ def cores_given() -> int:
     return max(1, n)
 
 
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run with `n` intra-op threads (same count in every executor: same numbers)."""
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def fit_centralized(
     build: Callable[[], nn.Module],
     loss_fn: Callable[[nn.Module, Tensor, Tensor], Tensor],
@@ -56,31 +71,10 @@ def fit_centralized(
     (default: torch's own count, at most `cores_given()`); once three batches are timed, a step
     estimated past `ANNOUNCE_ABOVE_S` says how long it will take and `shorten` (the flag that
     shortens it)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or min(before, cores_given()))
-    try:
-        return _fit(build, loss_fn, x, y, epochs, lr, momentum, batch_size, seed, what, weight_decay, shorten)
-    finally:
-        torch.set_num_threads(before)
-
-
-def _fit(
-    build: Callable[[], nn.Module],
-    loss_fn: Callable[[nn.Module, Tensor, Tensor], Tensor],
-    x: Tensor,
-    y: Tensor,
-    epochs: int,
-    lr: float,
-    momentum: float,
-    batch_size: int,
-    seed: int,
-    what: str,
-    weight_decay: float,
-    shorten: str,
-) -> nn.Module:
     batches = -(-len(y) // batch_size)
     total, done, t1 = epochs * batches, 0, 0.0
-    with torch.random.fork_rng(devices=[]), progress(what, total, "batch") as bar:
+    n_threads = threads or min(torch.get_num_threads(), cores_given())
+    with torch_threads(n_threads), torch.random.fork_rng(devices=[]), progress(what, total, "batch") as bar:
         torch.manual_seed(seed)
         model = build()
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)

@@ -34,9 +34,9 @@ BAD = [
         "data.augment: unknown augmentation 'flip'; valid: random_crop, hflip",
     ),
     (["data.augment=[hflip]", "runtime.batched=2"], "runtime.batched trains from precomputed batch indices"),
-    # the model's smallest input is known before any data (here: none at data.root)
+    # the model's smallest input, checked on the meta device before any data loads (serial: no Ray)
     (
-        ["model=alexnet_bn", "data.image_size=62", "data.root=/nonexistent/fl_data"],
+        ["model=alexnet_bn", "data.image_size=62", "runtime=serial"],
         "model alexnet_bn cannot take 62x62 images (Given input size: (256x2x2)",
     ),
 ]

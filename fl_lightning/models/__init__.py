@@ -10,6 +10,7 @@ a client's model with `build_client_model(name, client_id, ...)` and cache objec
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -93,7 +94,8 @@ def check_image_size(name: str, num_classes: int, in_channels: int, image_size: 
     checks shapes without computing; a model that cannot be built there is left to the run."""
     for arch in architectures(name):
         try:
-            with torch.device("meta"):
+            with torch.device("meta"), warnings.catch_warnings():  # a pretrained load into meta: a no-op
+                warnings.simplefilter("ignore")
                 model = build_model(arch, num_classes, in_channels, image_size, **kwargs).eval()
         except ConfigError:
             raise

@@ -10,7 +10,6 @@ resume.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import itertools
@@ -31,6 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from ..core.augment import Augment, augment_batch, step_seed
 from ..core.batched import model_refusal
 from ..core.bn_stats import BNStats, collect_bn_stats
+from ..core.centralized import torch_threads as torch_threads  # here since the runtime began with it
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientEval, ClientPayload, ClientUpdate
 from ..core.metrics import EvalSpec
@@ -130,25 +130,29 @@ class ResidentBatches:
 
 class AugmentedBatches:
     """The batches of `loader` (resident or a DataLoader's), the images augmented on `device`
-    (`core/augment.py`), the n-th batch of the fit with draws seeded from (the fit's seed, n).
-    `dataset` and `batch_size` are the loader's (FedProto's hook reads them: un-augmented)."""
+    (`core/augment.py`), the n-th batch of the fit with draws seeded from (the fit's seed, n);
+    `clean_view`: the un-augmented images too, third (`ClientObjective.clean_view`). `dataset`
+    and `batch_size` are the loader's (FedProto's hook reads them: un-augmented)."""
 
     def __init__(
         self, loader: ResidentBatches | DataLoader[tuple[torch.Tensor, ...]], augment: Augment, seed: int,
-        device: torch.device,
+        device: torch.device, clean_view: bool = False,
     ) -> None:  # fmt: skip
         self.loader, self.augment, self.seed, self.device = loader, augment, seed, device
+        self.clean_view = clean_view
         self.dataset, self.batch_size = loader.dataset, loader.batch_size
         self.step = 0  # batches drawn so far in this fit, over its epochs and phases
 
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         for x, y in self.loader:
             seed = step_seed(self.seed, self.step)
             self.step += 1
-            yield augment_batch(x.to(self.device), self.augment, seed), y
+            x = x.to(self.device)
+            augmented = augment_batch(x, self.augment, seed)
+            yield (augmented, y, x) if self.clean_view else (augmented, y)
 
 
 #: what a fit draws its batches from
@@ -230,20 +234,6 @@ def initial_params(spec: ClientSpec, client_id: ClientId) -> StateDict:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(client_seed(spec.init_seed, 0, client_id))
         return to_cpu(build_objective(spec, client_id).model.state_dict())
-
-
-@contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """Run with `n` intra-op threads (same count in every executor: same numbers)."""
-    if n is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def quiet_lightning() -> None:
@@ -356,7 +346,7 @@ class ClientHost:
     def _device(self) -> torch.device:
         return torch.device("cuda" if self.spec.accelerator == "gpu" else "cpu")
 
-    def _loader(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> Loader:
+    def _loader(self, x: torch.Tensor, y: torch.Tensor, seed: int, clean_view: bool = False) -> Loader:
         bs, g = self.spec.batch_size, torch.Generator().manual_seed(seed)
         drop = drop_last(len(y), bs)
         loader: ResidentBatches | DataLoader[tuple[torch.Tensor, ...]] = (
@@ -365,7 +355,7 @@ class ClientHost:
             else DataLoader(TensorDataset(x, y), batch_size=bs, shuffle=True, generator=g, drop_last=drop)
         )
         if self.spec.augment is not None and self.spec.augment.names:
-            return AugmentedBatches(loader, self.spec.augment, seed, self._device())
+            return AugmentedBatches(loader, self.spec.augment, seed, self._device(), clean_view)
         return loader
 
     def _state_copy(self, cid: ClientId) -> ClientState:
@@ -383,7 +373,7 @@ class ClientHost:
         with torch_threads(self.spec.threads):
             torch.manual_seed(payload.seed)
             obj = self._begin(broadcast, payload, state)
-            loader = self._loader(x, y, payload.seed)
+            loader = self._loader(x, y, payload.seed, obj.clean_view)
             phases = obj.phases()
             if type(obj).before_fit is not ClientObjective.before_fit:
                 obj.to(self._device())

@@ -75,8 +75,10 @@ def list_specs() -> None:
         print(f"{name:10s} {s.title}")
         print(f"{'':10s} claims: {', '.join(c.id for c in s.claims)}; scales: {scales}")
         for k in s.scales:
-            for line in needs_lines(s, k, resolve_output_dir(f"runs/reproduce/{name}_{k}"), []):
-                print(f"{'':10s} {k}: {line}")
+            lines = needs_lines(s, k, resolve_output_dir(f"runs/reproduce/{name}_{k}"), None)
+            print(f"{'':10s} {k}: {lines[0]}")
+            for line in lines[1:]:
+                print(f"{'':10s} {line}")
 
 
 def _tags(spec: Spec, scale: str, row: str) -> str:
@@ -241,18 +243,17 @@ def needs_lines(spec: Spec, scale: str, folder: Path, runs: Sequence[SweepRun] |
     """What the scale says it needs, then what of it is here: each dataset the runs read (under
     their data root) and each weights file they name (`model.weights`, `text.pretrained`,
     `text.path`; one a prepare step makes counts as made). `runs`: the planned runs (None:
-    compose one run of each row here)."""
+    compose the first row's here)."""
     from ..data.registry import DATASETS
 
     sc = spec.scales[scale]
     lines = [f"needs: {sc.needs or '-'}"]
-    if runs is None:
-        runs = []
-        for row in spec.run_rows(scale):
-            try:
-                runs.append(SweepRun(0, [], compose([*row.args(sc, folder), f"output_dir={folder}"]), folder))
-            except ConfigError as e:
-                lines.append(f"  row {row.id!r} does not compose here: {e}")
+    if runs is None:  # `--list`: the first row's run stands for the scale
+        row = spec.run_rows(scale)[0]
+        try:
+            runs = [SweepRun(0, [], compose([*row.args(sc, folder), f"output_dir={folder}"]), folder)]
+        except ConfigError as e:
+            return [*lines, f"  (row {row.id!r} does not compose here: {e})"]
     made = {str(folder / st.creates) for st in sc.prepare if st.creates is not None}
     checked: dict[str, str] = {}
     for run in runs:

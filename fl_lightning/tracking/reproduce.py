@@ -61,7 +61,7 @@ MIN_PAIRS = 3
 #: `fl-lightning pretrain`'s options a prepare step may pass
 PRETRAIN_FLAGS = {"--out", "--holdout-from", "--holdout-size", "--epochs", "--lr", "--batch-size", "--seed"}
 #: overrides that decide where a command writes: a prepare step may not set them
-WRITES_ELSEWHERE = {"output_dir", "data.root", "run_id", "experiment"}
+WRITES_ELSEWHERE = {"output_dir", "data.root"}
 NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 ROW_KEYS = {"label", "overrides", "by_scale", "scales", "paper", "runs_of", "metric_prefix"}
 

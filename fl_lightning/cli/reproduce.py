@@ -160,17 +160,23 @@ def config_changes(run: SweepRun, folder: Path) -> list[str]:
 
 
 def plan(
-    spec: Spec, scale: str, seeds: Sequence[int], out: Path, extra: Sequence[str], restart: bool = False
-) -> tuple[list[SweepRun], list[SweepRun], list[Path], list[Path]]:
+    spec: Spec,
+    scale: str,
+    seeds: Sequence[int],
+    out: Path,
+    extra: Sequence[str],
+    restart: bool = False,
+    report_only: bool = False,
+) -> tuple[list[SweepRun], list[SweepRun], list[Path], list[tuple[Path, list[str]]]]:
     """Every run of the grid, composed and checked before any starts, touching nothing:
     (to run, finished, leftovers of killed runs to remove before they start again, runs made
-    with other settings to move aside: `restart`; without it, those are one ConfigError)."""
+    with other settings and how: moved aside with `restart`, said in the report with
+    `report_only`, else one ConfigError)."""
     check_consent(spec, scale, extra)
     experiment = f"{spec.name}_{scale}"
     todo: list[SweepRun] = []
     done: list[SweepRun] = []
     wipe: list[Path] = []
-    aside: list[Path] = []
     stale: list[tuple[Path, list[str]]] = []
     for row in spec.run_rows(scale):
         for seed in seeds:
@@ -188,9 +194,9 @@ def plan(
             changes = config_changes(run, out)
             if changes:
                 stale.append((run.run_dir, changes))
-                aside.append(run.run_dir)
-                todo.append(run)
-                continue
+                if not report_only:
+                    todo.append(run)
+                    continue
             need = continue_run(run)  # as a resumed sweep: finished, resume, restart or new
             if need == "finished":
                 done.append(run)
@@ -198,7 +204,7 @@ def plan(
             if need == "restart":
                 wipe.append(run.run_dir)
             todo.append(run)
-    if stale and not restart:
+    if stale and not restart and not report_only:
         first, changes = stale[0]
         more = f" (and {len(stale) - 1} more runs)" if len(stale) > 1 else ""
         raise ConfigError(
@@ -206,7 +212,7 @@ def plan(
             "the overrides it was made with, choose another --out, or add --restart to move those runs "
             "aside and run them again"
         )
-    return todo, done, wipe, aside
+    return todo, done, wipe, stale
 
 
 def prepare_steps(spec: Spec, scale: str, folder: Path) -> list[tuple[Path | None, list[str]]]:
@@ -344,7 +350,8 @@ def reproduce_command(
                         *extra])  # fmt: skip
     # every run composes and was made with these settings, or one line (also before a report:
     # its "Every run" line must be what the runs got)
-    todo, done, wipe, aside = plan(spec, scale, seeds, folder, extra, restart and not report_only)
+    todo, done, wipe, stale = plan(spec, scale, seeds, folder, extra, restart, report_only)
+    aside = [path for path, _ in stale]
     if not report_only:
         steps = prepare_steps(spec, scale, folder)
         total = len(todo) + len(done)
@@ -375,7 +382,9 @@ def reproduce_command(
                 shutil.rmtree(path)
             if todo:
                 run_grid(todo, parallel, folder / "logs", ["run_id"])
-    report, numbers = build_report(spec, scale, runs_dir, seeds, command, extra)
+    report, numbers = build_report(
+        spec, scale, runs_dir, seeds, command, extra, {p.name: c for p, c in stale} if report_only else {}
+    )
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(report)
     import json

@@ -537,10 +537,17 @@ def machines(summaries: Sequence[dict[str, Any]]) -> str:
 
 
 def build_report(
-    spec: Spec, scale: str, runs_dir: Path, seeds: Sequence[int], command: str, extra: Sequence[str] = ()
+    spec: Spec,
+    scale: str,
+    runs_dir: Path,
+    seeds: Sequence[int],
+    command: str,
+    extra: Sequence[str] = (),
+    differ: dict[str, list[str]] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The Markdown report and its numbers, from the run directories under `runs_dir`;
-    `extra`: the command line's overrides, which every run got after the scale's."""
+    `extra`: the command line's overrides, which every run got after the scale's; `differ`:
+    runs whose config differs from the one planned now (`--report-only`), and how."""
     sc = spec.scales[scale]
     rows = spec.rows_for(scale)
     states = {(r.id, s): read_run(runs_dir / run_name(r.source, s)) for r in rows for s in seeds}
@@ -553,7 +560,7 @@ def build_report(
     out: dict[str, Any] = {
         "paper": spec.name, "scale": scale, "seeds": list(seeds),
         "overrides": {"scale": scale_over, "command_line": list(extra)},
-        "machine": machine_line, "rows": {}, "claims": [],
+        "machine": machine_line, "rows": {}, "claims": [], "runs_made_otherwise": dict(differ or {}),
     }  # fmt: skip
     every = " ".join([*scale_over, *extra])
     lines = [
@@ -583,6 +590,14 @@ def build_report(
         "so. Chance is checked from each run's metrics when this report is written.",
         "",
     ]
+    if differ:
+        lines += [
+            "**Runs made with other settings** than the claims file and this command give now "
+            "(their `config.yaml`, `key: then -> now`); their numbers are in the tables:",
+            "",
+            *(f"- `{name}`: {'; '.join(changes)}" for name, changes in sorted(differ.items())),
+            "",
+        ]
     for metric in metrics:
         pct = not lower_is_better(metric)
         lines += [f"## Rows: `{metric}` (%)" if pct else f"## Rows: `{metric}`", ""]

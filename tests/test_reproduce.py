@@ -354,3 +354,21 @@ def test_a_claims_file_imports_no_module_without_consent(conf, tmp_path, monkeyp
         and "rows.fast imports its method from planted_mod: run it with methods=planted_mod" in err[0]
     )
     assert not (tmp_path / "ran").exists() and not (tmp_path / "rep").exists()
+
+
+def test_estimate_projects_from_timed_steps_and_writes_nothing(conf, tmp_path, capsys):
+    """--estimate times the row's backbone on synthetic tensors (no data read) and projects
+    steps a round x rounds x seconds a step: TINY's 600 images over 3 clients, batch 32, one
+    epoch, is 3 x ceil(200 / 32) = 21 steps a round, one round."""
+    out = tmp_path / "rep"
+    assert main(["reproduce", "tiny", "--out", str(out), "--estimate"]) == 0
+    text = capsys.readouterr().out
+    assert "synthetic tensors" in text and "projected" in text
+    rows = [ln.split() for ln in text.splitlines() if ln.strip().startswith("lr 0.")]
+    assert len(rows) == 2  # fast and slow
+    for cells in rows:
+        seconds, steps, rounds, hours, seeds, device_hours = cells[2:8]
+        assert (steps, rounds, seeds) == ("21", "1", "2")
+        assert float(hours) == pytest.approx(21 * float(seconds) / 3600, abs=0.006)
+        assert float(device_hours) == pytest.approx(2 * float(hours), abs=0.011)
+    assert not out.exists()

@@ -324,6 +324,7 @@ def reproduce_command(
     report_only: bool = False,
     listing: bool = False,
     restart: bool = False,
+    estimate: bool = False,
 ) -> int:
     if listing or paper is None:
         list_specs()
@@ -344,6 +345,16 @@ def reproduce_command(
         raise ConfigError(
             f"--out {folder} is {where}the run directory {inside}: a reproduction needs its own folder"
         )
+    if estimate:  # runs nothing, writes nothing
+        from .estimate import estimate_lines
+
+        sc = spec.scales[scale]
+        rows = [(r.label, [*r.args(sc, folder), *extra, "seed=0", f"output_dir={folder}", "logger=none"])
+                for r in spec.run_rows(scale)]  # fmt: skip
+        print(f"reproduce {paper} ({scale}): {len(rows)} rows x {len(seeds)} seeds, the scale's rounds")
+        for line in estimate_lines(rows, len(seeds)):
+            print(f"  {line}")
+        return 0
     runs_dir = folder / f"{spec.name}_{scale}"
     command = " ".join(["fl-lightning reproduce", paper, f"--scale {scale}",
                         f"--seeds {','.join(map(str, seeds))}", *([f"--out {out}"] if out else []),

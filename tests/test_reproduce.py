@@ -272,8 +272,18 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
         clip.touch()
         for row in spec.run_rows(name):
             args = [*row.args(scale, out), f"output_dir={tmp_path}", "logger=none"]
-            if compose(args).text.name == "clip":
+            cfg = compose(args)
+            if cfg.text.name == "clip":
                 args.append(f"text.pretrained={clip}")
+            weights = cfg.model.get("weights")
+            if weights and not Path(str(weights)).exists():  # the ImageNet trunk a paper scale pins
+                trunk = tmp_path / "resnet18.pth"
+                if not trunk.exists():
+                    import torch
+                    from torchvision.models import resnet18
+
+                    torch.save(resnet18(weights=None).state_dict(), trunk)
+                args.append(f"model.weights={trunk}")
             validate_registered(compose(args))
 
 

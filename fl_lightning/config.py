@@ -35,6 +35,7 @@ import os
 import re
 import sys
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -787,18 +788,24 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
 
 def _consent_to_modules(path: Path, overrides: list[str], how: str, same: bool) -> None:
     """A saved config that names modules to import (`methods=`) is run only when the command
-    line names them too: a run directory (someone else's, untrusted) never makes us import a
-    module on its own. `same`: the command line may not name other modules (a resume)."""
-    doc = _read_yaml(path)
-    saved = method_modules(doc.get("methods"))
-    given = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0] == "methods"]
-    if same and given and method_modules(given[-1]) != saved:
+    line names them too. `same`: the command line may not name other modules (a resume)."""
+    require_consent(method_modules(_read_yaml(path).get("methods")), overrides, path, how, same)
+
+
+def require_consent(saved: list[str], overrides: Sequence[str], source: object, how: str, same: bool) -> None:
+    """The one consent rule (docs/reliability.md): modules to import (`methods=`) that a file
+    names (a run's config.yaml, a sweep's sweep.json: someone else's, untrusted) are imported
+    only when the command line names them too; a file alone never makes us import a module.
+    `overrides`: the command line's; `source`: the file, for the message; `how`: what the user
+    does to consent ("resume it"); `same`: the command line may not name other modules."""
+    given = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0].lstrip("+") == "methods"]
+    if same and given and sorted(set(method_modules(given[-1]))) != sorted(set(saved)):
         raise ConfigError(f"cannot change 'methods' on resume (the run's: {','.join(saved) or 'none'})")
     if saved and not given:
-        names = ",".join(saved)
+        names = ",".join(dict.fromkeys(saved))
         raise ConfigError(
-            f"{path} imports its method from {names}: {how} with methods={names} to allow that "
-            "(a run directory alone never makes fl-lightning import a module)"
+            f"{source} imports its method from {names}: {how} with methods={names} to allow that "
+            "(a file alone never makes fl-lightning import a module)"
         )
 
 

@@ -18,8 +18,9 @@ class StartupError(RuntimeError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (`kill`, `ray job stop`, a scheduler's pre-emption): the run stops as on Ctrl-C,
-    marked `interrupted` and resumable; the CLI exits 143 (128 + SIGTERM)."""
+    """SIGTERM (`kill`, `ray job stop`, a scheduler's pre-emption) or SIGHUP (its terminal
+    closed): the run stops as on Ctrl-C, marked `interrupted` and resumable; the CLI exits
+    128 + the signal (SIGTERM: 143, SIGHUP: 129)."""
 
 
 class DivergedError(RuntimeError):

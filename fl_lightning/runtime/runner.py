@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig
 
 from ..config import RootConfig, to_yaml
-from ..core.errors import DivergedError, StartupError
+from ..core.errors import DivergedError
 from ..core.files import open_new
 from ..core.messages import ServerState
 from ..core.strategy import ServerContext, Strategy, round_rng, server_rng
@@ -134,20 +134,22 @@ class Run:
         writer = MetricsWriter(run_dir, resumed_round=state.round if self.resume else None)
         unwritten = None if writer.has_line(state.round) else meta.get("pending_line")
         clock = WallClock(writer.wall_time(unwritten))
-        self._write_partition()
-        for w in p.strategy.warnings():
-            log.warning(w)
-        global_eval = GlobalEval(p, run_dir)
-        checkpointer = Checkpointer(
-            run_dir, int(cfg.checkpoint.every), int(cfg.fl.rounds), state, client_index, unwritten,
-            global_eval.evaluate_now,
-        )  # fmt: skip
         client_eval = ClientEval(p)
         try:
+            self._write_partition()
+            for w in p.strategy.warnings():
+                log.warning(w)
+            global_eval = GlobalEval(p, run_dir)
+            checkpointer = Checkpointer(
+                run_dir, int(cfg.checkpoint.every), int(cfg.fl.rounds), state, client_index, unwritten,
+                global_eval.evaluate_now,
+            )  # fmt: skip
             workers = self.session.workers(p, restore=checkpointer.saved_states)
-        except StartupError as e:  # Ray did not start: summary.json says why, as for any failed run
-            failed = self._summary(writer, client_eval, None, "failed", outcome.reason(e))
-            writer.write_summary(failed, failing=True)
+        except BaseException as e:  # Ray did not start, Ctrl-C or SIGTERM while its workers start:
+            # summary.json says why, as for any run that stops
+            status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            stopped = self._summary(writer, client_eval, None, status, outcome.reason(e))
+            writer.write_summary(stopped, failing=True)
             raise
         self._record_choices(workers.placement)
         progress = Progress(cfg.fl.rounds, state.round, self.console, p.strategy.primary_metric())

@@ -102,3 +102,141 @@ def test_sweep_children_do_not_import_from_the_working_directory(tmp_path, capsy
     assert "fetch fmnist" in out, out
     assert not marker.exists(), f"a child imported the planted yaml.py ({marker.read_text()!r})"
     assert sys.modules["yaml"].__file__ != str(tmp_path / "cwd" / "yaml.py")
+
+
+# --- 3. a data root shared by a group -------------------------------------------------------
+STATS = {"train_class_histogram": [[5, 0, 1], [0, 4, 2]], "train_sizes": [6, 6], "class_names": list("abc")}
+
+
+@pytest.fixture
+def umask():
+    """Set the process's umask for the test (put back after)."""
+    import os
+
+    before = os.umask(0o022)
+    yield lambda mask: os.umask(mask)
+    os.umask(before)
+
+
+@pytest.mark.parametrize(
+    "mask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)], ids=["022", "002", "077"]
+)
+def test_files_we_write_are_as_readable_as_the_umask_allows(tmp_path, umask, mask, mode):
+    """Every file `write_atomic` wrote was 0600 (mkstemp's mode): pretrained weights, plots,
+    the decoded dataset cache, partition, text and teacher caches were private to their
+    writer on a group-shared data root. Now 0666 less the umask, as a plain `open` gives."""
+    import numpy as np
+    import torch
+
+    from fl_lightning.core.files import atomic_torch_save, copy_atomic, write_atomic
+    from fl_lightning.data.cache import atomic_savez, cached_arrays
+    from fl_lightning.data.stats import save_partition_plot
+
+    umask(mask)
+    made = [
+        write_atomic(tmp_path / "a.bin", lambda f: f.write(b"x")),
+        atomic_torch_save({"w": torch.ones(1)}, tmp_path / "weights.pt"),
+        copy_atomic(tmp_path / "a.bin", tmp_path / "b.bin"),
+        save_partition_plot(STATS, tmp_path / "run" / "partition.png", tmp_path / "partitions"),
+        *(tmp_path / "partitions").glob("plot-*.png"),
+    ]
+    assert atomic_savez(tmp_path / "split.npz", {"x": np.arange(3)})
+    src = tmp_path / "a.bin"
+    cached_arrays(tmp_path / "root", "t", [src], lambda: {"x": np.arange(2)})
+    made.append(tmp_path / "split.npz")
+    made += (tmp_path / "root" / ".cache").glob("t-*.npz")
+    assert len(made) == 7
+    assert {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in made} == {
+        str(p.relative_to(tmp_path)): oct(mode) for p in made
+    }
+
+
+def _as_nobody(work) -> int:
+    """`work()` in a forked child running as user `nobody` (a colleague); its return value is
+    the child's exit status (an exception: 70, its traceback in the child's stderr)."""
+    import encodings.cp437  # noqa: F401  (zipfile's; the child may not read the stdlib's folder)
+    import os
+    import traceback
+
+    pid = os.fork()
+    if pid == 0:  # the child: nothing of pytest's, out with os._exit
+        code = 70
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            code = int(work())
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@pytest.fixture
+def shared_root():
+    """A folder two users share (outside pytest's 0700 temporary folder), as root; skipped
+    where this process cannot act as another user (not root, or no `nobody`)."""
+    import os
+    import pwd
+    import shutil
+    import tempfile
+
+    if not hasattr(os, "fork") or os.geteuid() != 0:
+        pytest.skip("needs root, to act as a second user")
+    try:
+        pwd.getpwuid(65534)
+    except KeyError:
+        pytest.skip("no user nobody (65534)")
+    root = Path(tempfile.mkdtemp(prefix="flshared", dir="/tmp"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_colleagues_run_uses_our_caches_and_leaves_an_unreadable_one_alone(shared_root, umask):
+    """Two users, one data root (umask 022: the folders are ours, the files readable). The
+    colleague (`nobody`) reads our cached partition plot and decoded arrays, replacing
+    neither; a cached plot it cannot read (0600) is drawn again for its own run and left as
+    it was (before: PermissionError, the run ended with exit 1 and no summary.json)."""
+    import os
+
+    import numpy as np
+
+    from fl_lightning.data.cache import cached_arrays
+    from fl_lightning.data.stats import draw_partition_plot, save_partition_plot
+
+    umask(0o022)
+    cache, data = shared_root / "partitions", shared_root / "data"
+    data.mkdir()
+    src = data / "images.bin"
+    src.write_bytes(b"images")
+    ours = save_partition_plot(STATS, shared_root / "mine" / "partition.png", cache)
+    (cached,) = cache.glob("plot-*.png")
+    other = {**STATS, "train_class_histogram": [[1, 1, 4], [2, 2, 2]]}
+    cached.write_bytes(draw_partition_plot(other, shared_root / "other.png").read_bytes())  # a copy tells
+    arrays = cached_arrays(data, "t", [src], lambda: {"x": np.arange(5)})
+    (npz,) = (data / ".cache").glob("t-*.npz")
+    before = {p: (p.stat().st_ino, p.read_bytes()) for p in (cached, npz)}
+    theirs = shared_root / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+
+    def colleague() -> int:
+        png = save_partition_plot(STATS, theirs / "a" / "partition.png", cache)
+        got = cached_arrays(data, "t", [src], lambda: {"x": np.zeros(1)})  # a rebuild differs
+        return 0 if png.read_bytes() == cached.read_bytes() and np.array_equal(got["x"], arrays["x"]) else 3
+
+    assert _as_nobody(colleague) == 0
+    assert {p: (p.stat().st_ino, p.read_bytes()) for p in (cached, npz)} == before
+    assert ours.read_bytes() != cached.read_bytes()
+
+    cached.chmod(0o600)  # as every cache file was written before
+
+    def colleague_unreadable() -> int:
+        png = save_partition_plot(STATS, theirs / "b" / "partition.png", cache)
+        return 0 if png.read_bytes() == ours.read_bytes() else 3  # drawn: its own split's picture
+
+    assert _as_nobody(colleague_unreadable) == 0
+    assert (cached.stat().st_ino, cached.read_bytes()) == before[cached]
+    assert cached.stat().st_mode & 0o777 == 0o600

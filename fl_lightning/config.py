@@ -645,9 +645,10 @@ def check_weights_file(cfg: DictConfig) -> None:
         raise ConfigError(f"model.weights={w}: no such file (write one with `fl-lightning pretrain`)")
 
 
-def validate_registered(cfg: DictConfig) -> Any:
+def validate_registered(cfg: DictConfig, trunk: str | None = None) -> Any:
     """Checks against the registries (imports the methods, models and datasets); the run's
-    method config (`method_config`), checked."""
+    method config (`method_config`), checked. `trunk`: where `model.weights` is read from
+    (a resumed run's own copy, `models.weights.KEPT`; default: the file it names)."""
     from .data.partition import PARTITIONERS
     from .data.registry import DATASETS
     from .methods import METHODS, import_methods
@@ -688,7 +689,7 @@ def validate_registered(cfg: DictConfig) -> Any:
             raise ConfigError(
                 f"model.weights loads one trunk; model {cfg.model.name} is a family of architectures"
             )
-        read_weights(str(cfg.model.weights))
+        read_weights(trunk or str(cfg.model.weights))
     DATASETS.get(cfg.data.name)
     PARTITIONERS.get(cfg.data.partition)
     if cfg.text.name != "none":

@@ -34,6 +34,7 @@ from ..core.types import ClientId
 from ..data.federated import partition_cache_dir
 from ..data.stats import save_partition_plot
 from ..models import build_client_model
+from ..models.weights import keep_weights, kept_weights
 from ..tracking.chance import chance_level
 from . import checkpoint, outcome
 from .build import Prepared, prepare
@@ -314,6 +315,8 @@ def start_run(
     with _in(session) as s, RunLock(run_dir):
         prepared.cfg.run_id = run_dir.name
         write_config(run_dir, prepared.cfg)
+        if prepared.weights_info is not None:  # its own: `resume` needs no file outside the run
+            keep_weights(cfg.model.weights, run_dir)
         if console:
             print(run_dir_message(run_dir), file=sys.stderr)
         run = Run(prepared, run_dir, s, console=console, started_at=t0, callbacks=callbacks)
@@ -368,5 +371,6 @@ def resume_run(
             except (OSError, ValueError):
                 summary = {}
             return summary if isinstance(summary, dict) else {}
-        prepared = prepare(cfg)
+        trunk = kept_weights(run_dir, str(cfg.model.weights)) if cfg.model.get("weights") else None
+        prepared = prepare(cfg, trunk)
         return Run(prepared, run_dir, s, resume=True, console=console, started_at=t0).execute()

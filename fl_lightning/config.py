@@ -784,7 +784,18 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
     _consent_to_modules(path, overrides, "resume it", same=True)
     given = {item.split("=", 1)[0] for item in overrides}
     machine = [f"{k}={v}" for k, v in MACHINE_CHOICES.items() if k not in given]
-    return _saved_config(path, [*machine, *overrides])
+    return _saved_config(path, [*machine, *overrides, *_earlier_run_id(path)])
+
+
+def _earlier_run_id(path: Path) -> list[str]:
+    """Earlier versions took any `run_id` ('my run'); a run of theirs resumes: a saved run id
+    that is its own folder's name (not an interpolation, no path) is checked as a stand-in of
+    safe characters. The resumed run writes its folder's name back (`Run._record_choices`)."""
+    saved = _read_yaml(path).get("run_id")
+    if not isinstance(saved, str) or SAFE_NAME.fullmatch(saved) or saved != path.parent.name or "$" in saved:
+        return []
+    stand_in = re.sub(r"[^A-Za-z0-9._-]", "_", saved).lstrip(".")[:200] or "run"
+    return [f"run_id='{stand_in}'"]
 
 
 def _consent_to_modules(path: Path, overrides: list[str], how: str, same: bool) -> None:

@@ -150,6 +150,8 @@ def test_bad_weights_are_one_line_before_any_work(trunk_file, tmp_path, data_roo
         rc = main(["run", *small(tmp_path, "runtime=serial", f"model.weights={weights}"), "--quiet"])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and says in err[0], err
+    # never torch's advice to load it anyway (`weights_only=False` would run the payload)
+    assert "refused" in err[0] and "weights_only" not in err[0] and "can still be loaded" not in err[0]
     assert not marker.exists()  # the pickled payload never ran
     # a family of architectures takes no single trunk; a mismatch is named once the model is built
     for extra, says in ((["method=fedproto", "model=htfe_cnn3"], "family of architectures"),
@@ -163,6 +165,20 @@ def test_bad_weights_are_one_line_before_any_work(trunk_file, tmp_path, data_roo
         (["pretrain", "data=fmnist"], "needs --out"),
         (["pretrain", "data=fmnist", "--holdout-from", "60000", "--out", str(tmp_path / "w.pt")], "is empty"),
         (["pretrain", "data=fmnist", "--epochs", "0", "--out", str(tmp_path / "w.pt")], "--epochs >= 1"),
+        # below a file: refused before the training (it failed only after it, exit 1)
+        (
+            [
+                "pretrain",
+                "data=fmnist",
+                "--holdout-size",
+                "50",
+                "--epochs",
+                "1",
+                "--out",
+                str(hostile / "w.pt"),
+            ],
+            "is a file, not a folder",
+        ),
     ):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, load_refusal
 from ..core.files import atomic_torch_save, copy_atomic
 
 FORMAT = "fl_lightning.weights"
@@ -69,8 +69,7 @@ def read_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, A
     try:
         blob = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # a hostile pickle, a truncated file, not a torch file at all
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise ConfigError(f"model.weights={path}: not a readable weights file ({first})") from None
+        raise ConfigError(f"model.weights={path}: not a readable weights file ({load_refusal(e)})") from None
     meta: dict[str, Any] = {}
     if isinstance(blob, dict) and blob.get("format") == FORMAT:
         if blob.get("version") != VERSION:

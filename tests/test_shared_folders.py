@@ -240,3 +240,31 @@ def test_a_colleagues_run_uses_our_caches_and_leaves_an_unreadable_one_alone(sha
     assert _as_nobody(colleague_unreadable) == 0
     assert (cached.stat().st_ino, cached.read_bytes()) == before[cached]
     assert cached.stat().st_mode & 0o777 == 0o600
+
+
+# --- 6. W&B's folders in a runs folder --------------------------------------------------------
+@pytest.mark.parametrize("where", [".wandb", ".wandb/cache", ".wandb/config"])
+def test_a_link_planted_where_wandb_keeps_its_folders_is_refused(tmp_path, capsys, monkeypatch, where):
+    """`<experiment>/.wandb` (W&B's cache, data and config folders, unless set) linked out of the
+    runs folder: W&B followed it. `run` and `resume` with W&B on: one line, exit 2, before any
+    work; nothing written through the link."""
+    for var in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
+        monkeypatch.delenv(var, raising=False)  # (an earlier in-process run sets them)
+    runs, outside = tmp_path / "runs", tmp_path / "outside"
+    outside.mkdir()
+    link = runs / "exp" / where
+    link.parent.mkdir(parents=True)
+    link.symlink_to(outside, target_is_directory=True)
+    wandb = ["logger=wandb", "logger.mode=offline", "experiment=exp"]
+    args = small(runs, "runtime=serial", "fl.rounds=1", "data.train_subset=200", *wandb)
+    assert main(["run", *args, "run_id=r", "--quiet"]) == 2
+    assert f"{link} is a symbolic link" in _one_line_error(capsys)
+    assert not (runs / "exp" / "r").exists() and list(outside.iterdir()) == []
+    run_dir = runs / "exp" / "old"  # a run there before the link: its resume with W&B on
+    run_dir.mkdir()
+    groups = "method: {name: fedavg}\ndata: {name: fmnist}\nmodel: {name: cnn}\nfl: {}\n"
+    (run_dir / "config.yaml").write_text(f"run_id: old\nexperiment: exp\n{groups}")
+    resume = ["logger.backend=wandb", "logger.mode=offline", "--quiet"]
+    assert main(["resume", str(run_dir), *resume]) == 2
+    assert f"{link} is a symbolic link" in _one_line_error(capsys)
+    assert list(outside.iterdir()) == [] and sorted(p.name for p in run_dir.iterdir()) == ["config.yaml"]

@@ -257,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = resolve_run_path(args.run_dir)  # what a Ray job printed resolves the same way
             cfg = load_run_config(run_dir, args.overrides)
             from ..runtime.lock import RunLock
+            from ..tracking.loggers import check_wandb_dirs
+
+            check_wandb_dirs(cfg.logger, run_dir)  # a link planted at <experiment>/.wandb: one line now
 
             RunLock(run_dir).acquire().release()  # busy: one line now, not after the imports below
             from ..runtime.runner import resume_run

@@ -209,10 +209,12 @@ def create_run_dir(run_dir: Path) -> None:
 def new_run_path(cfg: DictConfig) -> Path:
     """Where a new run goes (`paths.new_run_dir`), checked before any work: a writable
     folder, and no run there already (ConfigError, one line)."""
+    from ..tracking.loggers import check_wandb_dirs
     from .paths import new_run_dir
 
     run_dir = new_run_dir(cfg)
     check_output_dir(run_dir.parent, str(cfg.output_dir))  # a file in the way, not writable: no data yet
+    check_wandb_dirs(cfg.logger, run_dir)
     if run_dir.exists():
         raise ConfigError(f"run directory {run_dir} exists; continue it with `fl-lightning resume {run_dir}`")
     return run_dir

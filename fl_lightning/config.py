@@ -44,6 +44,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from .core.augment import AUGMENTATIONS
 from .core.errors import ConfigError
 from .core.optim import OptimConfig
 from .core.registry import METHOD_ENTRY_POINTS
@@ -91,7 +92,15 @@ class DataConfig:
     test_subset: int | None = None
     #: FedDF / FedBE: N training images held out of every client as the server's unlabeled set
     server_subset: int | None = None
-    image_size: int | None = None  # folder/HDF5 datasets: resize to this square size (default per dataset)
+    #: resize every image to this square size when the data is loaded (cached like the decoded
+    #: images); null: the dataset's own size (folder/HDF5 datasets: their default, e.g. Office 256)
+    image_size: int | None = None
+    #: training-time augmentation of the clients' batches, in this order (core/augment.py):
+    #: random_crop (pad augment_padding, crop back), hflip (p 0.5), rotate (within
+    #: +-augment_degrees); evaluation never augments
+    augment: list[str] = field(default_factory=list)
+    augment_padding: int = 4
+    augment_degrees: float = 15.0
     domains: list[str] | None = None  # domain datasets: which domains to load (default: all)
     fine_grained: bool = False  # flair: the 1,628 fine-grained labels instead of the 17 coarse ones
     max_users: int | None = None  # flair: read only the first N training users
@@ -615,6 +624,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"data.min_size must be >= 0 (got {data.min_size})")
     for key in ("classes_per_client", "image_size", "max_users"):
         positive(f"data.{key}", data[key])
+    check_augment(cfg)
     if data.imbalance_factor < 1:
         raise ConfigError(f"data.imbalance_factor must be >= 1 (got {data.imbalance_factor})")
     if data.partition == "longtail" and data.imbalance_factor <= 1:
@@ -635,6 +645,26 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"runtime.num_gpus must be >= 0 (got {rt.num_gpus})")
     if rt.batched < 0:
         raise ConfigError(f"runtime.batched must be >= 0 (got {rt.batched})")
+
+
+def check_augment(cfg: DictConfig) -> None:
+    """`data.augment` names known transforms, once each, on a runtime that applies them."""
+    data = cfg.data
+    for name in data.augment:
+        if name not in AUGMENTATIONS:
+            valid = ", ".join(AUGMENTATIONS)
+            raise ConfigError(f"data.augment: unknown augmentation {name!r}; valid: {valid}")
+    if len(set(data.augment)) != len(data.augment):
+        raise ConfigError(f"data.augment names an augmentation twice ({list(data.augment)})")
+    if data.augment_padding < 0:
+        raise ConfigError(f"data.augment_padding must be >= 0 (got {data.augment_padding})")
+    if not 0 <= data.augment_degrees <= 180:
+        raise ConfigError(f"data.augment_degrees must be in [0, 180] (got {data.augment_degrees})")
+    if data.augment and cfg.runtime.batched:
+        raise ConfigError(
+            "runtime.batched trains from precomputed batch indices and does not apply data.augment; "
+            "use runtime.batched=0"
+        )
 
 
 def check_weights_file(cfg: DictConfig) -> None:
@@ -679,11 +709,24 @@ def validate_registered(cfg: DictConfig, trunk: str | None = None) -> Any:
     entry = DATASETS.get(cfg.data.name)  # what is known of the data before loading it
     known = {"multilabel": entry.multilabel, "class_names": entry.class_names}
     strategy.check_run(method_cfg, {str(k): v for k, v in run.items()} | {"dataset": known})
+    # clients' own test splits come from data.client_test_fraction alone (data/federated.py)
+    if strategy.keeps_personal_models(method_cfg) and not cfg.data.client_test_fraction > 0:
+        raise ConfigError(strategy.needs_test_split_error())
+    if cfg.eval.timing == "trained" and not (cfg.data.client_test_fraction > 0 and cfg.eval.clients):
+        raise ConfigError(
+            "eval.timing=trained evaluates each client's trained model on its own test split: "
+            "set data.client_test_fraction (and eval.clients=true)"
+        )
     from .models import family
     from .models.weights import MODEL_GENERIC_KEYS, read_weights
 
     model_kwargs = {k: v for k, v in cfg.model.items() if k not in MODEL_GENERIC_KEYS}
     check_kwargs("model", cfg.model.name, MODELS.get(cfg.model.name), model_kwargs)
+    if cfg.data.image_size is not None:  # (the channel count is not known yet; sizes do not depend on it)
+        from .models import check_image_size
+
+        num_classes = len(entry.class_names) if entry.class_names else 10
+        check_image_size(cfg.model.name, num_classes, 3, int(cfg.data.image_size), **model_kwargs)
     if cfg.model.get("weights"):  # readable and safe now; whether it fits, once the model is built
         if family(cfg.model.name) is not None:
             raise ConfigError(
@@ -765,7 +808,8 @@ RESUMABLE = ("fl.rounds", "runtime.", "logger.", "eval.batch_size", "eval.device
 
 #: what a run decides for the machine it runs on (config.yaml records the decision): a
 #: resume decides again unless told, so a run moved to another machine fits that one
-MACHINE_CHOICES = {"runtime.placement": "auto", "runtime.accelerator": "auto", "eval.device": "auto"}
+MACHINE_CHOICES = {"runtime.placement": "auto", "runtime.accelerator": "auto", "eval.device": "auto",
+                   "runtime.num_actors": "null"}  # fmt: skip
 
 
 def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
@@ -784,6 +828,8 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
     _consent_to_modules(path, overrides, "resume it", same=True)
     given = {item.split("=", 1)[0] for item in overrides}
     machine = [f"{k}={v}" for k, v in MACHINE_CHOICES.items() if k not in given]
+    if "device" in (_read_yaml(path).get("text") or {}):  # an encoder's device, decided again too
+        machine.append("text.device=auto")
     return _saved_config(path, [*machine, *overrides, *_earlier_run_id(path)])
 
 

@@ -23,6 +23,7 @@ from ..config import (
     validate_registered,
     with_method_defaults,
 )
+from ..core.augment import Augment, black
 from ..core.batched import model_refusal
 from ..core.errors import ConfigError
 from ..core.metrics import EvalSpec
@@ -33,8 +34,10 @@ from ..core.strategy import Strategy, TaskInfo
 from ..data.federated import FederatedSplit, split_from_config
 from ..data.registry import ArrayDataset, check_dataset, load_from_config
 from ..methods import METHODS
-from ..models import family
+from ..models import check_image_size, family
+from ..models.ctran import pretrained_loaded
 from ..models.weights import MODEL_GENERIC_KEYS, load_trunk
+from ..text.encoders import resolved_text
 from .host import ClientSpec, build_objective, precision_of
 
 
@@ -69,12 +72,15 @@ def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
     server_x = None
     if d.server_subset:  # the server's unlabeled images: out of the training set, before the split
         dataset, server_x = dataset.hold_out(int(d.server_subset))
+    model_kwargs = {
+        k: (list(v) if OmegaConf.is_list(v) else v)
+        for k, v in cfg.model.items()
+        if k not in MODEL_GENERIC_KEYS
+    }
+    if d.image_size is None:  # the native size, known now (a configured one was checked before the data)
+        size = dataset.image_size
+        check_image_size(cfg.model.name, dataset.num_classes, dataset.in_channels, size, **model_kwargs)
     split = split_from_config(dataset, cfg)  # cached under <data.root>/.partitions/
-    if cfg.eval.timing == "trained" and not (split.test and cfg.eval.clients):
-        raise ConfigError(
-            "eval.timing=trained evaluates each client's trained model on its own test split: "
-            "set data.client_test_fraction (and eval.clients=true)"
-        )
     strategy_cls = METHODS.get(cfg.method.name)
     used = np.concatenate([np.asarray(t) for t in split.train]) if split.train else np.zeros(0, np.int64)
     if dataset.multilabel:  # per label: the training samples that carry it
@@ -101,11 +107,6 @@ def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
     eval_spec = strategy.eval_spec(
         ev.per_class, list(ev.longtail) if ev.longtail is not None else None, ev.threshold
     )
-    model_kwargs = {
-        k: (list(v) if OmegaConf.is_list(v) else v)
-        for k, v in cfg.model.items()
-        if k not in MODEL_GENERIC_KEYS
-    }
     spec = ClientSpec(
         method=cfg.method.name,
         method_module=strategy_cls.__module__,
@@ -125,6 +126,14 @@ def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
         resident_shards=bool(cfg.runtime.resident_shards),
         precision=precision_of(cfg.runtime.precision),
         batched=int(cfg.runtime.batched),
+        augment=Augment(
+            tuple(d.augment),
+            int(d.augment_padding),
+            float(d.augment_degrees),
+            black(dataset.mean, dataset.std),
+        )
+        if d.augment
+        else None,  # fmt: skip
     )
     torch.manual_seed(cfg.seed)
     objective = build_objective(spec)  # the driver's copy: initial weights, global evaluation
@@ -163,9 +172,17 @@ def resolved_config(cfg: DictConfig, chosen: dict[str, Any], spec: ClientSpec) -
     out.merge_with({k: v for k, v in chosen.items() if k != "text"})
     # the builder's arguments as built, and the pretrained trunk the initial weights came from
     weights = cfg.model.get("weights")
-    out.model = OmegaConf.create({"name": spec.model, **spec.model_kwargs, "weights": weights})
+    kwargs = dict(spec.model_kwargs)
+    if spec.model == "ctran" and "pretrained" in kwargs:  # a flag only its efficientnet trunk reads
+        kwargs["pretrained"] = pretrained_loaded(kwargs)
+    out.model = OmegaConf.create({"name": spec.model, **kwargs, "weights": weights})
     if out.logger.group is None:
         out.logger.group = out.experiment
+    out.data.root = os.path.expanduser(out.data.root)  # the folder read, not `~/...`
+    if out.text.name != "none":  # the encoder's files and device as used (path null, device auto)
+        text = OmegaConf.to_container(out.text, resolve=True)
+        assert isinstance(text, dict)
+        out.text = OmegaConf.create(resolved_text({str(k): v for k, v in text.items()}))
     for node in (out, out.method, out.model, out.text):
         OmegaConf.set_struct(node, True)
     return out

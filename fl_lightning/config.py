@@ -189,6 +189,9 @@ class RootConfig:
     seed: int = 0
     output_dir: str = "runs"
     run_id: str | None = None
+    #: the row of a reproduction (`fl-lightning reproduce`) this run is: its W&B run name and
+    #: config, and summary.json's `row`, so that ablations of one method stay apart (`compare --by row`)
+    row: str | None = None
     method: Any = None
     data: DataConfig = field(default_factory=DataConfig)
     model: Any = None

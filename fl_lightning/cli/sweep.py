@@ -56,6 +56,7 @@ from ..runtime.lock import RunDirBusy, RunLock, check_output_dir
 from ..runtime.paths import resolve_output_dir
 from ..runtime.session import Session
 from .progress import RoundMonitor, monitored
+from .spawn import fl_lightning_command
 
 
 def split_top_level(value: str) -> list[str]:
@@ -389,7 +390,7 @@ def _run_parallel(
                 what = ["run", *run.overrides]
                 if run.resume:
                     what = ["resume", str(run.run_dir), f"fl.rounds={run.cfg.fl.rounds}"]
-                cmd = [sys.executable, "-m", "fl_lightning", *what, *_local_cpus(run, parallel)]
+                cmd = [*fl_lightning_command(), *what, *_local_cpus(run, parallel)]
                 cmd.append("--quiet")
                 fh.write("$ " + " ".join(cmd) + "\n")
                 fh.flush()

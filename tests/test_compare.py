@@ -140,7 +140,10 @@ def test_wandb_run_has_partition_statistics_and_seed_tag(tmp_path):
         "train_sizes"]  # fmt: skip
     # every history row carries `round`, and every chart's x-axis is it
     assert [h["round"] for h in logged["history"]] == [h["_step"] for h in logged["history"]] == [0, 1, 2]
-    assert {(m.glob_name, m.step_metric) for m in logged["metrics"] if m.glob_name} == {("*", "round")}
+    sections = ("train", "eval", "server", "system", "partition")
+    assert {(m.glob_name, m.step_metric) for m in logged["metrics"] if m.glob_name} == {
+        (f"{s}/*", "round") for s in sections
+    }
     step0 = next(h for h in logged["history"] if "partition/class_histogram/_type" in h)
     assert step0["_step"] == 0 and step0["partition/class_histogram/_type"] == "table-file"
     assert step0["partition/plot/_type"] == "image-file"
@@ -153,7 +156,7 @@ def test_wandb_run_has_partition_statistics_and_seed_tag(tmp_path):
     assert columns[:2] == ["client", "size"] and len(columns) == 2 + len(stats["class_names"])
     assert [row[1] for row in table["data"]] == stats["train_sizes"]
     assert [row[2:] for row in table["data"]] == stats["train_class_histogram"]
-    accs = [h["accuracy"] for h in logged["history"] if "accuracy" in h]  # rounds still at steps 1..
+    accs = [h["eval/accuracy"] for h in logged["history"] if "eval/accuracy" in h]  # steps 1..
     assert len(accs) == 2
 
 

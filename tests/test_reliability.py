@@ -409,12 +409,12 @@ def test_a_killed_actor_is_in_metrics_and_wandb_and_changes_nothing(tmp_path, da
     assert summary["final_accuracy"] == undisturbed["final_accuracy"]
     (wb,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     history = read_finished_run(wb)["history"]
-    assert [h["clients_retried"] for h in history if "clients_retried" in h] == [
+    assert [h["train/clients_retried"] for h in history if "train/clients_retried" in h] == [
         r["clients_retried"] for r in recs
     ]
-    (step,) = [h for h in history if h.get("clients_retried")]
-    assert step["clients_failed"] == 0 and step["client_failures/_type"] == "table-file"  # the causes
-    table = json.loads((wb.parent / "files" / step["client_failures/path"]).read_text())
+    (step,) = [h for h in history if h.get("train/clients_retried")]
+    assert step["train/clients_failed"] == 0 and step["train/client_failures/_type"] == "table-file"
+    table = json.loads((wb.parent / "files" / step["train/client_failures/path"]).read_text())
     assert table["data"] == [[hit[0]["round"], f] for f in hit[0]["client_failures"]]
 
 

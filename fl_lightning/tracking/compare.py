@@ -159,7 +159,7 @@ def find_runs(paths: Sequence[Path]) -> list[RunResult]:
     for root in map(Path, paths):
         if not root.exists():
             raise ConfigError(f"{root} does not exist")
-        for s in _summaries(root):
+        for s in summary_files(root):
             run_dir = s.parent.resolve()
             if run_dir in found:
                 continue
@@ -174,7 +174,7 @@ def find_runs(paths: Sequence[Path]) -> list[RunResult]:
     return list(found.values())
 
 
-def _summaries(root: Path) -> list[Path]:
+def summary_files(root: Path) -> list[Path]:
     """The `summary.json` files at or under `root`, at most MAX_DEPTH folders down (a warning
     when a folder goes deeper), never through a link nor into SKIP_DIRS. Walked without
     recursion: a tree of any depth is no RecursionError."""

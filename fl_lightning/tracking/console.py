@@ -47,6 +47,7 @@ def format_table(records: list[dict[str, Any]], max_rows: int = 12) -> str:
         rows.append(records[-1])
     cols = [
         ("round", "round", "d"), ("accuracy", "acc", ".4f"), ("client_accuracy", "client acc", ".4f"),
+        ("client_majority_accuracy", "majority ref", ".4f"),
         ("c_ap", "C-AP", ".4f"), ("o_ap", "O-AP", ".4f"), ("c_f1", "C-F1", ".4f"), ("o_f1", "O-F1", ".4f"),
         ("client_c_ap", "client C-AP", ".4f"),
         ("train_loss", "train loss", ".4f"), ("bytes_up", "up MB", ".2f"), ("round_time_s", "time s", ".1f"),
@@ -73,4 +74,10 @@ def print_table(records: list[dict[str, Any]], summary: dict[str, Any], run_dir:
         f"{summary['rounds_completed']}/{summary['rounds']} rounds in {summary['wall_time_s']:.1f}s"
         + ("" if status == "completed" else f" [{status.upper()}]")
     )
+    ref = summary.get("final_client_majority_accuracy")
+    if ref is not None:  # what a personalised accuracy is to be read against
+        print(
+            f"client accuracy {_fmt(summary.get('final_client_accuracy'), '.4f')} against "
+            f"{ref:.4f} for each client always predicting its majority training class"
+        )
     print(f"run dir: {run_dir}")

@@ -890,7 +890,11 @@ def rerun_config(source: Path, overrides: list[str]) -> DictConfig:
                 f"bad override {item!r} with --from: only key=value (groups and presets are the file's)"
             )
     _consent_to_modules(path, overrides, "run --from it", same=False)
-    return _saved_config(path, ["run_id=null", *overrides])
+    # the saved variant labels the saved settings: one changed (`method.tau=0.5`), it is made anew
+    keys = [item.split("=", 1)[0] for item in overrides]
+    same = ("seed", "experiment", "output_dir", "run_id", "variant", "runtime.", "logger.", "eval.device")
+    relabel = any(not any(k == s or (s.endswith(".") and k.startswith(s)) for s in same) for k in keys)
+    return _saved_config(path, ["run_id=null", *(["variant=null"] if relabel else []), *overrides])
 
 
 def _saved_config(path: Path, overrides: list[str]) -> DictConfig:

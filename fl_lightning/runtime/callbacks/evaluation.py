@@ -192,7 +192,8 @@ class ClientEval(Callback):
             return
         primary = self.p.strategy.primary_metric().removeprefix("client_")
         out = client_metrics(evals, primary if primary in evals[0].metrics else next(iter(evals[0].metrics)))
-        if self.majority is not None:  # the reference, over the same clients and weights as client_accuracy
+        # the reference of client_accuracy: over the same clients, with the same weights
+        if self.majority is not None and "accuracy" in evals[0].metrics:
             n = sum(e.num_examples for e in evals)
             ref = sum(self.majority[e.client_id] * e.num_examples for e in evals) / max(n, 1)
             out["client_majority_accuracy"] = float(ref)

@@ -184,10 +184,18 @@ claims:
 """
 
 
-def test_prepare_steps_and_rows_read_from_another_rows_runs(conf, tmp_path, data_root):
+def test_prepare_steps_and_rows_read_from_another_rows_runs(conf, tmp_path, data_root, monkeypatch):
     (conf / "reproduce" / "prep.yaml").write_text(PREP)
     out = tmp_path / "rep"
+    # a yaml.py where the user runs the command: the prepare step's child (python -P) ignores it
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "yaml.py").write_text(
+        f"open({str(tmp_path / 'planted_ran')!r}, 'w').close()\nraise SystemExit(3)\n"
+    )
+    monkeypatch.chdir(cwd)
     assert main(["reproduce", "prep", "--out", str(out), "logger=none"]) == 0
+    assert not (tmp_path / "planted_ran").exists()
     weights = out / "w" / "cnn.pt"
     made = weights.stat().st_mtime_ns
     assert (out / "logs" / "prepare-0.log").is_file()

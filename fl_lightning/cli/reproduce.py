@@ -52,6 +52,7 @@ from .sweep import SweepRun, continue_run, print_plan, run_grid, sweep_lock
 SAME_RUN_IGNORES = (
     "fl.rounds", "runtime.", "logger.", "eval.batch_size", "eval.device", "method.allow_momentum",
     "output_dir", "run_id", "experiment", "row", "variant", "data.root",
+    "model.pretrained",  # C-Tran's: recorded as what loaded (runtime/build.py resolved_config)
 )  # fmt: skip
 
 
@@ -127,8 +128,10 @@ def _in_folder(value: str, folder: str) -> str:
 
 def config_changes(run: SweepRun, folder: Path) -> list[str]:
     """How the config a finished or killed run was made with (its `config.yaml`) differs from
-    the one planned for it now, key by key (`key: then -> now`); keys a resume may change and
-    keys one of the two lacks (a key newer than the run) are not compared."""
+    the one planned for it now, key by key (`key: then -> now`); keys a resume may change, keys
+    one of the two lacks (a key newer than the run) and keys the plan leaves to the run (null
+    or `auto`: config.yaml records the run's choice, e.g. MiniLM's folder, the device) are not
+    compared."""
     import yaml
     from omegaconf import OmegaConf
 
@@ -152,6 +155,10 @@ def config_changes(run: SweepRun, folder: Path) -> list[str]:
         ):
             continue
         now = planned[key]
+        if (
+            now is None or now == "auto"
+        ):  # left to the run, which records what it chose (text.path, text.device)
+            continue
         if isinstance(then, str) and isinstance(now, str):  # a path in the folder, wherever it is now
             then, now = _in_folder(then, then_out), _in_folder(now, str(folder))
         if then != now:

@@ -10,14 +10,18 @@
   may add overrides for one scale only (`by_scale: {mini: [...]}`), carry the paper's
   numbers (`paper: 92.11` for the metric of the file's first claim, or one per metric:
   `paper: {c_ap: 60.9, c_f1: 55.1}`) and be left out of a scale (`scales: [paper]`);
-- `claims`: "row beats baseline on metric", with the direction the paper claims;
+- `claims`: "row beats baseline on metric", with the direction the paper claims and the
+  statistic of each run it is judged on, the one the paper reports (`stat`: `final`, the last
+  evaluated round, the default; `best`, the best round; `last_k`, the mean of the last 5);
 - `metrics` (optional): more per-round metrics to tabulate beside the claimed ones.
 
 A scale may `prepare` what its runs need before they start (a pretrained trunk: `fl-lightning
 pretrain`; CLIP2FL's teachers: `fl-lightning teacher build`): each step gives the
 `fl-lightning` arguments and may name the file it `creates` (relative to the reproduction's
 folder), in which case it runs only while that file is missing; a step without one (a
-builder that caches, and prints what it built) runs every time. `{out}` in a
+builder that caches, and prints what it built) runs every time. A step may run only
+`pretrain ... --out {out}/<file>` or `teacher build` (a claims file may come from someone
+else: it writes nothing outside the folder but that command's own cache). `{out}` in a
 step, a scale's or a row's overrides stands for the reproduction's folder. A row may also read
 its numbers from another row's runs under a metric prefix (`runs_of: clip2fl`,
 `metric_prefix: fedavg_head/`: CLIP2FL's own FedAvg head, i.e. FedAvg + distillation) instead
@@ -26,8 +30,15 @@ of runs of its own.
 A claim's verdict comes from the paired difference over seeds (row minus baseline, the same
 seed: the same split and initial weights): its mean and 95% t-interval; **supported** when
 the interval excludes 0 in the claimed direction, **contradicted** when it excludes 0 the
-other way, **inconclusive** otherwise (also with fewer than two pairs). A diverged run gives
-no value; its seed drops out of the pairs and the report says so.
+other way, **inconclusive** otherwise; **no verdict** with fewer than 3 pairs or with
+differences that do not vary over seeds (a zero-width interval), and the report says why. A
+diverged run gives no value; its seed drops out of the pairs and the report says so. Every
+row shows each statistic; a run no better than chance is flagged from its metrics when the
+report is written; the machine is the one the runs' summaries record.
+
+A claims file is read as untrusted input: at most 256 KiB of UTF-8, plain YAML without
+anchors or aliases, nested at most 8 levels, every key checked for its type; each mistake is
+one ConfigError naming the file and the key.
 
 Pure: reads run directories written by `fl-lightning run`, writes Markdown, JSON and PNGs.
 No torch, Ray or W&B.

@@ -35,6 +35,7 @@ import os
 import re
 import sys
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -674,9 +675,10 @@ def check_weights_file(cfg: DictConfig) -> None:
         raise ConfigError(f"model.weights={w}: no such file (write one with `fl-lightning pretrain`)")
 
 
-def validate_registered(cfg: DictConfig) -> Any:
+def validate_registered(cfg: DictConfig, trunk: str | None = None) -> Any:
     """Checks against the registries (imports the methods, models and datasets); the run's
-    method config (`method_config`), checked."""
+    method config (`method_config`), checked. `trunk`: where `model.weights` is read from
+    (a resumed run's own copy, `models.weights.KEPT`; default: the file it names)."""
     from .data.partition import PARTITIONERS
     from .data.registry import DATASETS
     from .methods import METHODS, import_methods
@@ -722,7 +724,7 @@ def validate_registered(cfg: DictConfig) -> Any:
             raise ConfigError(
                 f"model.weights loads one trunk; model {cfg.model.name} is a family of architectures"
             )
-        read_weights(str(cfg.model.weights))
+        read_weights(trunk or str(cfg.model.weights))
     DATASETS.get(cfg.data.name)
     PARTITIONERS.get(cfg.data.partition)
     if cfg.text.name != "none":
@@ -817,23 +819,40 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
     _consent_to_modules(path, overrides, "resume it", same=True)
     given = {item.split("=", 1)[0] for item in overrides}
     machine = [f"{k}={v}" for k, v in MACHINE_CHOICES.items() if k not in given]
-    return _saved_config(path, [*machine, *overrides])
+    return _saved_config(path, [*machine, *overrides, *_earlier_run_id(path)])
+
+
+def _earlier_run_id(path: Path) -> list[str]:
+    """Earlier versions took any `run_id` ('my run'); a run of theirs resumes: a saved run id
+    that is its own folder's name (not an interpolation, no path) is checked as a stand-in of
+    safe characters. The resumed run writes its folder's name back (`Run._record_choices`)."""
+    saved = _read_yaml(path).get("run_id")
+    if not isinstance(saved, str) or SAFE_NAME.fullmatch(saved) or saved != path.parent.name or "$" in saved:
+        return []
+    stand_in = re.sub(r"[^A-Za-z0-9._-]", "_", saved).lstrip(".")[:200] or "run"
+    return [f"run_id='{stand_in}'"]
 
 
 def _consent_to_modules(path: Path, overrides: list[str], how: str, same: bool) -> None:
     """A saved config that names modules to import (`methods=`) is run only when the command
-    line names them too: a run directory (someone else's, untrusted) never makes us import a
-    module on its own. `same`: the command line may not name other modules (a resume)."""
-    doc = _read_yaml(path)
-    saved = method_modules(doc.get("methods"))
-    given = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0] == "methods"]
-    if same and given and method_modules(given[-1]) != saved:
+    line names them too. `same`: the command line may not name other modules (a resume)."""
+    require_consent(method_modules(_read_yaml(path).get("methods")), overrides, path, how, same)
+
+
+def require_consent(saved: list[str], overrides: Sequence[str], source: object, how: str, same: bool) -> None:
+    """The one consent rule (docs/reliability.md): modules to import (`methods=`) that a file
+    names (a run's config.yaml, a sweep's sweep.json: someone else's, untrusted) are imported
+    only when the command line names them too; a file alone never makes us import a module.
+    `overrides`: the command line's; `source`: the file, for the message; `how`: what the user
+    does to consent ("resume it"); `same`: the command line may not name other modules."""
+    given = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0].lstrip("+") == "methods"]
+    if same and given and sorted(set(method_modules(given[-1]))) != sorted(set(saved)):
         raise ConfigError(f"cannot change 'methods' on resume (the run's: {','.join(saved) or 'none'})")
     if saved and not given:
-        names = ",".join(saved)
+        names = ",".join(dict.fromkeys(saved))
         raise ConfigError(
-            f"{path} imports its method from {names}: {how} with methods={names} to allow that "
-            "(a run directory alone never makes fl-lightning import a module)"
+            f"{source} imports its method from {names}: {how} with methods={names} to allow that "
+            "(a file alone never makes fl-lightning import a module)"
         )
 
 

@@ -7,6 +7,7 @@ failures during a run end with one line and exit code 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import time
@@ -256,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = resolve_run_path(args.run_dir)  # what a Ray job printed resolves the same way
             cfg = load_run_config(run_dir, args.overrides)
             from ..runtime.lock import RunLock
+            from ..tracking.loggers import check_wandb_dirs
+
+            check_wandb_dirs(cfg.logger, run_dir)  # a link planted at <experiment>/.wandb: one line now
 
             RunLock(run_dir).acquire().release()  # busy: one line now, not after the imports below
             from ..runtime.runner import resume_run
@@ -280,11 +284,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fl-lightning: error: {os_error_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
-        from ..runtime.signals import terminated
+        import signal
 
-        sigterm = isinstance(e, Terminated) or terminated()
-        what, code = ("terminated (SIGTERM)", 143) if sigterm else ("interrupted", 130)
-        print(f"fl-lightning: {what}; continue with `fl-lightning resume <run dir>`", file=sys.stderr)
+        from ..runtime.signals import stop_signal
+
+        sig = stop_signal() or (signal.SIGTERM if isinstance(e, Terminated) else None)
+        what, code = (f"terminated ({sig.name})", 128 + sig) if sig else ("interrupted", 130)
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            print(f"fl-lightning: {what}; continue with `fl-lightning resume <run dir>`", file=sys.stderr)
         return code
     return 0
 

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from ..core.centralized import fit_centralized
 from ..core.errors import ConfigError
-from ..core.files import atomic_torch_save, cache_dir
+from ..core.files import cache_dir, write_cache
 from ..core.objective import Backbone
 from ..core.types import StateDict
 
@@ -257,7 +257,7 @@ def load_or_build_aligned(
         state, info = train_aligned_teacher(data, text, cfg)
         info["build_time_s"] = time.perf_counter() - start
         blob = {"state": state, "info": info}
-        atomic_torch_save(blob, path)
+        write_cache(path, lambda f: torch.save(blob, f))  # a folder we may not write: trained next time too
         log.info("aligned teacher written to %s (held-out accuracy %.4f)", path, info["held_out_accuracy"])
     info = dict(blob["info"])
     spec = TeacherSpec(

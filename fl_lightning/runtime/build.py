@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,9 +60,10 @@ def _mapping(node: Any) -> dict[str, Any]:
     return {str(k): v for k, v in node.items()}
 
 
-def prepare(cfg: DictConfig) -> Prepared:
-    """Validate against the registries, load data, partition, build the initial model."""
-    method_cfg = validate_registered(cfg)  # checked before any data
+def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
+    """Validate against the registries, load data, partition, build the initial model.
+    `trunk`: the file `model.weights` is read from (a resumed run's own copy of it)."""
+    method_cfg = validate_registered(cfg, trunk)  # checked before any data
     d = cfg.data
     check_dataset(d.name, d.root, d.download)
     dataset = load_from_config(d)  # with data.image_size, domains, ... and train/test subsets
@@ -142,7 +144,8 @@ def prepare(cfg: DictConfig) -> Prepared:
         raise ConfigError(f"runtime.batched={spec.batched}: {why}; use runtime.batched=0")
     weights_info = None
     if cfg.model.get("weights"):  # the pretrained trunk: in the initial global weights every client gets
-        weights_info = load_trunk(objective.model, str(cfg.model.weights))
+        weights_info = load_trunk(objective.model, trunk or str(cfg.model.weights))
+        weights_info["path"] = str(Path(str(cfg.model.weights)).expanduser())  # the file named, as it started
     if family(spec.model) is None:
         spec.init_params = to_cpu(objective.model.state_dict())
         init_params: dict[str, torch.Tensor] | None = spec.init_params

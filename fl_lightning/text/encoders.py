@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, load_refusal
 from . import TEXT_ENCODERS
 
 log = logging.getLogger(__name__)
@@ -269,15 +269,8 @@ def _register_open_clip_configs(arch: str) -> str:
 def _refused_weights(key: str, value: Any, e: Exception) -> str:
     """One line for a weights file that does not load; a pickle holding more than tensors gets
     no hint to load it with `weights_only=False` (which would run what it holds)."""
-    import pickle
-
-    if isinstance(e, pickle.UnpicklingError):
-        return (
-            f"{key}={value!r} refused: it is not a plain weights file (it holds Python objects, "
-            "which loading would run)"
-        )
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"cannot load {key}={value!r}: {type(e).__name__}: {first}"
+    why = load_refusal(e)
+    return f"{key}={value!r} {why}" if why.startswith("refused") else f"cannot load {key}={value!r}: {why}"
 
 
 class OpenCLIPTextEncoder(TextEncoder):
@@ -312,6 +305,8 @@ class OpenCLIPTextEncoder(TextEncoder):
             try:
                 model = open_clip.create_model(model_name, pretrained=pretrained, device="cpu")
             except RuntimeError as e:  # unknown tag / file missing / download impossible
+                if "weights_only" in str(e):  # never torch's advice to load it unsafely
+                    raise ConfigError(_refused_weights("text.pretrained", pretrained, e)) from None
                 raise ConfigError(
                     f"cannot load open_clip weights text.pretrained={pretrained!r}: {e}"
                 ) from None

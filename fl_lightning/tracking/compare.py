@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -46,6 +47,9 @@ from .loggers import read_jsonl
 
 log = logging.getLogger("fl_lightning")
 SKIP_DIRS = {"checkpoints", "wandb", "compare", "sweep_logs"}
+#: how deep under a runs folder run directories are looked for (`<experiment>/<run>` is 2; a
+#: hostile folder 1,500 levels deep was a RecursionError in `rglob`)
+MAX_DEPTH = 16
 #: the most read of a run's files (ours are a few KiB; metrics.jsonl ~2 KiB a round)
 SUMMARY_LIMIT = CONFIG_LIMIT = 1 << 20
 METRICS_LIMIT = 256 << 20
@@ -155,13 +159,7 @@ def find_runs(paths: Sequence[Path]) -> list[RunResult]:
     for root in map(Path, paths):
         if not root.exists():
             raise ConfigError(f"{root} does not exist")
-        summaries = [root / "summary.json"] if (root / "summary.json").is_file() else []
-        summaries += [
-            p
-            for p in sorted(root.rglob("summary.json"))
-            if not SKIP_DIRS & set(p.relative_to(root).parts[:-1])
-        ]
-        for s in summaries:
+        for s in _summaries(root):
             run_dir = s.parent.resolve()
             if run_dir in found:
                 continue
@@ -174,6 +172,29 @@ def find_runs(paths: Sequence[Path]) -> list[RunResult]:
             if isinstance(summary, dict):
                 found[run_dir] = RunResult(run_dir, _clean_summary(summary), records)
     return list(found.values())
+
+
+def _summaries(root: Path) -> list[Path]:
+    """The `summary.json` files at or under `root`, at most MAX_DEPTH folders down (a warning
+    when a folder goes deeper), never through a link nor into SKIP_DIRS. Walked without
+    recursion: a tree of any depth is no RecursionError."""
+    found: list[Path] = []
+    todo, cut = [(root, 0)], False
+    while todo:
+        folder, depth = todo.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            continue
+        for e in entries:
+            if e.name == "summary.json":  # a link or a FIFO too: `load_file` skips it, with a warning
+                found.append(Path(e.path))
+            elif e.is_dir(follow_symlinks=False) and e.name not in SKIP_DIRS:
+                cut |= depth >= MAX_DEPTH
+                todo += [] if depth >= MAX_DEPTH else [(Path(e.path), depth + 1)]
+    if cut:
+        log.warning("compare: %s holds folders more than %d levels deep: not searched there", root, MAX_DEPTH)
+    return sorted(found)
 
 
 def _stats(values: Sequence[float | None]) -> dict[str, float | None]:

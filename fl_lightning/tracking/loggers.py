@@ -128,6 +128,32 @@ def wandb_mode(mode: str) -> WandbMode:
     return "offline"
 
 
+#: where W&B keeps its caches (unless set): beside the experiment's runs, out of $HOME
+WANDB_DIRS = (("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data"), ("WANDB_CONFIG_DIR", "config"))
+
+
+def wandb_dirs(run_dir: Path) -> dict[str, str]:
+    """The W&B folders a run in `run_dir` uses (`<experiment>/.wandb/<sub>`; the variables set
+    in the environment are the user's, and left alone). The runs folder is shared: a link
+    planted at `.wandb` or below would send W&B's writes elsewhere, so one is refused (one line)."""
+    base = Path(run_dir).parent / ".wandb"
+    paths = {var: base / sub for var, sub in WANDB_DIRS if not os.environ.get(var)}
+    for p in [base, *paths.values()] if paths else []:
+        if p.is_symlink():
+            raise ConfigError(
+                f"{p} is a symbolic link: W&B's folders in a runs folder must be its own (a link would "
+                "make W&B write outside it); remove the link, or set WANDB_CACHE_DIR, WANDB_DATA_DIR "
+                "and WANDB_CONFIG_DIR"
+            )
+    return {var: str(p) for var, p in paths.items()}
+
+
+def check_wandb_dirs(logger: Any, run_dir: Path) -> None:
+    """`wandb_dirs`' check, before any work, for a run that logs to W&B (`logger`: `cfg.logger`)."""
+    if logger.backend == "wandb" and logger.mode != "disabled":
+        wandb_dirs(run_dir)
+
+
 class WandbLogger:
     def __init__(
         self,
@@ -149,13 +175,7 @@ class WandbLogger:
 
         run_dir = Path(run_dir)
         # Keep W&B's caches out of $HOME (and out of other users' way) unless set.
-        base = run_dir.parent / ".wandb"
-        for var, sub in (
-            ("WANDB_CACHE_DIR", "cache"),
-            ("WANDB_DATA_DIR", "data"),
-            ("WANDB_CONFIG_DIR", "config"),
-        ):
-            os.environ.setdefault(var, str(base / sub))
+        os.environ.update(wandb_dirs(run_dir))
         os.environ.setdefault("WANDB_SILENT", "true")
         self.mode = wandb_mode(mode)
         self._wandb = wandb

@@ -80,6 +80,32 @@ def _of_run(ray_tmp: str) -> list[int]:
     return found
 
 
+def _until_agents(proc: subprocess.Popen, ray_tmp: str, written: Path | None = None) -> None:
+    """Wait until the run's Ray has both agents up (or `written` exists); the run goes on."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _agents(_of_run(ray_tmp)) == 2 or (written is not None and written.exists()):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+
+
+def _left_after(ray_tmp: str, seconds: float) -> dict[int, str]:
+    """The processes of that Ray still there `seconds` from now (at once when none is left)."""
+    deadline = time.monotonic() + seconds
+    while _of_run(ray_tmp) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return {p: _cmdline(p)[:80] for p in _of_run(ray_tmp)}
+
+
+def _clean_up(ray_tmp: str) -> None:
+    """End what a test's own Ray left (only that) and remove its folder."""
+    for pid in _of_run(ray_tmp):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
 def _agents(pids: list[int]) -> int:
     """How many of `pids` are Ray's two agents (renamed: their environment is gone)."""
     return sum(_cmdline(p).startswith(("ray::DashboardAgent", "ray::RuntimeEnvAgent")) for p in pids)
@@ -528,30 +554,17 @@ def test_ctrl_c_during_ray_start_up_leaves_no_ray_process(tmp_path, data_root):
     try:
         # Ctrl-C once Ray's two agents are up (what used to outlive the run by 1-2.5 minutes),
         # while the actors start; at the latest when the first round is written
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            if _agents(_of_run(ray_tmp)) == 2:
-                break
-            if (tmp_path / "default" / "c" / "metrics.jsonl").exists():
-                break
-            time.sleep(0.02)
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        _until_agents(proc, ray_tmp, tmp_path / "default" / "c" / "metrics.jsonl")
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 130, err.decode()
         assert "interrupted" in _one_line(err.decode())
-        deadline = time.monotonic() + 15
-        while _of_run(ray_tmp) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = {p: _cmdline(p)[:80] for p in _of_run(ray_tmp)}
+        left = _left_after(ray_tmp, 15)
         assert not left, f"Ray processes outlived the run: {left}"
     finally:
         if proc.poll() is None:
             proc.kill()
-        for pid in _of_run(ray_tmp):  # only what this test's run started
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+        _clean_up(ray_tmp)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["ctrl_c", "sighup"])
@@ -629,17 +642,12 @@ def test_sigterm_stops_a_run_like_ctrl_c(tmp_path, runtime):
         assert proc.returncode == 143, err.decode()
         assert "terminated (SIGTERM)" in _one_line(err.decode())
         assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
-        deadline = time.monotonic() + 15
-        while _of_run(ray_tmp) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _of_run(ray_tmp), "Ray processes outlived the run"
+        left = _left_after(ray_tmp, 15)
+        assert not left, f"Ray processes outlived the run: {left}"
     finally:
         if proc.poll() is None:
             proc.kill()
-        for pid in _of_run(ray_tmp):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+        _clean_up(ray_tmp)
     done = len(_records(run_dir))
     assert main(["resume", str(run_dir), "runtime.executor=serial", f"fl.rounds={done + 1}", "--quiet"]) == 0
     assert [r["round"] for r in _records(run_dir)] == list(range(1, done + 2))
@@ -689,27 +697,16 @@ def test_kill_9_of_the_driver_leaves_no_ray_process(tmp_path, data_root):
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            if _agents(_of_run(ray_tmp)) == 2:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        _until_agents(proc, ray_tmp)
         assert _agents(_of_run(ray_tmp)) == 2  # what is looked for afterwards is seen
         proc.kill()
         proc.wait()
-        deadline = time.monotonic() + 10
-        while _of_run(ray_tmp) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = {p: _cmdline(p)[:80] for p in _of_run(ray_tmp)}
+        left = _left_after(ray_tmp, 10)
         assert not left, f"Ray processes outlived the killed driver: {left}"
     finally:
         if proc.poll() is None:
             proc.kill()
-        for pid in _of_run(ray_tmp):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+        _clean_up(ray_tmp)
 
 
 # --- a killed sweep resumes -------------------------------------------------------------------

@@ -190,6 +190,9 @@ class RootConfig:
     seed: int = 0
     output_dir: str = "runs"
     run_id: str | None = None
+    #: the row of a reproduction (`fl-lightning reproduce`) this run is: its W&B run name and
+    #: config, and summary.json's `row`, so that ablations of one method stay apart (`compare --by row`)
+    row: str | None = None
     method: Any = None
     data: DataConfig = field(default_factory=DataConfig)
     model: Any = None
@@ -709,6 +712,14 @@ def validate_registered(cfg: DictConfig, trunk: str | None = None) -> Any:
     entry = DATASETS.get(cfg.data.name)  # what is known of the data before loading it
     known = {"multilabel": entry.multilabel, "class_names": entry.class_names}
     strategy.check_run(method_cfg, {str(k): v for k, v in run.items()} | {"dataset": known})
+    # clients' own test splits come from data.client_test_fraction alone (data/federated.py)
+    if strategy.keeps_personal_models(method_cfg) and not cfg.data.client_test_fraction > 0:
+        raise ConfigError(strategy.needs_test_split_error())
+    if cfg.eval.timing == "trained" and not (cfg.data.client_test_fraction > 0 and cfg.eval.clients):
+        raise ConfigError(
+            "eval.timing=trained evaluates each client's trained model on its own test split: "
+            "set data.client_test_fraction (and eval.clients=true)"
+        )
     from .models import family
     from .models.weights import MODEL_GENERIC_KEYS, read_weights
 
@@ -800,7 +811,8 @@ RESUMABLE = ("fl.rounds", "runtime.", "logger.", "eval.batch_size", "eval.device
 
 #: what a run decides for the machine it runs on (config.yaml records the decision): a
 #: resume decides again unless told, so a run moved to another machine fits that one
-MACHINE_CHOICES = {"runtime.placement": "auto", "runtime.accelerator": "auto", "eval.device": "auto"}
+MACHINE_CHOICES = {"runtime.placement": "auto", "runtime.accelerator": "auto", "eval.device": "auto",
+                   "runtime.num_actors": "null"}  # fmt: skip
 
 
 def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
@@ -819,6 +831,8 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
     _consent_to_modules(path, overrides, "resume it", same=True)
     given = {item.split("=", 1)[0] for item in overrides}
     machine = [f"{k}={v}" for k, v in MACHINE_CHOICES.items() if k not in given]
+    if "device" in (_read_yaml(path).get("text") or {}):  # an encoder's device, decided again too
+        machine.append("text.device=auto")
     return _saved_config(path, [*machine, *overrides, *_earlier_run_id(path)])
 
 

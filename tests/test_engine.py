@@ -74,6 +74,7 @@ def test_serial_and_ray_give_identical_metrics(tmp_path, data_root, ray_session,
         console=False,
     )
     assert ray_pc["num_actors"] == 3 and ray_pool["num_actors"] == 1
+    assert "num_actors: 3" in (pdir / "config.yaml").read_text()  # what ran, not null
     keys = ("accuracy", "loss", "train_loss", "bytes_up")
     expect = [[r[k] for k in keys] for r in _records(sdir)]
     assert expect == [[r[k] for k in keys] for r in _records(pdir)]

@@ -74,6 +74,14 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--list", action="store_true", help="the papers, their claims and scales")
     rep.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     rep.add_argument("--report-only", action="store_true", help="write the report from the runs there")
+    rep.add_argument(
+        "--restart", action="store_true",
+        help="move runs made with other settings aside (<out>/set_aside/<time>/) and run them again",
+    )  # fmt: skip
+    rep.add_argument(
+        "--estimate", action="store_true",
+        help="time a few steps of each row here and print the projected hours (runs nothing)",
+    )  # fmt: skip
     cmp_ = sub.add_parser("compare", help="tables (mean ± std over seeds) and metric-vs-round plots of runs")
     cmp_.add_argument(
         "paths", nargs="+", help="runs folders (searched for run directories) or run directories"
@@ -221,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return reproduce_command(
                 args.paper, args.scale, _seeds(args.seeds), args.parallel, args.out, args.overrides,
-                args.dry_run, args.report_only, args.list,
+                args.dry_run, args.report_only, args.list, args.restart, args.estimate,
             )  # fmt: skip
         elif args.cmd == "compare":
             from ..runtime.paths import resolve_output_dir, resolve_run_path

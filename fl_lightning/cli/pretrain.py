@@ -90,6 +90,7 @@ def pretrain(cfg: Any, pc: PretrainConfig) -> tuple[torch.nn.Module, dict[str, A
         lambda: build_model(cfg.model.name, ds.num_classes, ds.in_channels, ds.image_size, **kwargs),
         loss_fn, x, y, epochs=pc.epochs, lr=pc.lr, momentum=pc.momentum, weight_decay=pc.weight_decay,
         batch_size=pc.batch_size, seed=pc.seed, what=f"pretrain {cfg.model.name} ({len(y)} images)",
+        shorten="shorter: --epochs or --holdout-size",
     )  # fmt: skip
     metrics = TaskMetrics(spec)
     tx, ty = ds.tensors(ds.test_x, ds.test_y)

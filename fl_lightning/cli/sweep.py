@@ -250,10 +250,11 @@ def plan_sweep(
             raise ConfigError(f"run directory {run_dir} exists")
         runs.append(SweepRun(i, args, cfg, run_dir))
     folder = runs[0].run_dir.parent
-    home = (resume or folder).resolve()
-    outside = [r.run_dir.parent for r in runs if r.run_dir.parent.resolve() != home]
-    if outside:  # every recorded run, not only the first, lies in the sweep's folder
-        raise ConfigError(f"{home / SWEEP_FILE} records runs of another folder ({outside[0]})")
+    if resume is not None:  # every recorded run, not only the first, lies in the sweep's folder
+        home = os.path.realpath(resume)  # (realpath: a link loop is no RuntimeError)
+        outside = [r.run_dir.parent for r in runs if os.path.realpath(r.run_dir.parent) != home]
+        if outside:
+            raise ConfigError(f"{resume / SWEEP_FILE} records runs of another folder ({outside[0]})")
     for run in runs:  # a file in the way, not writable: before the first run starts
         check_output_dir(run.run_dir.parent, str(run.cfg.output_dir))
     return runs, swept, runs[0].cfg.experiment, folder

@@ -65,10 +65,10 @@ def write_cache(path: str | Path, write: Callable[[BinaryIO], object]) -> bool:
     a folder shared with others that we may not write costs the next run the work again, never
     this run. A file there that we cannot read is another user's: it is left as it is."""
     path = Path(path)
-    if path.exists() and not os.access(path, os.R_OK):
-        log.warning("cache file %s is not readable by you (another user's?): not replaced", path)
-        return False
     try:
+        if path.exists() and not os.access(path, os.R_OK):
+            log.warning("cache file %s is not readable by you (another user's?): not replaced", path)
+            return False
         write_atomic(path, write)
         return True
     except OSError as e:

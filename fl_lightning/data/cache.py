@@ -72,9 +72,9 @@ def atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> bool:
 def load_npz(path: Path) -> dict[str, np.ndarray] | None:
     """The arrays of an `.npz` cache file; None (with a warning) when it is missing, or
     unreadable in any way (empty, truncated, random bytes, not an npz): the caller rebuilds."""
-    if not path.is_file():
-        return None
     try:
+        if not path.is_file():  # (a folder we may not enter: PermissionError, below)
+            return None
         with np.load(path, allow_pickle=False) as z:
             if not hasattr(z, "files"):
                 raise ValueError("not an .npz archive")

@@ -183,6 +183,13 @@ def _load_data(data: Mapping[str, Any]) -> Any:
     return load_from_config(OmegaConf.create(full))
 
 
+#: how a long teacher build is made shorter (said when one starts); it is cached once built
+TEACHER_SHORTER = (
+    "shorter: method.teacher_epochs=3 or method.teacher_holdout_size=1000 (a weaker teacher); "
+    "built once, then read from its cache (`fl-lightning teacher build` ahead of the runs)"
+)
+
+
 def train_aligned_teacher(
     data: Mapping[str, Any], text: Tensor, cfg: AlignedTeacherConfig
 ) -> tuple[StateDict, dict[str, Any]]:
@@ -214,7 +221,7 @@ def train_aligned_teacher(
     tower = fit_centralized(
         lambda: build_model(cfg.arch, ds.num_classes, ds.in_channels, ds.image_size, **kwargs),
         cosine_ce, x, y, epochs=cfg.epochs, lr=cfg.lr, momentum=cfg.momentum, batch_size=cfg.batch_size,
-        seed=cfg.seed, what=f"teacher build ({cfg.arch}, {len(y)} images)",
+        seed=cfg.seed, what=f"teacher build ({cfg.arch}, {len(y)} images)", shorten=TEACHER_SHORTER,
     )  # fmt: skip
     tx, ty = ds.tensors(ds.test_x, ds.test_y)
     correct = 0

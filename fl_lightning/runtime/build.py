@@ -35,7 +35,9 @@ from ..data.federated import FederatedSplit, split_from_config
 from ..data.registry import ArrayDataset, check_dataset, load_from_config
 from ..methods import METHODS
 from ..models import check_image_size, family
+from ..models.ctran import pretrained_loaded
 from ..models.weights import MODEL_GENERIC_KEYS, load_trunk
+from ..text.encoders import resolved_text
 from .host import ClientSpec, build_objective, precision_of
 
 
@@ -79,11 +81,6 @@ def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
         size = dataset.image_size
         check_image_size(cfg.model.name, dataset.num_classes, dataset.in_channels, size, **model_kwargs)
     split = split_from_config(dataset, cfg)  # cached under <data.root>/.partitions/
-    if cfg.eval.timing == "trained" and not (split.test and cfg.eval.clients):
-        raise ConfigError(
-            "eval.timing=trained evaluates each client's trained model on its own test split: "
-            "set data.client_test_fraction (and eval.clients=true)"
-        )
     strategy_cls = METHODS.get(cfg.method.name)
     used = np.concatenate([np.asarray(t) for t in split.train]) if split.train else np.zeros(0, np.int64)
     if dataset.multilabel:  # per label: the training samples that carry it
@@ -175,9 +172,17 @@ def resolved_config(cfg: DictConfig, chosen: dict[str, Any], spec: ClientSpec) -
     out.merge_with({k: v for k, v in chosen.items() if k != "text"})
     # the builder's arguments as built, and the pretrained trunk the initial weights came from
     weights = cfg.model.get("weights")
-    out.model = OmegaConf.create({"name": spec.model, **spec.model_kwargs, "weights": weights})
+    kwargs = dict(spec.model_kwargs)
+    if spec.model == "ctran" and "pretrained" in kwargs:  # a flag only its efficientnet trunk reads
+        kwargs["pretrained"] = pretrained_loaded(kwargs)
+    out.model = OmegaConf.create({"name": spec.model, **kwargs, "weights": weights})
     if out.logger.group is None:
         out.logger.group = out.experiment
+    out.data.root = os.path.expanduser(out.data.root)  # the folder read, not `~/...`
+    if out.text.name != "none":  # the encoder's files and device as used (path null, device auto)
+        text = OmegaConf.to_container(out.text, resolve=True)
+        assert isinstance(text, dict)
+        out.text = OmegaConf.create(resolved_text({str(k): v for k, v in text.items()}))
     for node in (out, out.method, out.model, out.text):
         OmegaConf.set_struct(node, True)
     return out

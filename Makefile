@@ -36,7 +36,7 @@ demo: data
 	@echo "make demo: one seed each (seed=0), so the difference above is one draw, not a result;" \
 	      "three seeds (3x the time): $(FLL) sweep +experiment=demo method=fedavg,fedglcl seed=0,1,2"
 	@echo "make demo: W&B files: $(DEMO_RUNS)/*/wandb/ (offline unless WANDB_API_KEY is set or" \
-	      "\`wandb login\` was run); upload them with: $(VENV)/bin/wandb sync $(DEMO_RUNS)/*/wandb/offline-run-*"
+	      "\`wandb login\` was run); upload them all with: $(FLL) sync $(DEMO_RUNS)"
 
 lint: venv
 	$(VENV)/bin/ruff check .

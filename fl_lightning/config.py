@@ -196,6 +196,11 @@ class RootConfig:
     #: the row of a reproduction (`fl-lightning reproduce`) this run is: its W&B run name and
     #: config, and summary.json's `row`, so that ablations of one method stay apart (`compare --by row`)
     row: str | None = None
+    #: what sets this run apart within its experiment: its W&B job type and run name
+    #: (`<variant>-s<seed>`), and `variant` in summary.json (`compare --by variant`); null: the
+    #: reproduction row, else the method. `sweep` sets it to the method and the swept keys
+    #: (`fedprox tau=0.1`); config.yaml records the value the run used
+    variant: str | None = None
     method: Any = None
     data: DataConfig = field(default_factory=DataConfig)
     model: Any = None
@@ -254,6 +259,15 @@ METHOD_DEFAULT_BLOCKS = ("optim", "fl")
 SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
 
 
+#: a variant: a label on one line, never an interpolation
+VARIANT = re.compile(r"[^\n$]{1,128}")
+
+
+def variant_of(cfg: Any) -> str:
+    """The run's variant (`RootConfig.variant`): as set, else the reproduction row, else the method."""
+    return str(cfg.variant or cfg.row or cfg.method.name)
+
+
 def check_names(cfg: DictConfig) -> None:
     """ConfigError unless `experiment` and `run_id` are each a SAFE_NAME, checked on the raw
     values (before interpolation resolves: `${oc.env:HOME}` is refused, not followed)."""
@@ -270,6 +284,9 @@ def check_names(cfg: DictConfig) -> None:
                 f"{key}={shown} must be one folder name: letters, digits, '.', '_', '-', "
                 "not starting with '.', at most 200 characters"
             )
+    variant = raw.get("variant")
+    if variant is not None and not (isinstance(variant, str) and VARIANT.fullmatch(variant)):
+        raise ConfigError(f"variant={str(variant)[:60]!r}: one line of 1 to 128 characters, no '$'")
 
 
 def _group_file(group: str, name: str, unlisted: bool = False) -> dict:
@@ -891,7 +908,11 @@ def rerun_config(source: Path, overrides: list[str]) -> DictConfig:
                 f"bad override {item!r} with --from: only key=value (groups and presets are the file's)"
             )
     _consent_to_modules(path, overrides, "run --from it", same=False)
-    return _saved_config(path, ["run_id=null", *overrides])
+    # the saved variant labels the saved settings: one changed (`method.tau=0.5`), it is made anew
+    keys = [item.split("=", 1)[0] for item in overrides]
+    same = ("seed", "experiment", "output_dir", "run_id", "variant", "runtime.", "logger.", "eval.device")
+    relabel = any(not any(k == s or (s.endswith(".") and k.startswith(s)) for s in same) for k in keys)
+    return _saved_config(path, ["run_id=null", *(["variant=null"] if relabel else []), *overrides])
 
 
 def _saved_config(path: Path, overrides: list[str]) -> DictConfig:

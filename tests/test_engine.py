@@ -122,10 +122,10 @@ def test_wandb_offline_run_holds_config_rounds_and_summary(tmp_path, data_root):
     assert config["run_id"] == run_dir.name and config["logger.group"] == "wbtest"
     assert config["runtime.placement"] in ("per_client", "pool") and config["eval.device"] == "cpu"
     assert config["logger.mode"] == "offline" and config["runtime.accelerator"] == "cpu"
-    accs = [h["accuracy"] for h in logged["history"] if "accuracy" in h]
+    accs = [h["eval/accuracy"] for h in logged["history"] if "eval/accuracy" in h]
     assert accs == [r["accuracy"] for r in _records(run_dir)]
-    assert logged["summary"]["final_accuracy"] == summary["final_accuracy"]
-    assert logged["summary"]["best_accuracy"] == summary["best_accuracy"]
+    assert logged["summary"]["eval/final_accuracy"] == summary["final_accuracy"]
+    assert logged["summary"]["eval/best_accuracy"] == summary["best_accuracy"]
 
 
 def test_only_weights_and_metrics_leave_a_client(tmp_path, data_root):

@@ -28,6 +28,7 @@ from .test_methods import (  # noqa: F401  (digits3: a fixture)
     manual_fit,
     match,
     sd,
+    train,
     twin,
     two_rounds,
 )
@@ -41,12 +42,6 @@ SECOND_MOMENT = {  # Algorithm 2 of Reddi et al., lines 12-14, from v_{t-1} and 
     "fedyogi": lambda v, d2: v - (1 - 0.9) * d2 * torch.sign(v - d2),
     "fedadagrad": lambda v, d2: v + d2,
 }
-
-
-def train(data, cid: int, seed: int, start: dict, dt, loss=ce) -> dict:
-    m = Toy().to(dt)
-    m.load_state_dict(start)
-    return sd(manual_fit(m, *client_data(data, cid), seed, loss, momentum=0.0)[0])
 
 
 @pytest.mark.parametrize("name", ["fedadam", "fedyogi", "fedadagrad"])

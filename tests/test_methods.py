@@ -25,99 +25,50 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.core.params import to_cpu
-from fl_lightning.core.strategy import OptimConfig, ServerContext, TaskInfo, round_rng, server_rng
-from fl_lightning.data.registry import load_dataset
+from fl_lightning.core.strategy import OptimConfig, TaskInfo, round_rng
 from fl_lightning.methods import METHODS
-from fl_lightning.models import MODELS
-from fl_lightning.runtime.host import ClientHost, ClientSpec, torch_threads
-
-LR, MOM, BS = 0.1, 0.9, 16
-EPS32 = torch.finfo(torch.float32).eps  # 2^-23
-
-
-class Toy(nn.Module):
-    """64 → 8 (BN, ReLU) → 10: small enough to check by hand, has BN for FedBN."""
-
-    def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 8) -> None:
-        super().__init__()
-        self.features = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.BatchNorm1d(8), nn.ReLU())
-        self.feature_dim = 8
-        self.head = nn.Linear(8, num_classes)
-
-    def forward_features(self, x):
-        return self.features(x)
-
-    def forward_head(self, f):
-        return self.head(f)
-
-    def forward(self, x):
-        return self.head(self.features(x))
-
-
-if "toy" not in MODELS:
-    MODELS.register("toy")(Toy)
+from fl_lightning.runtime.host import ClientHost
+from fl_lightning.testing import (  # noqa: F401  (also what the other golden tests import from here)
+    BS,
+    EPS32,
+    LR,
+    MOM,
+    SIZES3,
+    Toy,
+    cast,
+    ce,
+    client_data,
+    ctx,
+    example_mean,
+    f32_tolerances,
+    manual_fit,
+    match,
+    sd,
+    three_clients,
+    toy_spec,
+    train,
+    twin,
+    two_clients,
+    two_rounds,
+    written_mean,
+)
 
 
 @pytest.fixture(scope="module")
 def digits():
-    ds = load_dataset("digits", "")
-    # two clients with different label mixes (skewed) and sizes
-    idx0 = np.flatnonzero(ds.train_y < 6)[:70]
-    idx1 = np.flatnonzero(ds.train_y >= 3)[:50]
-    return ds, {0: idx0, 1: idx1}
-
-
-#: three clients of different sizes for two rounds with partial participation: with seed 0 and
-#: 2 clients a round, round 1 trains clients 0 and 1, round 2 clients 0 and 2 (client 0 brings
-#: its state from round 1, client 2 starts fresh, client 1 sits out)
-SIZES3 = {0: 70, 1: 50, 2: 40}
+    """two clients with different label mixes (skewed) and sizes (70, 50)"""
+    return two_clients()
 
 
 @pytest.fixture(scope="module")
 def digits3():
-    ds = load_dataset("digits", "")
-    y = ds.train_y
-    shards = {0: np.flatnonzero(y < 6)[:70], 1: np.flatnonzero(y >= 3)[:50]}
-    shards[2] = np.flatnonzero(y % 2 == 0)[200:240]
+    """three clients of different sizes for two rounds with partial participation
+    (`fl_lightning.testing.two_rounds`)"""
+    ds, shards = three_clients()
     assert {c: len(i) for c, i in shards.items()} == SIZES3
     return ds, shards
-
-
-def cast(params: dict, dt) -> dict:
-    """Floating tensors in `dt`, the rest as they are."""
-    return {k: v.to(dt) if v.is_floating_point() else v.clone() for k, v in params.items()}
-
-
-def example_mean(models: list[tuple[int, dict]], key: str, dt) -> torch.Tensor:
-    """Σ n_k w_k / Σ n_k over (client, state) pairs, written out (integer buffers rounded back)."""
-    total = sum(SIZES3[c] for c, _ in models)
-    acc = sum(SIZES3[c] * m[key].to(torch.float64) for c, m in models) / total
-    ref = models[0][1][key]
-    return acc.to(dt) if ref.is_floating_point() else acc.round().to(ref.dtype)
-
-
-def written_mean(states: list[dict], weights: list[int]) -> dict:
-    """Σ n_k θ_k / Σ n_k key by key, written out in float64 (integer buffers rounded back): the
-    references' average, never the engine's `weighted_mean` (a bug there would be in both)."""
-    total = float(sum(weights))
-    out = {}
-    for key, ref in states[0].items():
-        acc = torch.zeros(ref.shape, dtype=torch.float64)
-        for state, n in zip(states, weights, strict=True):
-            acc = acc + n * state[key].to(torch.float64)
-        acc = acc / total
-        out[key] = acc.to(ref.dtype) if ref.is_floating_point() else acc.round().to(ref.dtype)
-    return out
-
-
-def toy_spec(name: str, objective_kwargs: dict, init, momentum: float = MOM) -> ClientSpec:
-    return ClientSpec(method=name, objective_kwargs=objective_kwargs, model="toy", model_kwargs={},
-                      optim=OptimConfig(lr=LR, momentum=momentum), num_classes=10, in_channels=1,
-                      image_size=8, batch_size=BS, threads=1, init_params=init,
-                      accelerator="cpu")  # fmt: skip
 
 
 class RoundResult(tuple):
@@ -125,10 +76,6 @@ class RoundResult(tuple):
     ran the clients and keeps their resident state."""
 
     host: ClientHost
-
-
-def ctx(strategy, rnd: int = 1) -> ServerContext:
-    return ServerContext(rnd, torch.device("cpu"), server_rng(0, rnd), strategy.task, Toy)
 
 
 def one_round(name: str, digits, task_extra: dict | None = None, momentum: float = MOM, **method_kwargs):
@@ -150,56 +97,6 @@ def one_round(name: str, digits, task_extra: dict | None = None, momentum: float
     return out
 
 
-def two_rounds(name: str, data, **method_kwargs):
-    """Two rounds of `name` on the three clients of `digits3`, 2 a round (|S| = 2 < N = 3),
-    through the strategy and one host as a run does them, plain SGD: (init, plans, states
-    after each round, host)."""
-    ds, shards = data
-    cls = METHODS.get(name)
-    config = cls.config_cls(**method_kwargs)
-    strategy = cls(config, num_clients=3, clients_per_round=2, seed=0, task=TaskInfo(num_classes=10))
-    torch.manual_seed(0)
-    obj = cls.build_objective(Toy(), OptimConfig(lr=LR, momentum=0.0), **strategy.objective_kwargs())
-    init = to_cpu(obj.model.state_dict())
-    host = ClientHost(toy_spec(name, strategy.objective_kwargs(), init, momentum=0.0), ds, shards)
-    state, plans, states = strategy.init_state(init), [], []
-    for rnd in (1, 2):
-        plan = strategy.configure_round(state, rnd, round_rng(0, rnd))
-        updates = sorted((host.fit(plan.broadcast, p) for p in plan.payloads), key=lambda u: u.client_id)
-        state, _ = strategy.server_update(strategy.aggregate(state, updates), updates, ctx(strategy, rnd))
-        plans.append(plan)
-        states.append(state)
-    assert [p.client_ids for p in plans] == [[0, 1], [0, 2]]  # partial: client 1 sits out round 2
-    return init, plans, states, host
-
-
-def manual_fit(
-    model: nn.Module, x, y, seed: int, loss_fn, grad_hook=None, momentum: float = MOM
-) -> tuple[nn.Module, int]:
-    """The same local training as the engine, written as a plain loop, in the model's dtype."""
-    torch.manual_seed(seed)
-    x = x.to(next(model.parameters()).dtype)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
-    loader = DataLoader(
-        TensorDataset(x, y), batch_size=BS, shuffle=True, generator=torch.Generator().manual_seed(seed)
-    )
-    model.train()
-    steps = 0
-    for xb, yb in loader:
-        opt.zero_grad()
-        loss_fn(model, xb, yb).backward()
-        if grad_hook:
-            grad_hook(model)
-        opt.step()
-        steps += 1
-    return model, steps
-
-
-def client_data(digits, cid):
-    ds, shards = digits
-    return ds.tensors(ds.train_x[shards[cid]], ds.train_y[shards[cid]])
-
-
 def manual_clients(digits, plan, init, loss_fn, grad_hook=None, dtype=torch.float32, momentum=MOM):
     out = []
     for p in plan.payloads:
@@ -207,57 +104,6 @@ def manual_clients(digits, plan, init, loss_fn, grad_hook=None, dtype=torch.floa
         m.load_state_dict(init)
         out.append(manual_fit(m, *client_data(digits, p.client_id), p.seed, loss_fn, grad_hook, momentum))
     return out
-
-
-def ce(m, x, y):
-    return F.cross_entropy(m(x), y)
-
-
-def sd(m: nn.Module) -> dict:
-    return to_cpu(m.state_dict())
-
-
-def twin(fn):
-    """A reference computation `fn(dtype)` in float32 and in float64, on one thread (as
-    the engine's fits run: `threads=1`, so the float32 one uses the engine's kernels)."""
-    with torch_threads(1):
-        return fn(torch.float32), fn(torch.float64)
-
-
-def f32_tolerances(ref32: dict, ref64: dict, factor: float = 16.0, ulps: float = 4.0) -> dict[str, float]:
-    """Absolute tolerances, key by key, for a float32 computation of `ref64` (float64) whose
-    float32 twin is `ref32`: `factor` × the twin's own rounding error + `ulps` ulps, both
-    relative to each tensor's largest element.
-
-    The error is pooled over the state as a relative error, the largest over its tensors of
-    max|ref32 - ref64| / max|ref64|: one tensor's error is a poor sample where its exact
-    update is ~0 (a bias before batch norm moves by float32 noise alone, and that noise
-    changed 10x when T was normalised once more). Tensors whose exact value is 0 have no
-    relative error; check them through an identity instead (SCAFFOLD's variates). `ulps`
-    covers the last arithmetic (an average) when the reference is that arithmetic alone
-    (ref32 = ref64)."""
-    mags = {k: float(v.double().abs().max()) for k, v in ref64.items() if v.is_floating_point() and v.numel()}
-    rel = max(
-        (float((ref32[k].double() - ref64[k].double()).abs().max()) / m for k, m in mags.items() if m > 0),
-        default=0.0,
-    )
-    return {k: (factor * rel + ulps * EPS32) * m for k, m in mags.items()}
-
-
-def match(got: dict, ref: tuple[dict, dict], factor: float = 16.0) -> None:
-    """The engine's tensors `got` against the reference `(ref32, ref64)` of `twin`, within
-    `f32_tolerances` of the float64 value; integer buffers (num_batches_tracked) exactly.
-    The float32 error grows with the steps, the learning rate and the stiffness of the
-    loss. A formula off by a factor or a sign moves a parameter by about lr × |gradient
-    term| per step, 1e-3..1e-1 relative here, against tolerances of 3e-6..3e-4 relative
-    (mutations tried: see the test docstrings)."""
-    ref32, ref64 = ref
-    tols = f32_tolerances(ref32, ref64, factor)
-    for k in ref64:
-        if not ref64[k].is_floating_point():
-            assert torch.equal(got[k].cpu(), ref64[k].cpu()), k
-        elif ref64[k].numel():
-            torch.testing.assert_close(got[k].double(), ref64[k].double(), atol=tols[k], rtol=0, msg=k)
 
 
 def mean_of_clients(digits, plan, init, loss_fn, grad_hook=None, momentum=MOM):

@@ -29,12 +29,94 @@ from .test_methods import Toy, digits, toy_spec  # noqa: F401  (digits: a fixtur
 REPO = Path(__file__).resolve().parents[1]
 
 
+#: a method of an outside package: FedAvg with a server learning rate η on the weights,
+#: w ← w + η·(mean − w) (batch-norm statistics and counters take the mean)
+FEDEXT = """
+import dataclasses
+from dataclasses import dataclass
+
+from fl_lightning.core.messages import Broadcast, ServerState
+from fl_lightning.core.objective import is_weight
+from fl_lightning.core.strategy import MethodConfig, Strategy
+from fl_lightning.methods import METHODS
+
+
+@dataclass
+class FedExtConfig(MethodConfig):
+    name: str = "fedext"
+    server_lr: float = 1.0
+
+
+@METHODS.register("fedext")
+class FedExt(Strategy[FedExtConfig, ServerState, Broadcast]):
+    def aggregate(self, state, updates):
+        avg = super().aggregate(state, updates)
+        w, mean, lr = state.global_params, avg.global_params, self.config.server_lr
+        step = {k: w[k] + lr * (m - w[k]) if is_weight(k, w[k]) else m for k, m in mean.items()}
+        return dataclasses.replace(avg, global_params=step)
+
+
+@METHODS.register("fedext_planted_bug")
+class FedExtBug(FedExt):  # the step's sign flipped on the head's bias alone
+    def aggregate(self, state, updates):
+        new = super().aggregate(state, updates)
+        w = state.global_params
+        new.global_params["head.bias"] = 2 * w["head.bias"] - new.global_params["head.bias"]
+        return new
+"""
+
+#: its golden test, written with `fl_lightning.testing` alone (no file of this repository's tests)
+TEST_FEDEXT = """
+from fl_lightning.core.objective import is_weight
+from fl_lightning.testing import cast, example_mean, match, three_clients, train, twin, two_rounds
+
+ETA = 0.5
+
+
+def test_fedext_over_two_rounds(name="fedext"):
+    data = three_clients()
+    init, plans, states, _ = two_rounds(name, data, server_lr=ETA)
+
+    def reference(dt):
+        w, rounds = cast(init, dt), []
+        for plan in plans:
+            models = [(p.client_id, train(data, p.client_id, p.seed, w, dt)) for p in plan.payloads]
+            mean = {k: example_mean(models, k, dt) for k in w}
+            w = {k: w[k] + ETA * (mean[k] - w[k]) if is_weight(k, w[k]) else mean[k] for k in w}
+            rounds.append(w)
+        return rounds
+
+    r32, r64 = twin(reference)
+    for rnd in (0, 1):
+        match(states[rnd].global_params, (r32[rnd], r64[rnd]))
+"""
+
+FRESH = """
+import sys
+import fl_lightning.methods as m
+print("where", m.__file__)
+print("names", " ".join(m.METHODS.names()))
+import fl_lightning.testing
+print("loaded", " ".join(x for x in ("ray", "wandb") if x in sys.modules))
+from extpkg import test_fedext
+test_fedext.test_fedext_over_two_rounds()
+print("golden", "passed")
+try:
+    test_fedext.test_fedext_over_two_rounds("fedext_planted_bug")
+    print("planted", "passed")
+except AssertionError as e:
+    print("planted", "failed", str(e).splitlines()[0])
+"""
+
+
 @pytest.fixture(scope="module")
-def fresh_names(tmp_path_factory) -> tuple[str, str, str]:
+def fresh_names(tmp_path_factory) -> tuple[str, str, str, dict[str, str]]:
     """One fresh interpreter (its stdout: the package's file and the registered names; its
     stderr) over a copy of the package with one more file in `methods/` (nothing else
     edited), and a site folder holding two distributions as pip leaves them (a .dist-info with
-    `entry_points.txt`): one names its module under `fl_lightning.methods`, one is broken."""
+    `entry_points.txt`): one names its module under `fl_lightning.methods`, one is broken. The
+    same interpreter imports `fl_lightning.testing` (what it loaded then) and runs the outside
+    method's golden test, on the method and on a copy with a planted bug."""
     tmp = tmp_path_factory.mktemp("fresh")
     shutil.copytree(REPO / "fl_lightning", tmp / "fl_lightning", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp / "fl_lightning" / "methods" / "fedtoyfile.py").write_text(
@@ -44,27 +126,23 @@ def fresh_names(tmp_path_factory) -> tuple[str, str, str]:
     site = tmp / "site"
     (site / "extpkg").mkdir(parents=True)
     (site / "extpkg" / "__init__.py").write_text("")
-    (site / "extpkg" / "fedext.py").write_text(
-        "from fl_lightning.core.strategy import FedAvgStrategy\n"
-        "from fl_lightning.methods import METHODS\n\n\n"
-        '@METHODS.register("fedext")\nclass FedExt(FedAvgStrategy):\n    name = "fedext"\n'
-    )
+    (site / "extpkg" / "fedext.py").write_text(FEDEXT)
+    (site / "extpkg" / "test_fedext.py").write_text(TEST_FEDEXT)
     for dist, value in (("extpkg", "extpkg.fedext"), ("brokenpkg", "brokenpkg.nowhere")):
         info = site / f"{dist}-0.1.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
         (info / "entry_points.txt").write_text(f"[fl_lightning.methods]\n{dist} = {value}\n")
-    code = "import fl_lightning.methods as m; print(m.__file__); print(' '.join(m.METHODS.names()))"
     env = {**os.environ, "PYTHONPATH": f"{tmp}{os.pathsep}{site}"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", FRESH], env=env, cwd=tmp, capture_output=True, text=True,
                          timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    where, names = out.stdout.splitlines()[-2:]
-    return where, names, out.stderr
+    said = dict(line.partition(" ")[::2] for line in out.stdout.splitlines() if line.strip())
+    return said["where"], said["names"], out.stderr, said
 
 
 def test_a_file_dropped_into_methods_registers_without_editing_init(fresh_names, tmp_path_factory):
-    where, names, _ = fresh_names
+    where, names, _, _ = fresh_names
     assert where.startswith(str(tmp_path_factory.getbasetemp()))  # the copy, not the installed package
     shipped = {n for n in METHODS.names() if METHODS.get(n).__module__.startswith("fl_lightning.methods.")}
     assert "fedtoyfile" in names.split() and shipped <= set(names.split())  # not other tests' toys
@@ -72,10 +150,20 @@ def test_a_file_dropped_into_methods_registers_without_editing_init(fresh_names,
 
 def test_an_installed_package_registers_its_methods_through_the_entry_point_group(fresh_names):
     """... and a broken one is one warning that stops nothing."""
-    _, names, err = fresh_names
+    _, names, err, _ = fresh_names
     assert "fedext" in names.split() and "fedavg" in names.split()
     assert "entry point brokenpkg = brokenpkg.nowhere (group fl_lightning.methods) failed to import" in err
     assert "ModuleNotFoundError" in err
+
+
+def test_an_outside_package_golden_tests_its_method_with_fl_lightning_testing(fresh_names):
+    """Two rounds with partial participation, the reference written out, twin precisions: the
+    kit's test passes on the method and fails on the planted bug (one bias's step flipped);
+    importing the kit loads neither Ray nor W&B."""
+    said = fresh_names[3]
+    assert said["loaded"] == ""
+    assert said["golden"] == "passed"
+    assert said["planted"].startswith("failed head.bias"), said["planted"]
 
 
 def test_import_methods_says_in_one_line_what_is_wrong(tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import os
 import yaml
 
 from fl_lightning.cli.main import main
-from fl_lightning.config import compose, load_run_config, with_method_defaults
+from fl_lightning.config import compose, load_run_config, rerun_config, with_method_defaults
 
 from .conftest import small
 
@@ -57,6 +57,14 @@ def test_config_yaml_holds_what_ran_and_a_run_from_it_repeats_the_numbers(tmp_pa
     twice = yaml.safe_load((rerun / "config.yaml").read_text())
     assert {**twice, "run_id": None, "output_dir": None} == {**saved, "run_id": None, "output_dir": None}
     capsys.readouterr()
+    # the variant (W&B's job type) as used; a rerun that changes a setting is labelled anew
+    assert (
+        saved["variant"]
+        == saved["method"]["name"]
+        == json.loads((run_dir / "summary.json").read_text())["variant"]
+    )
+    assert rerun_config(run_dir, ["seed=4"]).variant == saved["variant"]
+    assert rerun_config(run_dir, ["optim.lr=0.5"]).variant is None
 
     # a resume decides the machine's parts again (the run may have moved), keeps the rest
     resumed = load_run_config(run_dir, ["fl.rounds=3"])

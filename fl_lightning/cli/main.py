@@ -96,6 +96,12 @@ def _parser() -> argparse.ArgumentParser:
         "--out", default=None, help="folder for the plots and compare.json (default: <first path>/compare)"
     )
     cmp_.add_argument("--no-plots", action="store_true")
+    cmp_.add_argument(
+        "--baseline", default=None,
+        help="the row the others are paired against by seed (default: fedavg where present, else the first)",
+    )  # fmt: skip
+    syn = sub.add_parser("sync", help="upload every offline W&B run under a runs folder (needs a W&B key)")
+    syn.add_argument("folder", help="an experiment's folder, or any folder of runs")
     cfg = sub.add_parser("config", help="print the composed config without running")
     cfg.add_argument("overrides", nargs="*")
     sub.add_parser("list", help="list registered methods, datasets, models, ...")
@@ -237,7 +243,12 @@ def main(argv: list[str] | None = None) -> int:
 
             paths = [str(resolve_run_path(p)) for p in args.paths]  # inside a Ray job: $FL_LIGHTNING_RUNS
             out = str(resolve_output_dir(args.out)) if args.out else None
-            return compare_command(paths, args.by, args.metric, out, not args.no_plots)
+            return compare_command(paths, args.by, args.metric, out, not args.no_plots, args.baseline)
+        elif args.cmd == "sync":
+            from ..runtime.paths import resolve_run_path
+            from .sync import sync_command
+
+            return sync_command(str(resolve_run_path(args.folder)))
         elif args.cmd == "partition":
             from .partition import partition_command
 

@@ -52,7 +52,7 @@ from .sweep import SweepRun, continue_run, print_plan, run_grid, sweep_lock
 #: a resume may change (config.RESUMABLE), and where it lives (a folder moved, another data root)
 SAME_RUN_IGNORES = (
     "fl.rounds", "runtime.", "logger.", "eval.batch_size", "eval.device", "method.allow_momentum",
-    "output_dir", "run_id", "experiment", "row", "data.root",
+    "output_dir", "run_id", "experiment", "row", "variant", "data.root",
     "model.pretrained",  # C-Tran's: recorded as what loaded (runtime/build.py resolved_config)
 )  # fmt: skip
 

@@ -156,9 +156,19 @@ def _write_record(folder: Path, overrides: Sequence[str], runs: Sequence[SweepRu
     tmp.replace(folder / SWEEP_FILE)
 
 
+def variant(method: str, point: Sequence[str], swept: Sequence[str]) -> str:
+    """A grid point's variant (`RootConfig.variant`, its W&B job type and run name): the method
+    and the swept keys' values but the seed (`fedprox tau=0.1`), a method key without its
+    `method.`; a label, so what the config would read as a comma or interpolation is left out."""
+    keys = {k.lstrip("+") for k in swept} - {"seed", "method"}
+    shown = [o.lstrip("+").removeprefix("method.") for o in point if o.split("=", 1)[0].lstrip("+") in keys]
+    text = " ".join([method, *shown]).replace(",", ";").replace("$", "").replace("\n", " ")
+    return text[:128]
+
+
 def _recorded_points(doc: dict[str, Any], grid: list[list[str]], path: Path) -> list[list[str]]:
     """The args of a record's runs, each checked to be its grid point and only the names the
-    sweep made (`experiment=`, `run_id=`): the record is untrusted, so a run cannot add
+    sweep made (`experiment=`, `run_id=`, `variant=`): the record is untrusted, so a run cannot add
     `methods=` (a module to import), `output_dir=` (a folder elsewhere) or anything else."""
     if len(doc["runs"]) != len(grid):
         raise ConfigError(f"{path} does not record this grid")
@@ -166,7 +176,8 @@ def _recorded_points(doc: dict[str, Any], grid: list[list[str]], path: Path) -> 
     for r, point in zip(doc["runs"], grid, strict=True):
         args, tail = list(r["args"]), r["args"][len(point) :]
         keys = [t.split("=", 1)[0] for t in tail]
-        if args[: len(point)] != point or len(keys) != len(set(keys)) or set(keys) - {"experiment", "run_id"}:
+        named = {"experiment", "run_id", "variant"}
+        if args[: len(point)] != point or len(keys) != len(set(keys)) or set(keys) - named:
             raise ConfigError(f"{path} records a run that is not a point of its grid ({' '.join(args)})")
         points.append(args)
     return points
@@ -244,6 +255,9 @@ def plan_sweep(
         if resume is None and "run_id" not in keys:
             rid = f"{cfg.method.name}_{cfg.data.name}_s{cfg.seed}_{stamp}_{i:03d}"
             args.append(f"run_id={rid}")
+        if resume is None and "variant" not in keys:
+            args.append(f"variant={variant(cfg.method.name, args, swept)}")
+        if resume is None:
             cfg = compose(args)
         run_dir = resolve_output_dir(cfg.output_dir) / cfg.experiment / cfg.run_id
         if resume is None and run_dir.exists():

@@ -21,6 +21,7 @@ from ..config import (
     participation,
     typed,
     validate_registered,
+    variant_of,
     with_method_defaults,
 )
 from ..core.augment import Augment, black
@@ -170,7 +171,8 @@ def resolved_config(cfg: DictConfig, chosen: dict[str, Any], spec: ClientSpec) -
     and W&B hold what runs and a run from config.yaml builds the same: the method's
     (`chosen`: `Strategy.resolved`, e.g. FedGLCL's projector, the text encoder a text method
     fell back to), the backbone's keyword arguments as built (FedTSP and CLIP2FL set the
-    feature dimension to the text's) and the W&B group (the experiment when unset). The
+    feature dimension to the text's), the W&B group (the experiment when unset) and the
+    variant (`config.variant_of`). The
     run id and the placement are written when they are known (`runner.py`)."""
     out = copy.deepcopy(with_method_defaults(cfg))  # every method key, its dataclass's defaults too
     OmegaConf.set_struct(out, False)
@@ -186,6 +188,7 @@ def resolved_config(cfg: DictConfig, chosen: dict[str, Any], spec: ClientSpec) -
     out.model = OmegaConf.create({"name": spec.model, **kwargs, "weights": weights})
     if out.logger.group is None:
         out.logger.group = out.experiment
+    out.variant = variant_of(out)
     out.data.root = os.path.expanduser(out.data.root)  # the folder read, not `~/...`
     if out.text.name != "none":  # the encoder's files and device as used (path null, device auto)
         text = OmegaConf.to_container(out.text, resolve=True)

@@ -18,11 +18,13 @@ No process of a local Ray outlives the run that started it. Ray's own start-up a
 `ray.shutdown()` stop the GCS and the raylet, but not always the agents the raylet starts
 (`DashboardAgent`, `RuntimeEnvAgent`): after Ctrl-C during start-up (the terminal sends
 SIGINT to Ray's processes too) or `kill -9` of the driver they stayed 1-2.5 minutes. So
-`init_ray` marks every process of the Ray it starts (`FL_LIGHTNING_RAY_OWNER=<pid>-<token>`
-in their environment, inherited from the raylet by agents and workers) and starts a small
-watchdog in its own session that waits on a pipe from the driver: when the pipe closes
-(`RayConnection.shutdown()`, after `ray.shutdown()`, or the driver's death, `kill -9` included), it
-sends SIGTERM, then SIGKILL, to the processes carrying that mark, and only to them.
+`init_ray` starts a small watchdog (`watchdog.py`) in its own session that waits on a pipe
+from the driver: when the pipe closes (`RayConnection.shutdown()`, after `ray.shutdown()`, or
+the driver's death, `kill -9` included), it sends SIGTERM, then SIGKILL, to the processes of
+that Ray, and only to them: those of the driver's session id holding a file open in the
+Ray's session directory (which the driver reports once `ray.init` returns), and those whose
+environment carries the mark `FL_LIGHTNING_RAY_OWNER=<pid>-<token>` (set around `ray.init`,
+inherited from the raylet; the agents lose it when they rename themselves).
 A SIGINT or SIGTERM during `ray.init` is held until it returns (a second one interrupts at
 once), then Ray is shut down and the interrupt raised: Ray's start-up is never left half done.
 """
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import StartupError
+from . import watchdog
 
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # node IP 127.0.0.1, listeners on loopback
@@ -106,40 +109,7 @@ def _home(path: Path) -> Iterator[None]:
             os.environ["HOME"] = before
 
 
-OWNER_ENV = "FL_LIGHTNING_RAY_OWNER"
-
-# The watchdog (stdlib only, `python -I -S`): blocks until the driver closes the pipe or
-# dies, then ends the processes whose environment holds the mark (never the driver itself).
-_WATCHDOG = r"""
-import os, signal, sys, time
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-mark, driver = sys.argv[1].encode(), int(sys.argv[2])
-sys.stdin.buffer.read()
-def marked():
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in (os.getpid(), driver):
-            continue
-        try:
-            with open("/proc/" + name + "/environ", "rb") as f:
-                if mark in f.read().split(b"\0"):
-                    found.append(int(name))
-        except OSError:
-            pass
-    return found
-for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
-    pids = marked()
-    if not pids:
-        break
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-    end = time.monotonic() + grace
-    while time.monotonic() < end and marked():
-        time.sleep(0.05)
-"""
+OWNER_ENV = watchdog.OWNER_ENV
 
 
 class Watchdog:
@@ -153,18 +123,26 @@ class Watchdog:
     def start(self) -> str | None:
         if not os.path.isdir("/proc"):
             return None
-        mark = f"{OWNER_ENV}={os.getpid()}-{secrets.token_hex(6)}"
+        mark = f"{os.getpid()}-{secrets.token_hex(6)}"
         env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _WATCHDOG, mark, str(os.getpid())],
+                [sys.executable, "-I", "-S", watchdog.__file__, mark, str(os.getpid()), str(os.getsid(0))],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 env=env, start_new_session=True,
             )  # fmt: skip
         except OSError:
             return None
-        self.mark = mark.partition("=")[2]
-        return self.mark
+        self.mark = mark
+        return mark
+
+    def watch(self, session_dir: str) -> None:
+        """Tell it the session directory of the Ray now started (where its processes hold
+        their log files open: found by that even after the environment mark is lost)."""
+        if self.proc is not None and self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.write(f"{session_dir}\n".encode())
+                self.proc.stdin.flush()
 
     def stop(self, wait_s: float = 10.0) -> None:
         """After `ray.shutdown()`: end what that Ray left behind (the watchdog does, then
@@ -192,6 +170,14 @@ class RayConnection:
         ray.shutdown()
         if self.watchdog is not None:
             self.watchdog.stop()
+
+
+def _session_dir() -> str:
+    """The session directory of the Ray this process started ("" if Ray's internals moved)."""
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    return str(node.get_session_dir_path()) if node is not None else ""
 
 
 def cluster_address(address: str | None) -> str | None:
@@ -245,8 +231,8 @@ def init_ray(
     # If Ray was imported before the variables were set (e.g. by user code), the node-IP
     # switch was already read; set it the way the variable would have.
     ray_constants.ENABLE_RAY_CLUSTER = False
-    watchdog = Watchdog()
-    mark = watchdog.start()
+    dog = Watchdog()
+    mark = dog.start()
     before = os.environ.get(OWNER_ENV)
     try:
         if mark:
@@ -255,8 +241,9 @@ def init_ray(
         with signals.held(), _home(ray_home()):
             ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, **kwargs)
             signals.restore_after_ray_init(sigterm)
+            dog.watch(_session_dir())
     except BaseException as e:
-        RayConnection(watchdog).shutdown()
+        RayConnection(dog).shutdown()
         if isinstance(e, Exception):  # e.g. "The current node timed out during startup" under load
             raise StartupError(
                 f"the local Ray did not start: {_first_line(e)} (an overloaded machine: try again, "
@@ -268,4 +255,4 @@ def init_ray(
             os.environ.pop(OWNER_ENV, None)
         else:
             os.environ[OWNER_ENV] = before
-    return RayConnection(watchdog)
+    return RayConnection(dog)

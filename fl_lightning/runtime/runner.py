@@ -221,12 +221,15 @@ class Run:
             self.cfg, records, p.strategy.primary_metric(), self.run_dir.name, status,
             None if workers is None else workers.placement,
             0 if workers is None else workers.reused, 0 if workers is None else workers.prestarted,
-            self.startup_s, client_eval.sampled_clients(), self._summary_extra(), error, chance,
+            self.startup_s, client_eval.sampled_clients(), self._summary_extra(client_eval), error, chance,
         )  # fmt: skip
 
-    def _summary_extra(self) -> dict[str, Any]:
-        """The method's own summary keys, and the pretrained trunk the run started from."""
+    def _summary_extra(self, client_eval: ClientEval) -> dict[str, Any]:
+        """The method's own summary keys, the pretrained trunk the run started from and each
+        client's majority-class accuracy (the reference of `client_accuracy`)."""
         extra = dict(self.p.strategy.run_summary())
+        if client_eval.majority is not None:
+            extra["client_majority_accuracies"] = [round(a, 6) for a in client_eval.majority]
         if self.p.weights_info is not None:
             extra["model_weights"] = self.p.weights_info
         return extra

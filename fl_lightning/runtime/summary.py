@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import RootConfig
+from ..config import RootConfig, variant_of
 from ..core.types import ClientId
 from ..tracking.chance import chance_note
 from .placement import Placement
@@ -64,6 +64,7 @@ def run_summary(
         "threads_per_client": placement.threads if placement else None,
         "machine": machine(),  # where it ran: a report of its runs says so, not where it is written
     }
+    out["variant"] = variant_of(cfg)  # what sets it apart in its experiment: `compare --by variant`
     if cfg.row:
         out["row"] = cfg.row  # a reproduction's row: `compare --by row`
     out.update(extra or {})

@@ -22,7 +22,7 @@ from ...core.objective import evaluate
 from ...core.types import ClientId
 from ..build import Prepared
 from ..executor import Executor
-from ..record import RoundRecord, client_metrics
+from ..record import RoundRecord, client_metrics, majority_accuracies
 from .base import Callback, RunContext, WallClock
 
 #: a global evaluation's metrics, its own duration and when it ended (perf_counter)
@@ -182,6 +182,12 @@ class ClientEval(Callback):
         self.every, self.last_round = int(ev.every), int(p.cfg.fl.rounds)
         self.sample, self.seed = ev.clients_sample, int(p.cfg.seed)
         self.executor: Executor | None = None
+        #: each client's majority-class accuracy (`record.majority_accuracies`), single-label data
+        self.majority = (
+            majority_accuracies(p.dataset.train_y, p.split.train, p.split.test)
+            if self.enabled and not p.dataset.multilabel
+            else None
+        )
 
     def on_run_start(self, ctx: RunContext) -> None:
         self.executor = ctx.executor
@@ -207,6 +213,11 @@ class ClientEval(Callback):
             return
         primary = self.p.strategy.primary_metric().removeprefix("client_")
         out = client_metrics(evals, primary if primary in evals[0].metrics else next(iter(evals[0].metrics)))
+        # the reference of client_accuracy: over the same clients, with the same weights
+        if self.majority is not None and "accuracy" in evals[0].metrics:
+            n = sum(e.num_examples for e in evals)
+            ref = sum(self.majority[e.client_id] * e.num_examples for e in evals) / max(n, 1)
+            out["client_majority_accuracy"] = float(ref)
         record.client_evaluation = {**out, "clients_evaluated": len(evals)}
 
     def sampled_clients(self) -> Sequence[ClientId] | None:

@@ -3,12 +3,15 @@ and curves.png) and `Loggers` (W&B and the console's progress bar)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ...config import tree
+from ...config import tree, variant_of
 from ...core.about import about
 from ...core.errors import DivergedError
 from ...tracking.console import Progress
@@ -24,7 +27,8 @@ log = logging.getLogger("fl_lightning")
 class MetricsWriter(Callback):
     """`metrics.jsonl`: a line per round (strict JSON: non-finite numbers are null and named
     under `nonfinite`), fsynced; the line of a round that diverged, marked; `summary.json`
-    (`write_summary`, first thing on the way out) and `curves.png` at the end. On resume,
+    (`write_summary`, first thing on the way out) and `curves.png` at the end (not when
+    interrupted: a quick way out; its resume draws it). On resume,
     lines after the checkpoint's round are dropped first."""
 
     def __init__(self, run_dir: Path, resumed_round: int | None = None) -> None:
@@ -70,6 +74,8 @@ class MetricsWriter(Callback):
 
         if not self.run_dir.is_dir():  # removed mid-run: not made again for a picture
             return
+        if status == "interrupted":  # no slow work on the way out (matplotlib: seconds, minutes
+            return  # under load, with the run directory locked); its resume draws it
         try:  # a picture that cannot be drawn costs a warning, never the run (or its error)
             save_run_curves(self.records(), summary, self.run_dir / "curves.png")
         except Exception as e:
@@ -114,17 +120,38 @@ def wandb_loggers(p: Prepared, run_dir: Path, meta: dict[str, Any]) -> list[Metr
     if lc.backend != "wandb" or lc.mode == "disabled":
         return []
     config = tree(cfg)
-    config["strategy"] = p.strategy.summary()
+    extra = strategy_extras(p.strategy.summary(), config)
+    if extra:
+        config["strategy"] = extra
     config["partition"] = {"train_sizes": [int(len(t)) for t in p.split.train]}
-    method, data = cfg.method.name, cfg.data
+    method, data, variant = cfg.method.name, cfg.data, variant_of(cfg)
     paper = about(type(p.strategy), method).tag()  # paper:arXiv:<id>, where it has one
     tags = [method, data.name, f"seed:{cfg.seed}", *([paper] if paper else []), *lc.tags]
     if data.partition:
         tags.insert(2, f"partition:{data.partition}")
     wb = WandbLogger(
         run_dir, run_dir.name, lc.project, lc.entity, lc.group or cfg.experiment,
-        tags, lc.mode, config, meta.get("wandb_id"), name=f"{cfg.row or method}-s{cfg.seed}", job_type=method,
+        tags, lc.mode, config, meta.get("wandb_id"), name=f"{variant}-s{cfg.seed}",
+        job_type=job_type(variant),
     )  # fmt: skip
     if not meta.get("wandb_id"):  # once per W&B run (a resumed run has it already)
         wb.log_partition(run_dir / "partition.json", run_dir / "partition.png")
     return [wb]
+
+
+def strategy_extras(summary: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """What the method's `Strategy.summary()` says that the run's config does not (e.g. the
+    participation weights, a `clients_per_round` the config left null): W&B's config holds each
+    hyperparameter once, as `method.<k>`."""
+    method = config.get("method", {})
+    said = {**config.get("fl", {}), **method, "method": method.get("name")}
+    text = partial(json.dumps, default=str)
+    return {k: v for k, v in summary.items() if k not in said or text(said[k]) != text(v)}
+
+
+def job_type(variant: str) -> str:
+    """The variant as W&B's job type, which holds 64 characters: a longer one is cut, with a
+    digest of the whole so that two variants cut alike stay apart."""
+    if len(variant) <= 64:
+        return variant
+    return f"{variant[:55]}~{hashlib.sha1(variant.encode()).hexdigest()[:8]}"

@@ -91,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     cfg.add_argument("overrides", nargs="*")
     sub.add_parser("list", help="list registered methods, datasets, models, ...")
     fetch = sub.add_parser("fetch", help="download a dataset into the data root")
-    fetch.add_argument("dataset", choices=["fmnist"])
+    fetch.add_argument("dataset", choices=["fmnist", "fmnist_digits20"])
     fetch.add_argument("--root", default=None, help="data root (default: data.root of the config)")
     part = sub.add_parser(
         "partition", help="print and plot the client split a run would use, without training"
@@ -130,9 +130,11 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_fetch(dataset: str, root: str | None) -> None:
     from ..config import compose
     from ..data.fetch import fetch_fmnist
+    from ..data.fmnist_digits20 import fetch as fetch_digits20
 
     root = root or compose([f"data={dataset}"]).data.root
-    print(fetch_fmnist(root, log=lambda m: print(m, file=sys.stderr)))
+    get = fetch_digits20 if dataset == "fmnist_digits20" else fetch_fmnist
+    print(get(root, log=lambda m: print(m, file=sys.stderr)))
 
 
 def _seeds(text: str | None) -> list[int] | None:

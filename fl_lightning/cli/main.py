@@ -120,6 +120,10 @@ def _parser() -> argparse.ArgumentParser:
     txt.add_argument("--descriptions", action="store_true", help="per-class descriptions, not templates")
     txt.add_argument("--out", default=None, help="PNG path (default: <output_dir>/text/...png)")
     txt.add_argument(
+        "--rsa", action="store_true",
+        help="also the rank correlation of text and mean-feature class similarity (loads the data)",
+    )  # fmt: skip
+    txt.add_argument(
         "--cache-dir", default=None,
         help="default: $FL_LIGHTNING_TEXT_CACHE, else $FL_LIGHTNING_DATA/.cache/text, "
         "else ~/.cache/fl_lightning/text",
@@ -250,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "text":
             from .text import text_command
 
-            return text_command(args.overrides, args.templates, args.descriptions, args.out, args.cache_dir)
+            return text_command(
+                args.overrides, args.templates, args.descriptions, args.out, args.cache_dir, args.rsa
+            )
         elif args.cmd == "resume":
             from ..config import load_run_config
             from ..runtime.paths import resolve_run_path

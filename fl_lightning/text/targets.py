@@ -73,3 +73,21 @@ def mean_cosine(x: torch.Tensor) -> float:
     c = u.shape[0]
     gram = u @ u.T
     return float((gram.sum() - gram.diagonal().sum()) / (c * (c - 1)))
+
+
+def class_similarity_rsa(
+    text: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, classes: list[int] | None = None
+) -> tuple[float, int]:
+    """Spearman rank correlation, over class pairs (of `classes`, default all), between the
+    cosine of the classes' text vectors and the cosine of their mean `features` [N, D]: the
+    pre-check of whether text geometry mirrors visual geometry (about 0: expect text =
+    permuted). Returns (rho, number of pairs)."""
+    from scipy.stats import spearmanr
+
+    keep = list(range(text.shape[0])) if classes is None else list(classes)
+    means = torch.stack([features[labels == c].double().mean(0) for c in keep])
+    t, v = F.normalize(text[keep].double(), dim=-1), F.normalize(means, dim=-1)
+    iu = torch.triu_indices(len(keep), len(keep), 1)
+    ts, vs = (t @ t.T)[iu[0], iu[1]], (v @ v.T)[iu[0], iu[1]]
+    rho = spearmanr(ts.numpy(), vs.numpy()).statistic
+    return float(rho), int(ts.numel())

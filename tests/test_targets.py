@@ -53,3 +53,26 @@ def test_uniform_is_correlated_orthogonal_orthonormal_centred_has_no_mean(text):
         class_targets("shuffled", text, 0)
     with pytest.raises(ConfigError, match="dimension >= classes"):
         class_targets("orthogonal", torch.randn(5, 3), 0)
+
+
+@pytest.mark.slow  # MiniLM's backward through the prompts (~20 s on 2 busy cores)
+def test_fedtsp_prompt_tuning_works_through_permuted_and_centred_targets(text):
+    """FedTSP's controls are fixed maps on the prompts' output: at the start they are the
+    switch applied to the text prototypes, and a server step still lowers the loss."""
+    from fl_lightning.server_steps.prompt_tuning import PromptTuner
+
+    names, cfg = list(FMNIST_CLASSES), {"name": "minilm"}
+    plain = PromptTuner(cfg, names, seed=0)
+    ctx = plain.initial_ctx()
+    raw = plain.text_prototypes(ctx)
+    perm = PromptTuner(cfg, names, seed=0, targets="permuted")
+    torch.testing.assert_close(perm.text_prototypes(ctx), raw[derangement(10, 0)], atol=1e-6, rtol=0)
+    centred = PromptTuner(cfg, names, seed=0, targets="centred")
+    torch.testing.assert_close(
+        centred.text_prototypes(ctx), class_targets("centred", raw, 0), atol=1e-6, rtol=0
+    )
+    image = torch.nn.functional.normalize(
+        torch.randn(10, 384, generator=torch.Generator().manual_seed(1)), dim=-1
+    )
+    out = perm.tune(ctx, torch.tensor(2.0), image, steps=1, lr=1.0)
+    assert out.losses[-1] < out.losses[0] and not torch.equal(out.ctx, ctx)

@@ -14,7 +14,13 @@ export FL_LIGHTNING_DATA ?= $(HOME)/.cache/fl_lightning/data
 # Reinstalled whenever pyproject.toml changes. torch/torchvision come from local disk here.
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "make: installing fl_lightning and its dependencies (torch, Lightning, Ray, W&B, OmegaConf," \
+	      "open_clip, MiniLM and EfficientNet weights, ...) into $(VENV): a few minutes the first time," \
+	      "quiet until it ends"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@# Wheels whose package data are the tests' real images (foolbox: 20 test images each of CIFAR-10/100,
+	@# MNIST, Fashion-MNIST, ImageNet), read as files and never imported, so without their dependencies.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps foolbox==3.3.4
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -22,8 +28,15 @@ venv: $(VENV)/.installed
 data: venv
 	@$(FLL) fetch fmnist >/dev/null
 
+# One seed per method keeps it to minutes on a laptop; the last lines say so, and where the
+# W&B files are (offline without WANDB_API_KEY or `wandb login`) and how to upload them.
+DEMO_RUNS := runs/demo
 demo: data
 	$(FLL) sweep +experiment=demo method=fedavg,fedglcl
+	@echo "make demo: one seed each (seed=0), so the difference above is one draw, not a result;" \
+	      "three seeds (3x the time): $(FLL) sweep +experiment=demo method=fedavg,fedglcl seed=0,1,2"
+	@echo "make demo: W&B files: $(DEMO_RUNS)/*/wandb/ (offline unless WANDB_API_KEY is set or" \
+	      "\`wandb login\` was run); upload them all with: $(FLL) sync $(DEMO_RUNS)"
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -1,5 +1,5 @@
-"""A cold `fl-lightning run` (`runtime=ray`, private local Ray) with and without one start-up
-measure, alternating, each a fresh process.
+"""A cold `fl-lightning run` (`runtime=ray`, private local Ray; `--runtime gpu`: runtime=gpu) with
+and without one start-up measure, alternating, each a fresh process.
 
 `--toggle early_start` (default): `runtime.early_start`, i.e. Ray and the run's client workers
 start while the driver imports torch and Lightning (`fl_lightning/runtime/early.py`), or one
@@ -37,7 +37,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 def one(args: argparse.Namespace, tmp: str, on: bool, rep: int) -> dict[str, Any]:
     run_id = f"{args.toggle}_{'on' if on else 'off'}_{rep}"
-    ov = [*overrides(args, tmp), "runtime=ray", "experiment=cold", f"run_id={run_id}", "--quiet"]
+    ov = [
+        *overrides(args, tmp),
+        f"runtime={args.runtime}",
+        *args.override,
+        "experiment=cold",
+        f"run_id={run_id}",
+        "--quiet",
+    ]
     env = {**os.environ, "WANDB_MODE": "disabled"}
     if args.toggle == "early_start":
         ov.append(f"runtime.early_start={str(on).lower()}")
@@ -60,6 +67,8 @@ def main() -> int:
     ap.set_defaults(rounds=1)
     ap.add_argument("--reps", type=int, default=3, help="runs per way, alternating")
     ap.add_argument("--toggle", choices=("early_start", "lean_imports"), default="early_start")
+    ap.add_argument("--runtime", choices=("ray", "gpu"), default="ray", help="runtime=ray, or runtime=gpu")
+    ap.add_argument("--override", action="append", default=[], help="one more key=value (repeatable)")
     ap.add_argument("--out", default="benchmarks/results/cold_start.json")
     args = ap.parse_args()
     runs = []

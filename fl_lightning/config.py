@@ -35,6 +35,7 @@ import os
 import re
 import sys
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +44,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from .core.augment import AUGMENTATIONS
 from .core.errors import ConfigError
 from .core.optim import OptimConfig
 from .core.registry import METHOD_ENTRY_POINTS
@@ -90,7 +92,15 @@ class DataConfig:
     test_subset: int | None = None
     #: FedDF / FedBE: N training images held out of every client as the server's unlabeled set
     server_subset: int | None = None
-    image_size: int | None = None  # folder/HDF5 datasets: resize to this square size (default per dataset)
+    #: resize every image to this square size when the data is loaded (cached like the decoded
+    #: images); null: the dataset's own size (folder/HDF5 datasets: their default, e.g. Office 256)
+    image_size: int | None = None
+    #: training-time augmentation of the clients' batches, in this order (core/augment.py):
+    #: random_crop (pad augment_padding, crop back), hflip (p 0.5), rotate (within
+    #: +-augment_degrees); evaluation never augments
+    augment: list[str] = field(default_factory=list)
+    augment_padding: int = 4
+    augment_degrees: float = 15.0
     domains: list[str] | None = None  # domain datasets: which domains to load (default: all)
     fine_grained: bool = False  # flair: the 1,628 fine-grained labels instead of the 17 coarse ones
     max_users: int | None = None  # flair: read only the first N training users
@@ -180,6 +190,14 @@ class RootConfig:
     seed: int = 0
     output_dir: str = "runs"
     run_id: str | None = None
+    #: the row of a reproduction (`fl-lightning reproduce`) this run is: its W&B run name and
+    #: config, and summary.json's `row`, so that ablations of one method stay apart (`compare --by row`)
+    row: str | None = None
+    #: what sets this run apart within its experiment: its W&B job type and run name
+    #: (`<variant>-s<seed>`), and `variant` in summary.json (`compare --by variant`); null: the
+    #: reproduction row, else the method. `sweep` sets it to the method and the swept keys
+    #: (`fedprox tau=0.1`); config.yaml records the value the run used
+    variant: str | None = None
     method: Any = None
     data: DataConfig = field(default_factory=DataConfig)
     model: Any = None
@@ -238,6 +256,15 @@ METHOD_DEFAULT_BLOCKS = ("optim", "fl")
 SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
 
 
+#: a variant: a label on one line, never an interpolation
+VARIANT = re.compile(r"[^\n$]{1,128}")
+
+
+def variant_of(cfg: Any) -> str:
+    """The run's variant (`RootConfig.variant`): as set, else the reproduction row, else the method."""
+    return str(cfg.variant or cfg.row or cfg.method.name)
+
+
 def check_names(cfg: DictConfig) -> None:
     """ConfigError unless `experiment` and `run_id` are each a SAFE_NAME, checked on the raw
     values (before interpolation resolves: `${oc.env:HOME}` is refused, not followed)."""
@@ -254,6 +281,9 @@ def check_names(cfg: DictConfig) -> None:
                 f"{key}={shown} must be one folder name: letters, digits, '.', '_', '-', "
                 "not starting with '.', at most 200 characters"
             )
+    variant = raw.get("variant")
+    if variant is not None and not (isinstance(variant, str) and VARIANT.fullmatch(variant)):
+        raise ConfigError(f"variant={str(variant)[:60]!r}: one line of 1 to 128 characters, no '$'")
 
 
 def _group_file(group: str, name: str, unlisted: bool = False) -> dict:
@@ -614,6 +644,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"data.min_size must be >= 0 (got {data.min_size})")
     for key in ("classes_per_client", "image_size", "max_users"):
         positive(f"data.{key}", data[key])
+    check_augment(cfg)
     if data.imbalance_factor < 1:
         raise ConfigError(f"data.imbalance_factor must be >= 1 (got {data.imbalance_factor})")
     if data.partition == "longtail" and data.imbalance_factor <= 1:
@@ -636,6 +667,26 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"runtime.batched must be >= 0 (got {rt.batched})")
 
 
+def check_augment(cfg: DictConfig) -> None:
+    """`data.augment` names known transforms, once each, on a runtime that applies them."""
+    data = cfg.data
+    for name in data.augment:
+        if name not in AUGMENTATIONS:
+            valid = ", ".join(AUGMENTATIONS)
+            raise ConfigError(f"data.augment: unknown augmentation {name!r}; valid: {valid}")
+    if len(set(data.augment)) != len(data.augment):
+        raise ConfigError(f"data.augment names an augmentation twice ({list(data.augment)})")
+    if data.augment_padding < 0:
+        raise ConfigError(f"data.augment_padding must be >= 0 (got {data.augment_padding})")
+    if not 0 <= data.augment_degrees <= 180:
+        raise ConfigError(f"data.augment_degrees must be in [0, 180] (got {data.augment_degrees})")
+    if data.augment and cfg.runtime.batched:
+        raise ConfigError(
+            "runtime.batched trains from precomputed batch indices and does not apply data.augment; "
+            "use runtime.batched=0"
+        )
+
+
 def check_weights_file(cfg: DictConfig) -> None:
     """`model.weights` names an existing file (cheap, no torch: before Ray starts); what it
     holds is read safely in `validate_registered`, whether it fits once the model is built."""
@@ -644,9 +695,10 @@ def check_weights_file(cfg: DictConfig) -> None:
         raise ConfigError(f"model.weights={w}: no such file (write one with `fl-lightning pretrain`)")
 
 
-def validate_registered(cfg: DictConfig) -> Any:
+def validate_registered(cfg: DictConfig, trunk: str | None = None) -> Any:
     """Checks against the registries (imports the methods, models and datasets); the run's
-    method config (`method_config`), checked."""
+    method config (`method_config`), checked. `trunk`: where `model.weights` is read from
+    (a resumed run's own copy, `models.weights.KEPT`; default: the file it names)."""
     from .data.partition import PARTITIONERS
     from .data.registry import DATASETS
     from .methods import METHODS, import_methods
@@ -677,17 +729,30 @@ def validate_registered(cfg: DictConfig) -> Any:
     entry = DATASETS.get(cfg.data.name)  # what is known of the data before loading it
     known = {"multilabel": entry.multilabel, "class_names": entry.class_names}
     strategy.check_run(method_cfg, {str(k): v for k, v in run.items()} | {"dataset": known})
+    # clients' own test splits come from data.client_test_fraction alone (data/federated.py)
+    if strategy.keeps_personal_models(method_cfg) and not cfg.data.client_test_fraction > 0:
+        raise ConfigError(strategy.needs_test_split_error())
+    if cfg.eval.timing == "trained" and not (cfg.data.client_test_fraction > 0 and cfg.eval.clients):
+        raise ConfigError(
+            "eval.timing=trained evaluates each client's trained model on its own test split: "
+            "set data.client_test_fraction (and eval.clients=true)"
+        )
     from .models import family
     from .models.weights import MODEL_GENERIC_KEYS, read_weights
 
     model_kwargs = {k: v for k, v in cfg.model.items() if k not in MODEL_GENERIC_KEYS}
     check_kwargs("model", cfg.model.name, MODELS.get(cfg.model.name), model_kwargs)
+    if cfg.data.image_size is not None:  # (the channel count is not known yet; sizes do not depend on it)
+        from .models import check_image_size
+
+        num_classes = len(entry.class_names) if entry.class_names else 10
+        check_image_size(cfg.model.name, num_classes, 3, int(cfg.data.image_size), **model_kwargs)
     if cfg.model.get("weights"):  # readable and safe now; whether it fits, once the model is built
         if family(cfg.model.name) is not None:
             raise ConfigError(
                 f"model.weights loads one trunk; model {cfg.model.name} is a family of architectures"
             )
-        read_weights(str(cfg.model.weights))
+        read_weights(trunk or str(cfg.model.weights))
     DATASETS.get(cfg.data.name)
     PARTITIONERS.get(cfg.data.partition)
     if cfg.text.name != "none":
@@ -763,7 +828,8 @@ RESUMABLE = ("fl.rounds", "runtime.", "logger.", "eval.batch_size", "eval.device
 
 #: what a run decides for the machine it runs on (config.yaml records the decision): a
 #: resume decides again unless told, so a run moved to another machine fits that one
-MACHINE_CHOICES = {"runtime.placement": "auto", "runtime.accelerator": "auto", "eval.device": "auto"}
+MACHINE_CHOICES = {"runtime.placement": "auto", "runtime.accelerator": "auto", "eval.device": "auto",
+                   "runtime.num_actors": "null"}  # fmt: skip
 
 
 def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
@@ -782,23 +848,42 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
     _consent_to_modules(path, overrides, "resume it", same=True)
     given = {item.split("=", 1)[0] for item in overrides}
     machine = [f"{k}={v}" for k, v in MACHINE_CHOICES.items() if k not in given]
-    return _saved_config(path, [*machine, *overrides])
+    if "device" in (_read_yaml(path).get("text") or {}):  # an encoder's device, decided again too
+        machine.append("text.device=auto")
+    return _saved_config(path, [*machine, *overrides, *_earlier_run_id(path)])
+
+
+def _earlier_run_id(path: Path) -> list[str]:
+    """Earlier versions took any `run_id` ('my run'); a run of theirs resumes: a saved run id
+    that is its own folder's name (not an interpolation, no path) is checked as a stand-in of
+    safe characters. The resumed run writes its folder's name back (`Run._record_choices`)."""
+    saved = _read_yaml(path).get("run_id")
+    if not isinstance(saved, str) or SAFE_NAME.fullmatch(saved) or saved != path.parent.name or "$" in saved:
+        return []
+    stand_in = re.sub(r"[^A-Za-z0-9._-]", "_", saved).lstrip(".")[:200] or "run"
+    return [f"run_id='{stand_in}'"]
 
 
 def _consent_to_modules(path: Path, overrides: list[str], how: str, same: bool) -> None:
     """A saved config that names modules to import (`methods=`) is run only when the command
-    line names them too: a run directory (someone else's, untrusted) never makes us import a
-    module on its own. `same`: the command line may not name other modules (a resume)."""
-    doc = _read_yaml(path)
-    saved = method_modules(doc.get("methods"))
-    given = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0] == "methods"]
-    if same and given and method_modules(given[-1]) != saved:
+    line names them too. `same`: the command line may not name other modules (a resume)."""
+    require_consent(method_modules(_read_yaml(path).get("methods")), overrides, path, how, same)
+
+
+def require_consent(saved: list[str], overrides: Sequence[str], source: object, how: str, same: bool) -> None:
+    """The one consent rule (docs/reliability.md): modules to import (`methods=`) that a file
+    names (a run's config.yaml, a sweep's sweep.json: someone else's, untrusted) are imported
+    only when the command line names them too; a file alone never makes us import a module.
+    `overrides`: the command line's; `source`: the file, for the message; `how`: what the user
+    does to consent ("resume it"); `same`: the command line may not name other modules."""
+    given = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0].lstrip("+") == "methods"]
+    if same and given and sorted(set(method_modules(given[-1]))) != sorted(set(saved)):
         raise ConfigError(f"cannot change 'methods' on resume (the run's: {','.join(saved) or 'none'})")
     if saved and not given:
-        names = ",".join(saved)
+        names = ",".join(dict.fromkeys(saved))
         raise ConfigError(
-            f"{path} imports its method from {names}: {how} with methods={names} to allow that "
-            "(a run directory alone never makes fl-lightning import a module)"
+            f"{source} imports its method from {names}: {how} with methods={names} to allow that "
+            "(a file alone never makes fl-lightning import a module)"
         )
 
 
@@ -816,7 +901,11 @@ def rerun_config(source: Path, overrides: list[str]) -> DictConfig:
                 f"bad override {item!r} with --from: only key=value (groups and presets are the file's)"
             )
     _consent_to_modules(path, overrides, "run --from it", same=False)
-    return _saved_config(path, ["run_id=null", *overrides])
+    # the saved variant labels the saved settings: one changed (`method.tau=0.5`), it is made anew
+    keys = [item.split("=", 1)[0] for item in overrides]
+    same = ("seed", "experiment", "output_dir", "run_id", "variant", "runtime.", "logger.", "eval.device")
+    relabel = any(not any(k == s or (s.endswith(".") and k.startswith(s)) for s in same) for k in keys)
+    return _saved_config(path, ["run_id=null", *(["variant=null"] if relabel else []), *overrides])
 
 
 def _saved_config(path: Path, overrides: list[str]) -> DictConfig:

@@ -240,6 +240,7 @@ def test_batched_equals_sequential_per_client(method, tmp_path, data_root):
     run_paths(method, p, shards, serial_paths(p, shards))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_batched_equals_sequential_on_the_gpu(tmp_path, data_root, monkeypatch):
     """Both paths on the GPU against the CPU loops, with cuDNN's TF32 convolutions off (on by

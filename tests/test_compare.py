@@ -140,7 +140,10 @@ def test_wandb_run_has_partition_statistics_and_seed_tag(tmp_path):
         "train_sizes"]  # fmt: skip
     # every history row carries `round`, and every chart's x-axis is it
     assert [h["round"] for h in logged["history"]] == [h["_step"] for h in logged["history"]] == [0, 1, 2]
-    assert {(m.glob_name, m.step_metric) for m in logged["metrics"] if m.glob_name} == {("*", "round")}
+    sections = ("train", "eval", "server", "system", "partition")
+    assert {(m.glob_name, m.step_metric) for m in logged["metrics"] if m.glob_name} == {
+        (f"{s}/*", "round") for s in sections
+    }
     step0 = next(h for h in logged["history"] if "partition/class_histogram/_type" in h)
     assert step0["_step"] == 0 and step0["partition/class_histogram/_type"] == "table-file"
     assert step0["partition/plot/_type"] == "image-file"
@@ -153,7 +156,7 @@ def test_wandb_run_has_partition_statistics_and_seed_tag(tmp_path):
     assert columns[:2] == ["client", "size"] and len(columns) == 2 + len(stats["class_names"])
     assert [row[1] for row in table["data"]] == stats["train_sizes"]
     assert [row[2:] for row in table["data"]] == stats["train_class_histogram"]
-    accs = [h["accuracy"] for h in logged["history"] if "accuracy" in h]  # rounds still at steps 1..
+    accs = [h["eval/accuracy"] for h in logged["history"] if "eval/accuracy" in h]  # steps 1..
     assert len(accs) == 2
 
 
@@ -218,9 +221,42 @@ def test_compare_of_different_primary_metrics_gives_each_its_own_table(tmp_path,
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("client_accuracy (") and not any(ln.startswith("accuracy") for ln in printed)
     for s in _summaries(tmp_path / "mixed"):
-        last = json.loads((tmp_path / "mixed" / s["run_id"] / "metrics.jsonl").read_text().splitlines()[-1])
+        run_dir = tmp_path / "mixed" / s["run_id"]
+        last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
         row = next(ln for ln in printed if ln.startswith(s["method"] + " "))
-        assert row.split()[1:4] == ["1", str(s["seed"]), f"{last['client_accuracy']:.4f}"]
+        ref = _majority_by_hand(run_dir)
+        # the majority-class reference beside client_accuracy: metrics.jsonl, summary.json, compare
+        assert abs(last["client_majority_accuracy"] - ref) < 1e-12
+        assert s["final_client_majority_accuracy"] == last["client_majority_accuracy"]
+        assert row.split()[1:5] == ["1", str(s["seed"]), f"{last['client_accuracy']:.4f}", f"{ref:.4f}"]
+    assert "majority ref" in printed[1] and any(
+        ln.startswith("paired: final client_accuracy minus fedavg") for ln in printed
+    )
+
+
+def _majority_by_hand(run_dir: Path) -> float:
+    """Each client's majority training class scored on its own test split, weighted by the
+    test splits' sizes, from the run's split (rebuilt from its config) with Counter."""
+    from collections import Counter
+
+    from fl_lightning.config import load_run_config
+    from fl_lightning.data.federated import split_from_config
+    from fl_lightning.data.registry import load_from_config
+
+    cfg = load_run_config(run_dir, [])
+    data = load_from_config(cfg.data)
+    split = split_from_config(data, cfg)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    hits, total, each = 0, 0, []
+    for tr, te in zip(split.train, split.test, strict=True):
+        counts = Counter(int(y) for y in data.train_y[tr])
+        top = max(counts.values())
+        majority = min(c for c, n in counts.items() if n == top)
+        right = sum(int(y) == majority for y in data.train_y[te])
+        each.append(right / len(te))
+        hits, total = hits + right, total + len(te)
+    assert summary["client_majority_accuracies"] == [round(a, 6) for a in each]
+    return hits / total
 
 
 def _hand_run(root: Path, name: str, method: str, seed: int, metric: str, curve: list[float],
@@ -330,3 +366,36 @@ def test_every_run_writes_its_curves_and_partition_pictures(tmp_path):
         assert width >= min_w and height >= min_h, (name, width, height)
         assert 10_000 < png.stat().st_size < 2_000_000, name  # drawn, and not a bloated raster
     assert not list(run_dir.glob("*.part"))  # written whole, no temporary left
+
+
+def test_compare_pairs_each_method_with_fedavg_by_seed(tmp_path, capsys):
+    """Paired differences (final value minus FedAvg's on the same seed) with reproduce's
+    95% t-interval, by hand: a seed only one method has drops out; fewer than 3 pairs, none."""
+    root = tmp_path / "runs"
+    finals = {"fedavg": [0.50, 0.60, 0.55, 0.40], "fedprox": [0.56, 0.63, 0.64], "moon": [0.45, 0.58]}
+    for method, values in finals.items():
+        for seed, v in enumerate(values):
+            _hand_run(root, f"{method}_s{seed}", method, seed, "accuracy", [0.1, v], [1.0, 0.9])
+    assert main(["compare", str(root), "--out", str(tmp_path / "cmp"), "--no-plots"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    diffs = [0.56 - 0.50, 0.63 - 0.60, 0.64 - 0.55]  # seed 3: FedAvg's only
+    mean, sd = statistics.mean(diffs), statistics.stdev(diffs)
+    half = 4.302652729911275 * sd / 3**0.5  # t(0.975, 2 df), from a table
+    head = lines.index("paired: final accuracy minus fedavg's on the same seeds (mean [95% t-interval])")
+    prox = lines[head + 1].split()
+    assert prox[:3] == ["fedprox", "seeds", "0,1,2"] and prox[3] == f"{mean:+.4f}"
+    assert " ".join(prox[4:6]) == f"[{mean - half:+.4f}, {mean + half:+.4f}]"
+    assert lines[head + 2].split()[:4] == ["moon", "seeds", "0,1", f"{statistics.mean([-0.05, -0.02]):+.4f}"]
+    assert "fewer than 3 seed pairs" in lines[head + 2]
+    data = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    (p, m) = data["paired"]
+    assert p["group"] == "fedprox" and p["baseline"] == "fedavg" and p["seeds"] == [0, 1, 2]
+    assert abs(p["low"] - (mean - half)) < 1e-9 and abs(p["high"] - (mean + half)) < 1e-9
+    assert m["low"] is None and m["seeds"] == [0, 1]
+    # another baseline by name; one that names no row is one line
+    assert (
+        main(["compare", str(root), "--baseline", "moon", "--no-plots", "--out", str(tmp_path / "c2")]) == 0
+    )
+    assert "paired: final accuracy minus moon's" in capsys.readouterr().out
+    assert main(["compare", str(root), "--baseline", "nope", "--no-plots"]) == 2
+    assert "--baseline 'nope' names no row" in capsys.readouterr().err

@@ -29,6 +29,16 @@ BAD = [
     (["data.root=/nonexistent/fl_data"], "Fashion-MNIST not found: expected train-images-idx3-ubyte.gz"),
     (["+experiment=nope"], "unknown experiment 'nope'"),
     (["seed"], "bad override 'seed': expected key=value"),
+    (
+        ["data.augment=[random_crop,flip]"],
+        "data.augment: unknown augmentation 'flip'; valid: random_crop, hflip",
+    ),
+    (["data.augment=[hflip]", "runtime.batched=2"], "runtime.batched trains from precomputed batch indices"),
+    # the model's smallest input, checked on the meta device before any data loads (serial: no Ray)
+    (
+        ["model=alexnet_bn", "data.image_size=62", "runtime=serial"],
+        "model alexnet_bn cannot take 62x62 images (Given input size: (256x2x2)",
+    ),
 ]
 
 
@@ -88,6 +98,7 @@ def test_list_prints_one_line_per_method_with_its_paper_and_needs(capsys):
     assert "defaults model=ctran data=fmnist_multilabel" in lines["fedlgt"]
     assert "arXiv:2312.07165" in lines["fedlgt"] and "arXiv:2503.13543" in lines["fedtsp"]
     assert "defaults model=htfe_cnn3 text=minilm" in lines["fedtsp"]
+    assert "clients' own test splits (data.client_test_fraction > 0)" in lines["fedtsp"]  # by its config
     assert "[data.server_subset=N]" in lines["feddf"]  # refuses to run without it
     assert "data.train_subset=55000 or less" in lines["clip2fl"]  # its teacher's hold-out
     assert lines["local"].split(None, 1)[1].startswith("Local training only")
@@ -95,6 +106,22 @@ def test_list_prints_one_line_per_method_with_its_paper_and_needs(capsys):
     assert "multi-label, 10 classes, offline stand-in" in lines["fmnist_multilabel"]
     assert "heterogeneous family" in lines["htfe_cnn3"] and "dirichlet" in out
     assert "+experiment=<name>" in out
+
+
+def test_a_method_that_needs_client_test_splits_says_so_before_any_data(tmp_path, capsys, data_root):
+    """FedTSP keeps personal models at its defaults: refused by the config checks
+    (`validate_registered`, before the data is loaded or a model built); with shared weights it
+    runs on the global test set, so the check does not apply."""
+    from fl_lightning.config import validate_registered
+    from fl_lightning.core.errors import ConfigError
+
+    code = main(["run", "method=fedtsp", "runtime=serial", "logger=none", f"output_dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and list(tmp_path.iterdir()) == [], err
+    assert "fedtsp keeps personal models" in err and "data.client_test_fraction=0.25" in err
+    validate_registered(compose(["method=fedtsp", "method.share_weights=true"]))  # no error
+    with pytest.raises(ConfigError, match="eval.timing=trained"):
+        validate_registered(compose(["eval.timing=trained"]))
 
 
 def test_resume_refuses_to_change_the_experiment(tmp_path, capsys):

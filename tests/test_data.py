@@ -510,6 +510,33 @@ def test_fmnist_is_inflated_once_then_read_from_its_cache_until_a_file_changes(d
         load_fmnist_arrays(str(root))
 
 
+def test_fmnist_subset_declared_by_its_folder_loads_and_only_then(data_root, tmp_path):
+    """benchmarks/gpu_prepare.py's subset (the first images of each split, IDX, with subset.json)
+    loads as those images; the same files without subset.json are refused as the wrong shape,
+    and a subset.json that declares nothing is one clear error."""
+    import importlib.util
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    spec = importlib.util.spec_from_file_location("gpu_prepare", bench / "gpu_prepare.py")
+    assert spec is not None and spec.loader is not None
+    prep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prep)
+    from fl_lightning.data.fetch import fmnist_dir
+
+    root = tmp_path / "data"
+    prep.write_fmnist_subset(data_root, root, 300, 100)
+    got, full = load_fmnist_arrays(str(root)), load_fmnist_arrays(data_root)
+    for a, b, n in zip(got, full, (300, 300, 100, 100), strict=True):
+        assert len(a) == n and np.array_equal(a, b[:n])
+    marker = fmnist_dir(root) / "subset.json"
+    marker.unlink()
+    with pytest.raises(ConfigError, match=r"holds an array of shape \(300, 28, 28\), expected \(60000"):
+        load_fmnist_arrays(str(root))
+    marker.write_text('{"images": 3}')
+    with pytest.raises(ConfigError, match="does not declare a subset"):
+        load_fmnist_arrays(str(root))
+
+
 def test_partition_plot_of_thousands_of_clients(data_root, tmp_path):
     """Past 200 clients the sizes are one filled step curve, not a bar per client (10,000
     bars took ~5 s and ~100 MB of the driver's memory before round 1)."""

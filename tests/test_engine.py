@@ -57,12 +57,13 @@ def test_issue_example_learns_well_above_chance(tmp_path, data_root):
 @pytest.mark.slow
 def test_serial_and_ray_give_identical_metrics(tmp_path, data_root, ray_session, monkeypatch):
     """Same config and seed, both executors (Ray with per-client actors and with a pool; the
-    pool's actor gets one client at a time, so its next ones are submitted as each returns)."""
+    pool's actor gets one client at a time, so its next ones are submitted as each returns),
+    with training-time augmentation on (its draws seeded from seed, round, client and step)."""
     from fl_lightning.runtime import ray_executor
 
     # 3 clients: one actor each, then all three in one pooled actor (actors are the cost here)
     args = small(tmp_path, "fl.rounds=2", "fl.num_clients=3", "runtime.threads_per_client=1",
-                 "data.train_subset=600")  # fmt: skip
+                 "data.train_subset=600", "data.augment=[random_crop,hflip,rotate]")  # fmt: skip
     serial, sdir = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False)
     ray_pc, pdir = start_run(
         compose([*args, "runtime=ray", "runtime.placement=per_client", "run_id=per_client"]), console=False
@@ -73,6 +74,7 @@ def test_serial_and_ray_give_identical_metrics(tmp_path, data_root, ray_session,
         console=False,
     )
     assert ray_pc["num_actors"] == 3 and ray_pool["num_actors"] == 1
+    assert "num_actors: 3" in (pdir / "config.yaml").read_text()  # what ran, not null
     keys = ("accuracy", "loss", "train_loss", "bytes_up")
     expect = [[r[k] for k in keys] for r in _records(sdir)]
     assert expect == [[r[k] for k in keys] for r in _records(pdir)]
@@ -120,10 +122,10 @@ def test_wandb_offline_run_holds_config_rounds_and_summary(tmp_path, data_root):
     assert config["run_id"] == run_dir.name and config["logger.group"] == "wbtest"
     assert config["runtime.placement"] in ("per_client", "pool") and config["eval.device"] == "cpu"
     assert config["logger.mode"] == "offline" and config["runtime.accelerator"] == "cpu"
-    accs = [h["accuracy"] for h in logged["history"] if "accuracy" in h]
+    accs = [h["eval/accuracy"] for h in logged["history"] if "eval/accuracy" in h]
     assert accs == [r["accuracy"] for r in _records(run_dir)]
-    assert logged["summary"]["final_accuracy"] == summary["final_accuracy"]
-    assert logged["summary"]["best_accuracy"] == summary["best_accuracy"]
+    assert logged["summary"]["eval/final_accuracy"] == summary["final_accuracy"]
+    assert logged["summary"]["eval/best_accuracy"] == summary["best_accuracy"]
 
 
 def test_only_weights_and_metrics_leave_a_client(tmp_path, data_root):
@@ -165,11 +167,12 @@ def test_overlapped_evaluation_writes_the_same_lines_and_checkpoints(tmp_path, d
 def test_resident_shards_give_the_dataloaders_numbers_and_bf16_runs(tmp_path, data_root):
     """`runtime.resident_shards` (batches by index from the shard on the fit's device) draws the
     same batches as a torch DataLoader for the same seed: 2 local epochs (the loader's RNG goes
-    on from epoch to epoch) and FedRep's two fits per round over one loader. Then
+    on from epoch to epoch) and FedRep's two fits per round over one loader, and augments them
+    alike (`data.augment`: the n-th batch of a fit gets the same draws). Then
     `runtime.precision=bf16-mixed` trains (Lightning's CPU autocast) to finite numbers."""
     args = small(tmp_path, "fl.rounds=2", "runtime=serial", "fl.num_clients=2", "fl.local_epochs=2",
                  "method=fedrep", "data.client_test_fraction=0.25", "fl.batch_size=24",
-                 "data.train_subset=800")  # fmt: skip
+                 "data.train_subset=800", "data.augment=[rotate,random_crop,hflip]")  # fmt: skip
     _, on = start_run(compose([*args, "run_id=resident"]), console=False)
     _, off = start_run(compose([*args, "runtime.resident_shards=false", "run_id=loader"]), console=False)
     keys = ("train_loss", "client_accuracy", "client_loss")

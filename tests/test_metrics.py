@@ -214,6 +214,7 @@ def test_spec_primary_metric_and_pickle() -> None:
         EvalSpec(num_classes=3, class_groups=(0, 1))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("multilabel", [True, False], ids=["multilabel", "single_label"])
 def test_cuda_matches_cpu(multilabel: bool) -> None:

@@ -106,6 +106,34 @@ def test_a_run_starts_from_the_trunk_and_records_it(trunk_file, tmp_path, data_r
     assert len(rec["sha256"]) == 16
 
 
+def test_a_run_resumes_once_its_weights_file_is_gone(trunk_file, tmp_path, data_root, capsys):
+    """`model.weights=FILE`, then FILE removed: the resume read FILE again and could not go on,
+    though the run had started from it. The run keeps a copy (`model_weights.pt`) and resumes
+    from it to the numbers of the run never interrupted; a run without a copy (started before
+    runs kept one) is one line saying to put the file back."""
+    import shutil
+
+    weights = tmp_path / "w.pt"
+    shutil.copy(trunk_file, weights)
+    tiny = ["data.train_subset=400", "data.test_subset=100", "fl.num_clients=2", "fl.local_steps=3"]
+    args = small(tmp_path, "runtime=serial", *tiny, f"model.weights={weights}")
+    assert main(["run", *args, "run_id=whole", "--quiet"]) == 0
+    assert main(["run", *args, "fl.rounds=1", "run_id=cut", "--quiet"]) == 0
+    run_dir = tmp_path / "default" / "cut"
+    assert (run_dir / "model_weights.pt").read_bytes() == trunk_file.read_bytes()
+    weights.unlink()
+    capsys.readouterr()
+    assert main(["resume", str(run_dir), "fl.rounds=2", "--quiet"]) == 0, capsys.readouterr().err
+    runs = tmp_path / "default"
+    whole, cut = (json.loads((runs / r / "summary.json").read_text()) for r in ("whole", "cut"))
+    assert cut["final_accuracy"] == whole["final_accuracy"] and cut["rounds_completed"] == 2
+    assert cut["model_weights"] == whole["model_weights"]  # the file named, and its digest
+    (run_dir / "model_weights.pt").unlink()
+    assert main(["resume", str(run_dir), "fl.rounds=3", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such file" in err[0] and "put the file back" in err[0], err
+
+
 def test_bad_weights_are_one_line_before_any_work(trunk_file, tmp_path, data_root, capsys):
     hostile = tmp_path / "hostile.pt"
     marker = tmp_path / "pwned"
@@ -122,6 +150,8 @@ def test_bad_weights_are_one_line_before_any_work(trunk_file, tmp_path, data_roo
         rc = main(["run", *small(tmp_path, "runtime=serial", f"model.weights={weights}"), "--quiet"])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and says in err[0], err
+    # never torch's advice to load it anyway (`weights_only=False` would run the payload)
+    assert "refused" in err[0] and "weights_only" not in err[0] and "can still be loaded" not in err[0]
     assert not marker.exists()  # the pickled payload never ran
     # a family of architectures takes no single trunk; a mismatch is named once the model is built
     for extra, says in ((["method=fedproto", "model=htfe_cnn3"], "family of architectures"),
@@ -135,6 +165,20 @@ def test_bad_weights_are_one_line_before_any_work(trunk_file, tmp_path, data_roo
         (["pretrain", "data=fmnist"], "needs --out"),
         (["pretrain", "data=fmnist", "--holdout-from", "60000", "--out", str(tmp_path / "w.pt")], "is empty"),
         (["pretrain", "data=fmnist", "--epochs", "0", "--out", str(tmp_path / "w.pt")], "--epochs >= 1"),
+        # below a file: refused before the training (it failed only after it, exit 1)
+        (
+            [
+                "pretrain",
+                "data=fmnist",
+                "--holdout-size",
+                "50",
+                "--epochs",
+                "1",
+                "--out",
+                str(hostile / "w.pt"),
+            ],
+            "is a file, not a folder",
+        ),
     ):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()

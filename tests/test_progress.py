@@ -85,14 +85,21 @@ def test_a_terminal_gets_a_tqdm_bar():
 
 
 def test_teacher_build_shows_its_progress(tmp_path, data_root, capsys, monkeypatch, every_step):
-    """The issue's silent step: `fl-lightning teacher build`, 2 epochs of 3 batches."""
+    """The issue's silent step: `fl-lightning teacher build`, 2 epochs of 3 batches. Once three
+    batches are timed, a build estimated long (here: any, the threshold set below zero) says how
+    long and how to shorten it, once."""
     monkeypatch.setenv("FL_LIGHTNING_TEACHER_CACHE", str(tmp_path / "teachers"))
+    monkeypatch.setattr("fl_lightning.core.centralized.ANNOUNCE_ABOVE_S", -1.0)
     args = ["teacher", "build", "data=fmnist", "data.train_subset=2000", "data.test_subset=200",
             "method.teacher_holdout_from=2000", "method.teacher_holdout_size=192",
             "method.teacher_epochs=2", "method.teacher_model_kwargs.scaling=1"]  # fmt: skip
     assert main(args) == 0
     out = capsys.readouterr()
     lines = _lines(out.err, "teacher build (resnet8, 192 images)")
+    said = [line for line in lines if ": about " in line]
+    assert len(said) == 1 and "(2 epochs x 3 batches on " in said[0], said
+    assert "method.teacher_epochs=3" in said[0] and "fl-lightning teacher build" in said[0]
+    lines = [line for line in lines if ": about " not in line]
     assert [line.split(": ", 1)[1].split(" ", 1)[0] for line in lines[:6]] == [f"{k}/6" for k in range(1, 7)]
     assert "epoch 1/2" in lines[0] and "epoch 2/2" in lines[5] and "left" in lines[5]
     assert re.search(r"loss \d", lines[0])

@@ -409,12 +409,12 @@ def test_a_killed_actor_is_in_metrics_and_wandb_and_changes_nothing(tmp_path, da
     assert summary["final_accuracy"] == undisturbed["final_accuracy"]
     (wb,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     history = read_finished_run(wb)["history"]
-    assert [h["clients_retried"] for h in history if "clients_retried" in h] == [
+    assert [h["train/clients_retried"] for h in history if "train/clients_retried" in h] == [
         r["clients_retried"] for r in recs
     ]
-    (step,) = [h for h in history if h.get("clients_retried")]
-    assert step["clients_failed"] == 0 and step["client_failures/_type"] == "table-file"  # the causes
-    table = json.loads((wb.parent / "files" / step["client_failures/path"]).read_text())
+    (step,) = [h for h in history if h.get("train/clients_retried")]
+    assert step["train/clients_failed"] == 0 and step["train/client_failures/_type"] == "table-file"
+    table = json.loads((wb.parent / "files" / step["train/client_failures/path"]).read_text())
     assert table["data"] == [[hit[0]["round"], f] for f in hit[0]["client_failures"]]
 
 
@@ -539,6 +539,55 @@ def test_ctrl_c_during_ray_start_up_leaves_no_ray_process(tmp_path, data_root):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["ctrl_c", "sighup"])
+def test_a_signal_while_the_ray_workers_start_leaves_an_interrupted_summary(
+    tmp_path, capsys, ray_session, sig
+):
+    """Ctrl-C (or SIGHUP: its terminal closed) the moment the run directory has its partition,
+    while the client workers start: the worker start-up ran before the try/finally that writes
+    summary.json, so the run had none (and SIGHUP ended the process at once). Now one line,
+    exit 128 + the signal, `interrupted`, its workers ended (the shared Ray stays up, its CPUs
+    free), and `resume` finishes it."""
+    from fl_lightning.runtime.signals import our_handler
+
+    args = small(tmp_path, *TINY, "fl.rounds=1", "runtime.early_start=false", "run_id=w")
+    run_dir = tmp_path / "default" / "w"
+    sent: list[str] = []
+
+    def signal_once_partitioned() -> None:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "partition.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        ours = signal.getsignal(sig) is our_handler() is not None  # never SIGHUP by default: it ends pytest
+        if sig == signal.SIGINT or ours:
+            os.kill(os.getpid(), sig)
+        sent.append("sent" if sig == signal.SIGINT or ours else "no handler of ours")
+
+    if signal.getsignal(sig) is signal.SIG_IGN and sig == signal.SIGHUP:
+        pytest.skip("SIGHUP is ignored here (nohup), and so by the run")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    watcher = threading.Thread(target=signal_once_partitioned, daemon=True)
+    try:
+        watcher.start()
+        code = main(["run", *args, "--quiet"])
+    finally:
+        watcher.join(timeout=300)
+        signal.signal(signal.SIGINT, previous)
+    assert sent == ["sent"]
+    what = "interrupted (Ctrl-C)" if sig == signal.SIGINT else "terminated (SIGHUP)"
+    assert code == 128 + sig and what.split(" (")[0] in _one_line(capsys.readouterr().err)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["error"] == what
+    assert summary["rounds_completed"] == 0 and not (run_dir / "metrics.jsonl").exists()
+    deadline = time.monotonic() + 60  # its workers ended: the shared Ray's CPUs are free again
+    while ray_session.available_resources().get("CPU") != ray_session.cluster_resources()["CPU"]:
+        assert time.monotonic() < deadline, "the interrupted run's workers hold the shared Ray's CPUs"
+        time.sleep(0.1)
+    if sig == signal.SIGINT:  # (the way out after the signal is the same)
+        assert main(["resume", str(run_dir), "runtime.executor=serial", "--quiet"]) == 0
+        assert [r["round"] for r in _records(run_dir)] == [1]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to find processes")

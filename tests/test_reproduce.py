@@ -19,12 +19,9 @@ from fl_lightning.cli.main import main
 from fl_lightning.cli.sweep import own_wandb_service
 from fl_lightning.config import compose, conf_dir, validate_registered
 from fl_lightning.core.errors import ConfigError
-from fl_lightning.tracking.reproduce import load_spec, paired
+from fl_lightning.tracking.reproduce import at_chance, load_spec, machines, paired, read_run, run_value
 
 from .wandb_files import read_finished_run
-
-#: Student's t 0.975 quantile with 1 degree of freedom (tables; 2 seeds give one df)
-T_975_DF1 = 12.706204736174705
 
 TINY = """
 title: tiny
@@ -60,7 +57,7 @@ def final(run_dir: Path, key: str, best: bool = False) -> float:
     return min(xs) if best else xs[-1]
 
 
-def test_reproduce_end_to_end_verdicts_by_hand_and_a_kill(conf, tmp_path, data_root):
+def test_reproduce_end_to_end_verdicts_by_hand_and_a_kill(conf, tmp_path, data_root, capsys):
     out = tmp_path / "rep"
     # as from another shell: not this process's W&B service (an earlier test may have started one)
     env = {**own_wandb_service(), "FL_LIGHTNING_CONF": str(conf), "WANDB_MODE": "offline"}
@@ -90,24 +87,23 @@ def test_reproduce_end_to_end_verdicts_by_hand_and_a_kill(conf, tmp_path, data_r
     ]  # fmt: skip
     # A third time: nothing to run, the same report.
     report = (out / "report.md").read_text()
+    capsys.readouterr()
     assert main(["reproduce", "tiny", "--out", str(out), "--dry-run"]) == 0
-    # Verdicts from paired intervals computed by hand.
+    shown = capsys.readouterr().out  # what the scale needs, and whether it is here
+    assert "needs: Fashion-MNIST" in shown
+    assert f"dataset fmnist under {Path(data_root).expanduser()}: present" in shown
+    # Two seeds give no verdict, and say why; the numbers are still the paired differences,
+    # on each claim's own statistic (final accuracy; best, i.e. lowest, loss)
     numbers = json.loads((out / "results.json").read_text())
     claims = {c["id"]: c for c in numbers["claims"]}
-    for cid, key, best, lower in (("faster", "accuracy", False, False), ("loss", "loss", True, True)):
+    for cid, key, best in (("faster", "accuracy", False), ("loss", "loss", True)):
         d = [final(runs / f"fast_s{s}", key, best) - final(runs / f"slow_s{s}", key, best) for s in (0, 1)]
-        mean = (d[0] + d[1]) / 2
-        sd = abs(d[0] - d[1]) / math.sqrt(2)  # sample std of two values
-        half = T_975_DF1 * sd / math.sqrt(2)
-        lo, hi = mean - half, mean + half
         c = claims[cid]
-        assert c["seeds"] == [0, 1]
-        assert c["mean"] == pytest.approx(mean, abs=1e-12)
-        assert c["low"] == pytest.approx(lo, abs=1e-9) and c["high"] == pytest.approx(hi, abs=1e-9)
-        sign = -1 if lower else 1
-        want = "supported" if sign * lo > 0 else "contradicted" if sign * hi < 0 else "inconclusive"
-        assert c["verdict"] == want
-        assert f"**{want}**" in report
+        assert c["seeds"] == [0, 1] and c["diffs"] == pytest.approx(d, abs=1e-12)
+        assert c["mean"] == pytest.approx((d[0] + d[1]) / 2, abs=1e-12)
+        assert c["verdict"] == "no verdict" and c["low"] is None and c["why"] == "fewer than 3 seed pairs"
+    assert report.count("**no verdict** (fewer than 3 seed pairs)") == 2
+    assert "| best loss |" in report and "| final accuracy |" in report
     assert f"fl-lightning reproduce tiny --scale mini --seeds 0,1 --out {out}" in report
     assert (out / "curves.png").stat().st_size > 5000
     # One W&B group for the reproduction, tags naming paper, scale, row and claims.
@@ -115,12 +111,55 @@ def test_reproduce_end_to_end_verdicts_by_hand_and_a_kill(conf, tmp_path, data_r
     logged = read_finished_run(path)
     assert logged["run"].run_group == "reproduce-tiny-mini"
     assert {"reproduce", "tiny", "mini", "row-slow", "faster", "loss"} <= set(logged["run"].tags)
+    # ... each run named by its row (two rows of one method would otherwise share a name)
+    assert logged["run"].display_name == "slow-s1" and logged["config"]["row"] == "slow"
+    assert json.loads((runs / "slow_s1" / "summary.json").read_text())["row"] == "slow"
     # A longer schedule continues the finished runs from their checkpoints, round 1 untouched.
     round1 = (runs / "fast_s1" / "metrics.jsonl").read_text()
     assert main(["reproduce", "tiny", "--out", str(out), "fl.rounds=2", "logger=none"]) == 0
     lines = (runs / "fast_s1" / "metrics.jsonl").read_text()
     assert lines.startswith(round1) and len(lines.splitlines()) == 2
     assert json.loads((runs / "fast_s1" / "summary.json").read_text())["rounds_completed"] == 2
+    # every row: final, best and the mean of its last rounds (here 2 < 5: both), by hand
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    acc = [json.loads(x)["accuracy"] for x in lines.splitlines()]
+    assert rows["fast"]["accuracy"]["final"]["1"] == acc[-1] and rows["fast"]["accuracy"]["best"]["1"] == max(
+        acc
+    )
+    assert rows["fast"]["accuracy"]["last_k"]["1"] == pytest.approx(sum(acc) / 2, abs=1e-15)
+    # `compare --by row` tells the rows apart
+    assert main(["compare", str(runs), "--by", "row", "--no-plots"]) == 0
+    table = capsys.readouterr().out
+    groups = {
+        line.split()[0]: line.split()[1] for line in table.splitlines() if line.startswith(("fast ", "slow "))
+    }
+    assert groups == {"fast": "2", "slow": "2"}  # two seeds each
+    # Continued with other settings: refused in one line, nothing touched...
+    assert main(["reproduce", "tiny", "--out", str(out), "fl.batch_size=16", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "made with other settings (fl.batch_size: 32 -> 16)" in err[0], err
+    # ... or, on request, those runs moved aside (not deleted) and run again
+    kept = (runs / "fast_s0" / "summary.json").read_text()
+    argv = ["reproduce", "tiny", "--out", str(out), "--seeds", "0", "fl.batch_size=16", "logger=none"]
+    assert main([*argv, "--restart"]) == 0
+    (aside,) = (out / "set_aside").iterdir()
+    assert (aside / "fast_s0" / "summary.json").read_text() == kept
+    assert sorted(p.name for p in aside.iterdir()) == ["fast_s0", "slow_s0"]
+    assert "batch_size: 16" in (runs / "fast_s0" / "config.yaml").read_text()
+    # the report and results.json name every override: the scale's and the command line's
+    numbers = json.loads((out / "results.json").read_text())
+    assert numbers["overrides"]["command_line"] == ["fl.batch_size=16", "logger=none"]
+    assert "fl.rounds=1" in numbers["overrides"]["scale"]
+    assert (
+        "runtime=serial data.partition=iid fl.batch_size=16 logger=none`" in (out / "report.md").read_text()
+    )
+    assert main(argv) == 0  # continued with the same settings: nothing to run
+    # --out a run directory (or inside one): refused, nothing written there
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (runs / "fast_s0").iterdir())
+    for inside in (runs / "fast_s0", runs / "fast_s0" / "sub"):
+        assert main(["reproduce", "tiny", "--out", str(inside), "--report-only"]) == 2
+        assert "the run directory" in capsys.readouterr().err
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (runs / "fast_s0").iterdir()) == before
 
 
 PREP = """
@@ -145,10 +184,18 @@ claims:
 """
 
 
-def test_prepare_steps_and_rows_read_from_another_rows_runs(conf, tmp_path, data_root):
+def test_prepare_steps_and_rows_read_from_another_rows_runs(conf, tmp_path, data_root, monkeypatch):
     (conf / "reproduce" / "prep.yaml").write_text(PREP)
     out = tmp_path / "rep"
+    # a yaml.py where the user runs the command: the prepare step's child (python -P) ignores it
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "yaml.py").write_text(
+        f"open({str(tmp_path / 'planted_ran')!r}, 'w').close()\nraise SystemExit(3)\n"
+    )
+    monkeypatch.chdir(cwd)
     assert main(["reproduce", "prep", "--out", str(out), "logger=none"]) == 0
+    assert not (tmp_path / "planted_ran").exists()
     weights = out / "w" / "cnn.pt"
     made = weights.stat().st_mtime_ns
     assert (out / "logs" / "prepare-0.log").is_file()
@@ -178,9 +225,35 @@ def test_paired_verdicts_by_hand():
     assert p.low == pytest.approx(0.03 - half) and p.high == pytest.approx(0.03 + half)
     assert p.verdict == "supported"
     assert paired({0: 0.52, 1: 0.54, 2: 0.53}, {0: 0.5, 1: 0.5, 2: 0.5}, "lower").verdict == "contradicted"
-    assert paired({0: 0.5, 1: 0.6}, {0: 0.55, 1: 0.5}, "higher").verdict == "inconclusive"
+    assert paired({0: 0.5, 1: 0.6, 2: 0.7}, {0: 0.55, 1: 0.5, 2: 0.6}, "higher").verdict == "inconclusive"
+    # two pairs that differ by exactly one point each: no interval, no verdict (was "contradicted")
+    two = paired({0: 0.50, 1: 0.60}, {0: 0.51, 1: 0.61}, "higher")
+    assert two.low is None and two.verdict == "no verdict" and two.why == "fewer than 3 seed pairs"
+    # three equal differences (float noise apart): a zero-width interval says nothing
+    flat = paired({0: 0.6, 1: 0.7, 2: 0.8}, {0: 0.5, 1: 0.6, 2: 0.7}, "higher")
+    assert flat.verdict == "no verdict" and flat.why == "the differences do not vary over seeds"
     one = paired({0: 0.9}, {0: 0.1}, "higher")  # one pair: no interval
-    assert one.low is None and one.verdict == "inconclusive"
+    assert one.low is None and one.verdict == "no verdict"
+
+
+def test_statistics_and_chance_recomputed_from_committed_runs():
+    """From the committed FedGLCL runs: a FedAvg run at 10.00% in every round, whose summary
+    predates the chance check (no warning in it), is at chance when read now; a trained run
+    is not; final, best and last-5 are the last value, the maximum and the mean of the last 5."""
+    runs = Path(__file__).parent.parent / "docs" / "reproduce" / "fedglcl" / "fedglcl_mini"
+    flat, trained = read_run(runs / "fedavg_d03_s0"), read_run(runs / "text_d03_s0")
+    assert "warning" not in flat.summary and {r["accuracy"] for r in flat.records} == {0.1}
+    assert at_chance(flat) and not at_chance(trained)
+    acc = [
+        json.loads(x)["accuracy"] for x in (runs / "text_d03_s0" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert run_value(trained.records, "accuracy", "final") == acc[-1]
+    assert run_value(trained.records, "accuracy", "best") == max(acc)
+    assert run_value(trained.records, "accuracy", "last_k") == pytest.approx(sum(acc[-5:]) / 5, abs=1e-15)
+    assert machines([flat.summary]) == "not recorded in the runs' summaries"
+    assert machines([{"machine": "A"}, {"machine": "B"}, {"machine": "A"}, {}]) == (
+        "the runs differ: A (2 runs), B (1 runs); 1 runs do not record it"
+    )
 
 
 @pytest.mark.parametrize("paper", sorted(p.stem for p in (conf_dir() / "reproduce").glob("*.yaml")))
@@ -204,6 +277,17 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
             validate_registered(compose(args))
 
 
+#: a billion laughs: `i` stands for 9**9 strings (expanded, 112 s and a MemoryError)
+BOMB = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+def _step(command: str) -> str:
+    """TINY with one prepare step running `command` (a YAML list)."""
+    return TINY.replace("    seeds: [0, 1]", f"    prepare: [{{command: {command}}}]\n    seeds: [0]")
+
+
 @pytest.mark.parametrize(
     ("text", "says"),
     [
@@ -218,10 +302,28 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
         ),
         (TINY.replace("  slow: {", "  alias: {runs_of: nope}\n  slow: {"), "runs_of must name a row"),
         (TINY.replace("  slow: {", "  al: {runs_of: fast, overrides: [x]}\n  slow: {"), "no overrides"),
+        # malformed files someone else wrote (issue 38): one line each, nothing parsed further
+        (TINY.replace("seeds: [0, 1]", "seeds: 5"), "seeds must be a list"),
+        ("scales: [mini]\nrows:" + TINY.split("rows:", 1)[1], "scales must be a mapping"),
+        (TINY.replace("    needs:", "    reach: abc\n    needs:"), "reach must be a number (got 'abc')"),
+        (TINY.split("claims:", 1)[0] + "claims: 7\n", "claims must be a list"),
+        (TINY.replace("title: tiny", "title: " + "[" * 20000 + "]" * 20000), "nested deeper than 8 levels"),
+        (TINY.replace("title: tiny", "title: caf\xe9").encode("latin-1"), "not UTF-8 text"),
+        (
+            BOMB + TINY.replace("title: tiny", "title: *i"),
+            "anchors and aliases (&, *) are not allowed",
+        ),
+        (TINY.replace("title: tiny", "title: {a: 1}"), "title must be text"),
+        # prepare steps run only pretrain into the folder or teacher build
+        (_step("[run, method=fedavg]"), "may run only `pretrain` or `teacher build`"),
+        (_step("[pretrain, --out, /tmp/x.pt]"), "writes only inside the folder"),
+        (_step('[pretrain, --out, "{out}/../x.pt"]'), "writes only inside the folder"),
+        (_step('[pretrain, output_dir=/tmp, --out, "{out}/x.pt"]'), "may not set 'output_dir'"),
+        (_step("[teacher, build, --rebuild]"), "may not pass '--rebuild'"),
     ],
-)
+)  # fmt: skip
 def test_bad_claims_file_is_one_line(conf, text, says, capsys):
-    (conf / "reproduce" / "tiny.yaml").write_text(text)
+    (conf / "reproduce" / "tiny.yaml").write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(ConfigError, match="tiny.yaml"):
         load_spec(conf / "reproduce" / "tiny.yaml")
     assert main(["reproduce", "tiny", "--dry-run"]) == 2
@@ -234,6 +336,7 @@ def test_bad_reproduce_input_is_one_line(conf, capsys):
         (["reproduce", "nosuch"], "unknown paper 'nosuch'; valid:"),
         (["reproduce", "tiny", "--scale", "paper"], "has no 'paper' scale"),
         (["reproduce", "tiny", "--seeds", "0,x"], "--seeds"),
+        (["reproduce", "tiny", "--seeds", "0", "1"], "--seeds takes one comma-separated list"),
         (["reproduce", "tiny", "method.nokey=1", "--dry-run"], "tiny row 'fast'"),
     ):
         assert main(argv) == 2
@@ -241,3 +344,39 @@ def test_bad_reproduce_input_is_one_line(conf, capsys):
         assert len(err) == 1 and says in err[0], err
     assert main(["reproduce", "--list"]) == 0
     assert "tiny" in capsys.readouterr().out
+
+
+def test_a_claims_file_imports_no_module_without_consent(conf, tmp_path, monkeypatch, capsys):
+    """A row naming `methods=` (a module to import) runs only when the command line names it
+    too: without, one line, and the module (planted where it would be found) never runs."""
+    (tmp_path / "planted_mod.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = TINY.replace(
+        "overrides: [method=fedavg, optim.lr=0.05]", "overrides: [method=fedavg, methods=planted_mod]"
+    )
+    (conf / "reproduce" / "tiny.yaml").write_text(text)
+    assert main(["reproduce", "tiny", "--out", str(tmp_path / "rep"), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1
+        and "rows.fast imports its method from planted_mod: run it with methods=planted_mod" in err[0]
+    )
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "rep").exists()
+
+
+def test_estimate_projects_from_timed_steps_and_writes_nothing(conf, tmp_path, capsys):
+    """--estimate times the row's backbone on synthetic tensors (no data read) and projects
+    steps a round x rounds x seconds a step: TINY's 600 images over 3 clients, batch 32, one
+    epoch, is 3 x ceil(200 / 32) = 21 steps a round, one round."""
+    out = tmp_path / "rep"
+    assert main(["reproduce", "tiny", "--out", str(out), "--estimate"]) == 0
+    text = capsys.readouterr().out
+    assert "synthetic tensors" in text and "projected" in text
+    rows = [ln.split() for ln in text.splitlines() if ln.strip().startswith("lr 0.")]
+    assert len(rows) == 2  # fast and slow
+    for cells in rows:
+        seconds, steps, rounds, hours, seeds, device_hours = cells[2:8]
+        assert (steps, rounds, seeds) == ("21", "1", "2")
+        assert float(hours) == pytest.approx(21 * float(seconds) / 3600, abs=0.006)
+        assert float(device_hours) == pytest.approx(2 * float(hours), abs=0.011)
+    assert not out.exists()

@@ -1,6 +1,7 @@
 """A run killed at any moment resumes from its last checkpoint and ends the same: every metric
 of every round (losses included) and the final server and client state, bit for bit. SCAFFOLD
-with 2 of 4 clients a round: both sides keep state, and clients that sat out keep theirs."""
+with 2 of 4 clients a round: both sides keep state, and clients that sat out keep theirs; with
+training-time augmentation on (its draws are seeded: a repeated round draws them again)."""
 
 import json
 import os
@@ -26,7 +27,7 @@ def _accs(run_dir):
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_same_result(tmp_path, data_root):
     args = small(tmp_path, "fl.rounds=4", "runtime=serial", "data.train_subset=3000", "method=scaffold",
-                 "fl.clients_per_round=2")  # fmt: skip
+                 "fl.clients_per_round=2", "data.augment=[random_crop,hflip]")  # fmt: skip
     full, full_dir = start_run(compose([*args, "experiment=full", "run_id=a"]), console=False)
 
     exe = os.path.join(os.path.dirname(sys.executable), "fl-lightning")

@@ -3,11 +3,12 @@
 (`fl-lightning run --from <run dir>`) repeats the first one's numbers exactly (same machine)."""
 
 import json
+import os
 
 import yaml
 
 from fl_lightning.cli.main import main
-from fl_lightning.config import compose, load_run_config, with_method_defaults
+from fl_lightning.config import compose, load_run_config, rerun_config, with_method_defaults
 
 from .conftest import small
 
@@ -34,7 +35,11 @@ def test_config_yaml_holds_what_ran_and_a_run_from_it_repeats_the_numbers(tmp_pa
     assert main(["run", "--quiet", *small(first, *LEFT_OPEN)]) == 0
     run_dir = _run_dir(first)
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["text"] == {"name": "minilm"}  # trained with MiniLM, recorded so
+    from fl_lightning.text.encoders import minilm_path
+
+    # trained with MiniLM, recorded so, with the files it read (`path: null` names none)
+    assert saved["text"] == {"name": "minilm", "path": str(minilm_path())}
+    assert saved["data"]["root"] == os.path.expanduser(data_root)  # the folder read, not `~/...`
     assert saved["method"]["projector"] == "linear"  # auto on a backbone without batch norm
     assert saved["run_id"] == run_dir.name
     assert saved["runtime"]["placement"] in ("per_client", "pool")
@@ -52,12 +57,31 @@ def test_config_yaml_holds_what_ran_and_a_run_from_it_repeats_the_numbers(tmp_pa
     twice = yaml.safe_load((rerun / "config.yaml").read_text())
     assert {**twice, "run_id": None, "output_dir": None} == {**saved, "run_id": None, "output_dir": None}
     capsys.readouterr()
+    # the variant (W&B's job type) as used; a rerun that changes a setting is labelled anew
+    assert (
+        saved["variant"]
+        == saved["method"]["name"]
+        == json.loads((run_dir / "summary.json").read_text())["variant"]
+    )
+    assert rerun_config(run_dir, ["seed=4"]).variant == saved["variant"]
+    assert rerun_config(run_dir, ["optim.lr=0.5"]).variant is None
 
     # a resume decides the machine's parts again (the run may have moved), keeps the rest
     resumed = load_run_config(run_dir, ["fl.rounds=3"])
     assert (resumed.runtime.placement, resumed.runtime.accelerator, resumed.eval.device) == ("auto",) * 3
     assert resumed.method.projector == "linear" and resumed.text.name == "minilm" and resumed.fl.rounds == 3
     assert load_run_config(run_dir, ["runtime.placement=pool"]).runtime.placement == "pool"
+
+
+def test_ctran_records_pretrained_only_where_its_trunk_loaded_imagenet_weights():
+    """FedLGT's C-Tran: `model.pretrained: true` is read by the efficientnet_lite0 trunk alone;
+    config.yaml records false for a trunk that loaded none (`resolved_config`)."""
+    from fl_lightning.models.ctran import pretrained_loaded
+
+    assert not pretrained_loaded({"trunk": "cnn", "pretrained": True})
+    assert not pretrained_loaded({"trunk": "tiles", "pretrained": True})
+    assert pretrained_loaded({"trunk": "efficientnet_lite0", "pretrained": True})
+    assert not pretrained_loaded({"trunk": "efficientnet_lite0", "pretrained": False})
 
 
 def test_from_takes_values_not_groups_and_needs_a_run(tmp_path, capsys):

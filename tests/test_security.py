@@ -272,6 +272,25 @@ def test_resume_of_a_clean_copy_runs(tmp_path, capsys, one_round_run):
     assert (run_dir / "checkpoints" / "round-000002.json").is_file()
 
 
+def test_a_run_of_an_earlier_version_whose_run_id_holds_a_space_resumes(tmp_path, capsys, one_round_run):
+    """Earlier versions took `run_id='old run'`; names are one safe folder name now, and its
+    resume was refused with no way out. Its own folder's name, as config.yaml records it, is
+    taken (checked as a stand-in), and stays what it was."""
+    run_dir = tmp_path / "old run"
+    shutil.copytree(one_round_run, run_dir)
+    (run_dir / ".lock").unlink(missing_ok=True)
+    text = (run_dir / "config.yaml").read_text()
+    assert "run_id: base\n" in text
+    (run_dir / "config.yaml").write_text(text.replace("run_id: base\n", "run_id: old run\n"))
+    assert main(["resume", str(run_dir), "fl.rounds=2", "--quiet"]) == 0, capsys.readouterr().err
+    assert json.loads((run_dir / "summary.json").read_text())["rounds_completed"] == 2
+    assert "run_id: old run\n" in (run_dir / "config.yaml").read_text()
+    # a name that is not its folder's is still refused (one line)
+    (run_dir / "config.yaml").write_text(text.replace("run_id: base\n", "run_id: other run\n"))
+    assert main(["resume", str(run_dir), "fl.rounds=3", "--quiet"]) == 2
+    assert "run_id='other run' must be one folder name" in _one_line_error(capsys)
+
+
 # --- 6. checkpoints name no code: state classes of registered methods only, bounded depth --
 EXE = [sys.executable, "-m", "fl_lightning"]
 
@@ -320,6 +339,24 @@ def test_a_hostile_checkpoint_runs_nothing_and_resume_falls_back(tmp_path, two_r
     assert len(warned) == 1 and "resuming from round 1" in warned[0], r.stderr[-3000:]
     assert (run_dir / "checkpoints" / "skipped" / "round-000002.json").is_file()  # set aside
     assert [x["accuracy"] for x in _rounds(run_dir)] == [x["accuracy"] for x in _rounds(two_rounds)]
+
+
+@pytest.mark.parametrize("wandb_id", ["a/b", "x" * 65, 7, "../../etc"], ids=["slash", "long", "int", "path"])
+def test_a_checkpoint_naming_a_wandb_id_wandb_refuses_is_set_aside(tmp_path, caplog, two_rounds, wandb_id):
+    """A checkpoint's W&B run id is what the resumed run continues: `a/b` was W&B's UsageError,
+    a traceback, once the resume reached W&B. Such a checkpoint is not intact: set aside with a
+    warning, and the run resumes from the one before (as for any broken checkpoint above)."""
+    from fl_lightning.runtime import checkpoint
+
+    run_dir = _copy_run(two_rounds, tmp_path / "run")
+    for rnd, wid in ((1, "0a1b2c3d"), (2, wandb_id)):
+        js = run_dir / "checkpoints" / f"round-00000{rnd}.json"
+        doc = json.loads(js.read_text())
+        doc["meta"]["wandb_id"] = wid
+        js.write_text(json.dumps(doc))
+    assert checkpoint.recover(run_dir) == 1
+    assert "skipped checkpoint round-000002" in caplog.text and "W&B run id" in caplog.text
+    assert checkpoint.load(checkpoint.latest(run_dir))[1]["wandb_id"] == "0a1b2c3d"
 
 
 @dataclasses.dataclass
@@ -636,6 +673,28 @@ def _hostile_runs(root: Path, good: Path, outside: Path, marker: Path) -> None:
     (root / "fifo" / "summary.json").write_text(json.dumps({"method": "fifo", "seed": 0}))
     os.mkfifo(root / "fifo" / "metrics.jsonl")  # reading it would block for ever
     (root / "elsewhere").symlink_to(outside, target_is_directory=True)
+
+
+def test_compare_over_a_folder_1500_levels_deep_is_no_traceback(tmp_path, capsys, caplog, one_round_run):
+    """`rglob` recursed once per level: a RecursionError. Now the run is found, the folder is
+    searched 16 levels down (a warning says where it stopped), and nothing else happens."""
+    root = tmp_path / "runs"
+    shutil.copytree(one_round_run, root / "real")
+    levels = [root / "deep"]
+    levels[0].mkdir()
+    for _ in range(1500):  # (os.makedirs recurses too)
+        levels.append(levels[-1] / "d")
+        levels[-1].mkdir()
+    (levels[-1] / "summary.json").write_text(json.dumps({"method": "buried", "seed": 0}))
+    try:
+        assert main(["compare", str(root), "--no-plots"]) == 0
+        printed = capsys.readouterr()
+        assert "Traceback" not in printed.err and "fedavg" in printed.out and "buried" not in printed.out
+        assert "more than 16 levels deep" in caplog.text
+    finally:
+        (levels[-1] / "summary.json").unlink()
+        for folder in reversed(levels):  # (shutil.rmtree recurses too)
+            folder.rmdir()
 
 
 def test_compare_over_a_hostile_runs_folder_changes_nothing_outside_and_runs_nothing(

@@ -30,8 +30,6 @@ def method_needs(name: str) -> list[str]:
 
     strategy = METHODS.get(name)
     needs: list[str] = []
-    if strategy.personalised:
-        needs.append("clients' own test splits (data.client_test_fraction > 0)")
     try:
         cfg = compose([f"method={name}"])
         method_cfg = method_config(cfg)
@@ -40,6 +38,8 @@ def method_needs(name: str) -> list[str]:
         run = {str(k): v for k, v in tree.items()}
     except ConfigError as e:
         return [*needs, f"(its config does not compose: {e})"]
+    if strategy.keeps_personal_models(method_cfg):  # at its defaults (FedTSP: unless share_weights)
+        needs.append("clients' own test splits (data.client_test_fraction > 0)")
     refused: dict[bool, str] = {}
     for multilabel in (False, True):
         try:

@@ -7,6 +7,7 @@ failures during a run end with one line and exit code 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import time
@@ -73,6 +74,14 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--list", action="store_true", help="the papers, their claims and scales")
     rep.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     rep.add_argument("--report-only", action="store_true", help="write the report from the runs there")
+    rep.add_argument(
+        "--restart", action="store_true",
+        help="move runs made with other settings aside (<out>/set_aside/<time>/) and run them again",
+    )  # fmt: skip
+    rep.add_argument(
+        "--estimate", action="store_true",
+        help="time a few steps of each row here and print the projected hours (runs nothing)",
+    )  # fmt: skip
     cmp_ = sub.add_parser("compare", help="tables (mean ± std over seeds) and metric-vs-round plots of runs")
     cmp_.add_argument(
         "paths", nargs="+", help="runs folders (searched for run directories) or run directories"
@@ -87,6 +96,12 @@ def _parser() -> argparse.ArgumentParser:
         "--out", default=None, help="folder for the plots and compare.json (default: <first path>/compare)"
     )
     cmp_.add_argument("--no-plots", action="store_true")
+    cmp_.add_argument(
+        "--baseline", default=None,
+        help="the row the others are paired against by seed (default: fedavg where present, else the first)",
+    )  # fmt: skip
+    syn = sub.add_parser("sync", help="upload every offline W&B run under a runs folder (needs a W&B key)")
+    syn.add_argument("folder", help="an experiment's folder, or any folder of runs")
     cfg = sub.add_parser("config", help="print the composed config without running")
     cfg.add_argument("overrides", nargs="*")
     sub.add_parser("list", help="list registered methods, datasets, models, ...")
@@ -226,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return reproduce_command(
                 args.paper, args.scale, _seeds(args.seeds), args.parallel, args.out, args.overrides,
-                args.dry_run, args.report_only, args.list,
+                args.dry_run, args.report_only, args.list, args.restart, args.estimate,
             )  # fmt: skip
         elif args.cmd == "compare":
             from ..runtime.paths import resolve_output_dir, resolve_run_path
@@ -234,7 +249,12 @@ def main(argv: list[str] | None = None) -> int:
 
             paths = [str(resolve_run_path(p)) for p in args.paths]  # inside a Ray job: $FL_LIGHTNING_RUNS
             out = str(resolve_output_dir(args.out)) if args.out else None
-            return compare_command(paths, args.by, args.metric, out, not args.no_plots)
+            return compare_command(paths, args.by, args.metric, out, not args.no_plots, args.baseline)
+        elif args.cmd == "sync":
+            from ..runtime.paths import resolve_run_path
+            from .sync import sync_command
+
+            return sync_command(str(resolve_run_path(args.folder)))
         elif args.cmd == "partition":
             from .partition import partition_command
 
@@ -264,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = resolve_run_path(args.run_dir)  # what a Ray job printed resolves the same way
             cfg = load_run_config(run_dir, args.overrides)
             from ..runtime.lock import RunLock
+            from ..tracking.loggers import check_wandb_dirs
+
+            check_wandb_dirs(cfg.logger, run_dir)  # a link planted at <experiment>/.wandb: one line now
 
             RunLock(run_dir).acquire().release()  # busy: one line now, not after the imports below
             from ..runtime.runner import resume_run
@@ -288,11 +311,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fl-lightning: error: {os_error_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
-        from ..runtime.signals import terminated
+        import signal
 
-        sigterm = isinstance(e, Terminated) or terminated()
-        what, code = ("terminated (SIGTERM)", 143) if sigterm else ("interrupted", 130)
-        print(f"fl-lightning: {what}; continue with `fl-lightning resume <run dir>`", file=sys.stderr)
+        from ..runtime.signals import stop_signal
+
+        sig = stop_signal() or (signal.SIGTERM if isinstance(e, Terminated) else None)
+        what, code = (f"terminated ({sig.name})", 128 + sig) if sig else ("interrupted", 130)
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            print(f"fl-lightning: {what}; continue with `fl-lightning resume <run dir>`", file=sys.stderr)
         return code
     return 0
 

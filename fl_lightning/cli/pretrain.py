@@ -90,6 +90,7 @@ def pretrain(cfg: Any, pc: PretrainConfig) -> tuple[torch.nn.Module, dict[str, A
         lambda: build_model(cfg.model.name, ds.num_classes, ds.in_channels, ds.image_size, **kwargs),
         loss_fn, x, y, epochs=pc.epochs, lr=pc.lr, momentum=pc.momentum, weight_decay=pc.weight_decay,
         batch_size=pc.batch_size, seed=pc.seed, what=f"pretrain {cfg.model.name} ({len(y)} images)",
+        shorten="shorter: --epochs or --holdout-size",
     )  # fmt: skip
     metrics = TaskMetrics(spec)
     tx, ty = ds.tensors(ds.test_x, ds.test_y)
@@ -112,12 +113,14 @@ def pretrain_command(overrides: list[str], out: str | None, pc: PretrainConfig) 
     from ..config import compose, validate_registered
     from ..data.registry import check_dataset
     from ..models.weights import save_weights
+    from ..runtime.lock import check_output_dir
 
     if not out:
         raise ConfigError("fl-lightning pretrain needs --out FILE (where the weights file goes)")
     path = Path(out).expanduser()
     if path.is_dir() or (path.exists() and not path.is_file()):
         raise ConfigError(f"--out {out} is a folder, not a file path")
+    check_output_dir(path.parent, out, "--out")  # below a file, not writable: before the training
     pc.check()
     cfg = compose(overrides)
     validate_registered(cfg)  # model keys, data names: one line before any training

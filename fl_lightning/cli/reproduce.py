@@ -4,23 +4,34 @@ Runs a paper's claims grid (`conf/reproduce/<paper>.yaml`, see `tracking/reprodu
 through the sweep machinery, then writes `report.md`, `results.json` and `curves.png` into
 its folder (`--out`, default `runs/reproduce/<paper>_<scale>`). The runs live in
 `<out>/<paper>_<scale>/<row>_s<seed>/`, one W&B group (`reproduce-<paper>-<scale>`), each
-tagged with the paper, scale, row and the claims it enters.
+named `<row>-s<seed>` there, with `row=<row>` in its config and summary (`compare --by row`),
+and tagged with the paper, scale, row and the claims it enters.
 
 Run again, it skips the runs that finished (completed, or stopped for good by divergence),
 resumes the ones a kill interrupted from their last checkpoint, and starts the rest: a killed
 reproduction continues where it stopped. Extra `key=value` overrides after the paper go to
-every run (`runtime=ray`, `logger=none`); they are part of the grid, so use the same ones
-when continuing.
+every run (`runtime=ray`, `logger=none`) and are part of the grid: a run there made with
+other settings (its `config.yaml` against the one planned now, apart from what a resume may
+change: `fl.rounds`, `runtime.*`, `logger.*`, ...) is refused in one line, or with
+`--restart` moved aside (to `<out>/set_aside/<time>/`, never deleted) and run again.
+
+What a claims file may make us do is bounded like any file someone else wrote: a row or a
+scale that imports a module (`methods=`) runs only when the command line names the same
+modules (the consent rule of `config.yaml` and `sweep.json`), and its `prepare` steps run
+only `pretrain --out {out}/...` or `teacher build`, as `python -P` children (no working
+directory on `sys.path`, `cli/spawn.py`).
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from ..config import compose, conf_dir
+from ..config import compose, conf_dir, method_modules
 from ..core.errors import ConfigError
 from ..runtime.paths import resolve_output_dir
 from ..tracking.reproduce import (
@@ -33,7 +44,16 @@ from ..tracking.reproduce import (
     read_run,
     run_name,
 )
+from .spawn import fl_lightning_command
 from .sweep import SweepRun, continue_run, print_plan, run_grid, sweep_lock
+
+#: keys a run's stored config may differ in from the planned one and still be continued: what
+#: a resume may change (config.RESUMABLE), and where it lives (a folder moved, another data root)
+SAME_RUN_IGNORES = (
+    "fl.rounds", "runtime.", "logger.", "eval.batch_size", "eval.device", "method.allow_momentum",
+    "output_dir", "run_id", "experiment", "row", "variant", "data.root",
+    "model.pretrained",  # C-Tran's: recorded as what loaded (runtime/build.py resolved_config)
+)  # fmt: skip
 
 
 def specs() -> dict[str, Path]:
@@ -55,6 +75,11 @@ def list_specs() -> None:
         )
         print(f"{name:10s} {s.title}")
         print(f"{'':10s} claims: {', '.join(c.id for c in s.claims)}; scales: {scales}")
+        for k in s.scales:
+            lines = needs_lines(s, k, resolve_output_dir(f"runs/reproduce/{name}_{k}"), None)
+            print(f"{'':10s} {k}: {lines[0]}")
+            for line in lines[1:]:
+                print(f"{'':10s} {line}")
 
 
 def _tags(spec: Spec, scale: str, row: str) -> str:
@@ -64,28 +89,121 @@ def _tags(spec: Spec, scale: str, row: str) -> str:
     return "logger.tags=[" + ",".join(["reproduce", spec.name, scale, f"row-{row}", *claims]) + "]"
 
 
+def check_consent(spec: Spec, scale: str, extra: Sequence[str]) -> None:
+    """A claims file that imports modules (`methods=` in a scale, a row or a prepare step) is
+    run only when the command line names them: a file alone never makes us import a module."""
+    given = [o.split("=", 1)[1] for o in extra if o.split("=", 1)[0].lstrip("+") == "methods"]
+    allowed = set(method_modules(given[-1])) if given else set()
+    sc = spec.scales[scale]
+    named = [(f"scales.{scale}", o) for o in sc.overrides]
+    named += [(f"scales.{scale}.prepare[{i}]", o) for i, st in enumerate(sc.prepare) for o in st.command]
+    named += [(f"rows.{r.id}", o) for r in spec.run_rows(scale) for o in r.args(sc)]
+    for where, o in named:
+        if o.split("=", 1)[0].lstrip("+") != "methods" or "=" not in o:
+            continue
+        wanted = method_modules(o.split("=", 1)[1])
+        if not set(wanted) <= allowed:
+            names = ",".join(wanted)
+            raise ConfigError(
+                f"{spec.name}: {where} imports its method from {names}: run it with methods={names} "
+                "to allow that (a claims file alone never makes fl-lightning import a module)"
+            )
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def _in_folder(value: str, folder: str) -> str:
+    """A path inside `folder` as `{out}/...`; anything else unchanged."""
+    if folder and value.startswith(folder.rstrip("/") + "/"):
+        return "{out}" + value[len(folder.rstrip("/")) :]
+    return value
+
+
+def config_changes(run: SweepRun, folder: Path) -> list[str]:
+    """How the config a finished or killed run was made with (its `config.yaml`) differs from
+    the one planned for it now, key by key (`key: then -> now`); keys a resume may change, keys
+    one of the two lacks (a key newer than the run) and keys the plan leaves to the run (null
+    or `auto`: config.yaml records the run's choice, e.g. MiniLM's folder, the device) are not
+    compared."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from ..core.safe_json import UnsafeInput, read_text
+
+    path = run.run_dir / "config.yaml"
+    if not path.is_file():
+        return []
+    try:
+        stored = yaml.safe_load(read_text(path, 1 << 20))
+    except (OSError, UnsafeInput, yaml.YAMLError, RecursionError) as e:
+        return [f"its config.yaml cannot be read ({str(e).splitlines()[0]})"]
+    if not isinstance(stored, dict):
+        return ["its config.yaml is not a run config"]
+    then_out = str(stored.get("output_dir", ""))
+    planned = _flat(OmegaConf.to_container(run.cfg, resolve=True))
+    changes = []
+    for key, then in _flat(stored).items():
+        if key not in planned or any(
+            key == k or (k.endswith(".") and key.startswith(k)) for k in SAME_RUN_IGNORES
+        ):
+            continue
+        now = planned[key]
+        if (
+            now is None or now == "auto"
+        ):  # left to the run, which records what it chose (text.path, text.device)
+            continue
+        if isinstance(then, str) and isinstance(now, str):  # a path in the folder, wherever it is now
+            then, now = _in_folder(then, then_out), _in_folder(now, str(folder))
+        if then != now:
+            changes.append(f"{key}: {then} -> {now}")
+    return changes
+
+
 def plan(
-    spec: Spec, scale: str, seeds: Sequence[int], out: Path, extra: Sequence[str]
-) -> tuple[list[SweepRun], list[SweepRun], list[Path]]:
+    spec: Spec,
+    scale: str,
+    seeds: Sequence[int],
+    out: Path,
+    extra: Sequence[str],
+    restart: bool = False,
+    report_only: bool = False,
+) -> tuple[list[SweepRun], list[SweepRun], list[Path], list[tuple[Path, list[str]]]]:
     """Every run of the grid, composed and checked before any starts, touching nothing:
-    (to run, finished, leftovers of killed runs to remove before they start again)."""
+    (to run, finished, leftovers of killed runs to remove before they start again, runs made
+    with other settings and how: moved aside with `restart`, said in the report with
+    `report_only`, else one ConfigError)."""
+    check_consent(spec, scale, extra)
     experiment = f"{spec.name}_{scale}"
     todo: list[SweepRun] = []
     done: list[SweepRun] = []
     wipe: list[Path] = []
+    stale: list[tuple[Path, list[str]]] = []
     for row in spec.run_rows(scale):
         for seed in seeds:
             name = run_name(row.id, seed)
             args = [
                 *row.args(spec.scales[scale], out), *extra, f"seed={seed}", f"experiment={experiment}",
-                f"run_id={name}", f"output_dir={out}", f"logger.group=reproduce-{spec.name}-{scale}",
-                _tags(spec, scale, row.id),
+                f"run_id={name}", f"row={row.id}", f"output_dir={out}",
+                f"logger.group=reproduce-{spec.name}-{scale}", _tags(spec, scale, row.id),
             ]  # fmt: skip
             try:
                 cfg = compose(args)
             except ConfigError as e:
                 raise ConfigError(f"{spec.name} row {row.id!r}: {e}") from None
             run = SweepRun(len(todo), args, cfg, out / experiment / name)
+            changes = config_changes(run, out)
+            if changes:
+                stale.append((run.run_dir, changes))
+                if not report_only:
+                    todo.append(run)
+                    continue
             need = continue_run(run)  # as a resumed sweep: finished, resume, restart or new
             if need == "finished":
                 done.append(run)
@@ -93,7 +211,15 @@ def plan(
             if need == "restart":
                 wipe.append(run.run_dir)
             todo.append(run)
-    return todo, done, wipe
+    if stale and not restart and not report_only:
+        first, changes = stale[0]
+        more = f" (and {len(stale) - 1} more runs)" if len(stale) > 1 else ""
+        raise ConfigError(
+            f"{first} was made with other settings ({'; '.join(changes[:3])}){more}: continue with "
+            "the overrides it was made with, choose another --out, or add --restart to move those runs "
+            "aside and run them again"
+        )
+    return todo, done, wipe, stale
 
 
 def prepare_steps(spec: Spec, scale: str, folder: Path) -> list[tuple[Path | None, list[str]]]:
@@ -117,14 +243,81 @@ def run_prepare(steps: Sequence[tuple[Path | None, list[str]]], logs: Path) -> N
         log = logs / f"prepare-{i}.log"
         print(f"prepare: fl-lightning {' '.join(args)}", flush=True)
         with log.open("w") as f:
-            cmd = [sys.executable, "-m", "fl_lightning", *args]
-            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+            rc = subprocess.call([*fl_lightning_command(), *args], stdout=f, stderr=subprocess.STDOUT)
         lines = log.read_text().strip().splitlines()
         if rc != 0 or (target is not None and not target.is_file()):
             last = lines[-1] if lines else f"exit {rc}"
             raise ConfigError(f"prepare step `fl-lightning {' '.join(args)}` failed ({last}); log: {log}")
         for line in lines[-2:]:
             print(f"  {line}", flush=True)
+
+
+def needs_lines(spec: Spec, scale: str, folder: Path, runs: Sequence[SweepRun] | None) -> list[str]:
+    """What the scale says it needs, then what of it is here: each dataset the runs read (under
+    their data root) and each weights file they name (`model.weights`, `text.pretrained`,
+    `text.path`; one a prepare step makes counts as made). `runs`: the planned runs (None:
+    compose the first row's here)."""
+    from ..data.registry import DATASETS
+
+    sc = spec.scales[scale]
+    lines = [f"needs: {sc.needs or '-'}"]
+    if runs is None:  # `--list`: the first row's run stands for the scale
+        row = spec.run_rows(scale)[0]
+        try:
+            runs = [SweepRun(0, [], compose([*row.args(sc, folder), f"output_dir={folder}"]), folder)]
+        except ConfigError as e:
+            return [*lines, f"  (row {row.id!r} does not compose here: {e})"]
+    made = {str(folder / st.creates) for st in sc.prepare if st.creates is not None}
+    checked: dict[str, str] = {}
+    for run in runs:
+        data = run.cfg.data
+        root = str(Path(str(data.root)).expanduser())
+        key = f"dataset {data.name} under {root}"
+        if key not in checked:
+            try:
+                entry = DATASETS.get(str(data.name))
+                checked[key] = "present" if entry.present(root) else f"MISSING: {entry.where(root)}"
+            except ConfigError as e:
+                checked[key] = f"MISSING: {e}"
+        for name, value in (("model.weights", run.cfg.model.get("weights")),
+                            ("text.pretrained", (run.cfg.text or {}).get("pretrained")),
+                            ("text.path", (run.cfg.text or {}).get("path"))):  # fmt: skip
+            if value:
+                path = str(Path(str(value)).expanduser())
+                state = (
+                    "present"
+                    if Path(path).is_file()
+                    else "made by a prepare step"
+                    if path in made
+                    else "MISSING"
+                )
+                checked.setdefault(f"{name} {path}", state)
+    lines += [f"  {what}: {state}" for what, state in checked.items()]
+    return lines
+
+
+def _run_dir_at(folder: Path) -> Path | None:
+    """`folder` or the nearest folder above it that is a run directory (its `config.yaml` beside
+    its metrics, summary or checkpoints), else None."""
+    for d in (folder, *folder.parents):
+        if (d / "config.yaml").is_file() and any(
+            (d / n).exists() for n in ("metrics.jsonl", "summary.json", "checkpoints")
+        ):
+            return d
+    return None
+
+
+def _check_extra(extra: Sequence[str]) -> None:
+    """Every word after the paper is a key=value override; a bare number is a seed given as
+    `--seeds 0 1` (one comma-separated list is what --seeds takes)."""
+    for o in extra:
+        if "=" in o:
+            continue
+        if o.strip().isdigit():
+            raise ConfigError(
+                f"--seeds takes one comma-separated list (--seeds 0,1,2); got a stray seed {o!r}"
+            )
+        raise ConfigError(f"{o!r} is not a key=value override")
 
 
 def reproduce_command(
@@ -137,10 +330,13 @@ def reproduce_command(
     dry_run: bool = False,
     report_only: bool = False,
     listing: bool = False,
+    restart: bool = False,
+    estimate: bool = False,
 ) -> int:
     if listing or paper is None:
         list_specs()
         return 0
+    _check_extra(extra)
     if scale not in SCALES:
         raise ConfigError(f"--scale must be one of {', '.join(SCALES)} (got {scale!r})")
     if parallel < 1:
@@ -150,38 +346,68 @@ def reproduce_command(
         raise ConfigError(f"{paper} has no {scale!r} scale; it has: {', '.join(spec.scales)}")
     seeds = list(seeds) if seeds else spec.scales[scale].seeds
     folder = resolve_output_dir(out or f"runs/reproduce/{paper}_{scale}")
+    inside = _run_dir_at(folder.absolute())
+    if inside is not None:
+        where = "inside " if inside != folder.absolute() else ""
+        raise ConfigError(
+            f"--out {folder} is {where}the run directory {inside}: a reproduction needs its own folder"
+        )
+    if estimate:  # runs nothing, writes nothing
+        from .estimate import estimate_lines
+
+        sc = spec.scales[scale]
+        rows = [(r.label, [*r.args(sc, folder), *extra, "seed=0", f"output_dir={folder}", "logger=none"])
+                for r in spec.run_rows(scale)]  # fmt: skip
+        print(f"reproduce {paper} ({scale}): {len(rows)} rows x {len(seeds)} seeds, the scale's rounds")
+        for line in estimate_lines(rows, len(seeds)):
+            print(f"  {line}")
+        return 0
     runs_dir = folder / f"{spec.name}_{scale}"
     command = " ".join(["fl-lightning reproduce", paper, f"--scale {scale}",
                         f"--seeds {','.join(map(str, seeds))}", *([f"--out {out}"] if out else []),
                         *extra])  # fmt: skip
-    todo: list[SweepRun] = []
+    # every run composes and was made with these settings, or one line (also before a report:
+    # its "Every run" line must be what the runs got)
+    todo, done, wipe, stale = plan(spec, scale, seeds, folder, extra, restart, report_only)
+    aside = [path for path, _ in stale]
     if not report_only:
-        todo, done, wipe = plan(spec, scale, seeds, folder, extra)  # every run composes, or one line
         steps = prepare_steps(spec, scale, folder)
         total = len(todo) + len(done)
         resumed = sum(r.resume for r in todo)
         print(
             f"reproduce {paper} ({scale}): {total} runs in {runs_dir}; {len(done)} finished, "
-            f"{resumed} to resume, {len(todo) - resumed} to start",
+            f"{resumed} to resume, {len(todo) - resumed} to start"
+            + (f" ({len(aside)} made with other settings, to move aside first)" if aside else ""),
             flush=True,
         )
         if dry_run:
+            for line in needs_lines(spec, scale, folder, [*todo, *done]):
+                print(f"  {line}")
             for _, args in steps:
                 print(f"  fl-lightning {' '.join(args)}   (prepare)")
             print_plan(todo)
             return 0
         with sweep_lock(folder):  # one reproduction at a time in its folder
+            if aside:
+                target = folder / "set_aside" / time.strftime("%Y%m%d-%H%M%S")
+                target.mkdir(parents=True, exist_ok=False)
+                for path in aside:
+                    path.rename(target / path.name)
+                print(f"moved {len(aside)} runs made with other settings to {target}", flush=True)
             if steps:
                 run_prepare(steps, folder / "logs")
             for path in wipe:
                 shutil.rmtree(path)
             if todo:
                 run_grid(todo, parallel, folder / "logs", ["run_id"])
-    report, numbers = build_report(spec, scale, runs_dir, seeds, command)
+    report, numbers = build_report(
+        spec, scale, runs_dir, seeds, command, extra, {p.name: c for p, c in stale} if report_only else {}
+    )
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(report)
     import json
 
+    numbers["command"] = command
     (folder / "results.json").write_text(json.dumps(numbers, indent=1) + "\n")
     written = [folder / "report.md", folder / "results.json"]
     png = plot_curves(spec, scale, runs_dir, seeds, folder / "curves.png")
@@ -190,9 +416,9 @@ def reproduce_command(
     for p in written:
         print(f"wrote {p}")
     for c in numbers["claims"]:
-        print(f"  {c['id']}: {c['verdict']} ({len(c['seeds'])} pairs)")
+        print(f"  {c['id']}: {c['verdict']} ({len(c['seeds'])} pairs{'; ' + c['why'] if c['why'] else ''})")
     missing = [r for r in todo if not is_finished(read_run(r.run_dir), int(r.cfg.fl.rounds))]
-    if missing:
+    if missing and not report_only:
         print(f"fl-lightning: error: {len(missing)} runs unfinished; run the command again", file=sys.stderr)
         return 1
     return 0

@@ -56,6 +56,7 @@ from ..runtime.lock import RunDirBusy, RunLock, check_output_dir
 from ..runtime.paths import resolve_output_dir
 from ..runtime.session import Session
 from .progress import RoundMonitor, monitored
+from .spawn import fl_lightning_command
 
 
 def split_top_level(value: str) -> list[str]:
@@ -155,37 +156,70 @@ def _write_record(folder: Path, overrides: Sequence[str], runs: Sequence[SweepRu
     tmp.replace(folder / SWEEP_FILE)
 
 
+def variant(method: str, point: Sequence[str], swept: Sequence[str]) -> str:
+    """A grid point's variant (`RootConfig.variant`, its W&B job type and run name): the method
+    and the swept keys' values but the seed (`fedprox tau=0.1`), a method key without its
+    `method.`; a label, so what the config would read as a comma or interpolation is left out."""
+    keys = {k.lstrip("+") for k in swept} - {"seed", "method"}
+    shown = [o.lstrip("+").removeprefix("method.") for o in point if o.split("=", 1)[0].lstrip("+") in keys]
+    text = " ".join([method, *shown]).replace(",", ";").replace("$", "").replace("\n", " ")
+    return text[:128]
+
+
+def _recorded_points(doc: dict[str, Any], grid: list[list[str]], path: Path) -> list[list[str]]:
+    """The args of a record's runs, each checked to be its grid point and only the names the
+    sweep made (`experiment=`, `run_id=`, `variant=`): the record is untrusted, so a run cannot add
+    `methods=` (a module to import), `output_dir=` (a folder elsewhere) or anything else."""
+    if len(doc["runs"]) != len(grid):
+        raise ConfigError(f"{path} does not record this grid")
+    points = []
+    for r, point in zip(doc["runs"], grid, strict=True):
+        args, tail = list(r["args"]), r["args"][len(point) :]
+        keys = [t.split("=", 1)[0] for t in tail]
+        named = {"experiment", "run_id", "variant"}
+        if args[: len(point)] != point or len(keys) != len(set(keys)) or set(keys) - named:
+            raise ConfigError(f"{path} records a run that is not a point of its grid ({' '.join(args)})")
+        points.append(args)
+    return points
+
+
 def _unfinished_sweep(output_dir: Path, overrides: Sequence[str]) -> Path | None:
     """The newest `sweep_*` folder under `output_dir` recording this grid with a run unfinished."""
     from ..config import compose
 
+    grid = expand(overrides)[0]
     for folder in sorted(output_dir.glob("sweep_*"), reverse=True):
         try:
             doc = read_record(folder)
+            if doc is None or doc["overrides"] != list(overrides):
+                continue
+            runs = [(a, compose(a)) for a in _recorded_points(doc, grid, folder / SWEEP_FILE)]
         except ConfigError:
-            continue
-        if doc is None or doc["overrides"] != list(overrides):
-            continue
-        for r in doc["runs"]:
-            cfg = compose(r["args"])
-            if continue_run(SweepRun(0, r["args"], cfg, folder / cfg.run_id), check_lock=False) != "finished":
+            continue  # not a record of ours: plan_sweep names a new folder
+        for args, cfg in runs:
+            if continue_run(SweepRun(0, args, cfg, folder / cfg.run_id), check_lock=False) != "finished":
                 return folder
     return None
 
 
 def plan_sweep(
-    overrides: Sequence[str], resume: Path | None = None
+    overrides: Sequence[str], resume: Path | None = None, consent: Sequence[str] = ()
 ) -> tuple[list[SweepRun], list[str], str, Path]:
     """Compose and validate every grid point; returns the runs, swept keys, experiment and the
     sweep's folder. A folder that records this grid (`resume`'s, the named experiment's, or
-    the newest unfinished `sweep_*` one) gives its runs back, as they were named."""
-    from ..config import compose
+    the newest unfinished `sweep_*` one) gives its runs back, as they were named. `consent`:
+    the `methods=` of `sweep --resume`'s command line, which the record's must equal."""
+    from ..config import compose, method_modules, require_consent
 
     if resume is not None:
         doc = read_record(resume)
         if doc is None:
             raise ConfigError(f"{resume} holds no sweep ({SWEEP_FILE}): nothing to resume")
         overrides = doc["overrides"]
+        saved = [m for o in overrides if o.split("=", 1)[0].lstrip("+") == "methods"
+                 for v in split_top_level(o.split("=", 1)[1]) for m in method_modules(v)]  # fmt: skip
+        how = f"continue it (`fl-lightning sweep --resume {resume}`)"
+        require_consent(saved, consent, resume / SWEEP_FILE, how, same=True)
     grid, swept = expand(overrides)
     keys = [o.split("=", 1)[0].lstrip("+") for o in overrides]
     if "run_id" in keys and len(grid) > 1:
@@ -212,9 +246,7 @@ def plan_sweep(
     if resume is not None:  # the recorded runs, as they were named
         doc = read_record(resume)
         assert doc is not None
-        if len(doc["runs"]) != len(grid):
-            raise ConfigError(f"{resume / SWEEP_FILE} does not record this grid")
-        points = [list(r["args"]) for r in doc["runs"]]
+        points = _recorded_points(doc, grid, resume / SWEEP_FILE)
     else:
         points = [[*p, *extra] for p in grid]
     runs: list[SweepRun] = []
@@ -223,14 +255,20 @@ def plan_sweep(
         if resume is None and "run_id" not in keys:
             rid = f"{cfg.method.name}_{cfg.data.name}_s{cfg.seed}_{stamp}_{i:03d}"
             args.append(f"run_id={rid}")
+        if resume is None and "variant" not in keys:
+            args.append(f"variant={variant(cfg.method.name, args, swept)}")
+        if resume is None:
             cfg = compose(args)
         run_dir = resolve_output_dir(cfg.output_dir) / cfg.experiment / cfg.run_id
         if resume is None and run_dir.exists():
             raise ConfigError(f"run directory {run_dir} exists")
         runs.append(SweepRun(i, args, cfg, run_dir))
     folder = runs[0].run_dir.parent
-    if resume is not None and folder.resolve() != resume.resolve():
-        raise ConfigError(f"{resume / SWEEP_FILE} records runs of another folder ({folder})")
+    if resume is not None:  # every recorded run, not only the first, lies in the sweep's folder
+        home = os.path.realpath(resume)  # (realpath: a link loop is no RuntimeError)
+        outside = [r.run_dir.parent for r in runs if os.path.realpath(r.run_dir.parent) != home]
+        if outside:
+            raise ConfigError(f"{resume / SWEEP_FILE} records runs of another folder ({outside[0]})")
     for run in runs:  # a file in the way, not writable: before the first run starts
         check_output_dir(run.run_dir.parent, str(run.cfg.output_dir))
     return runs, swept, runs[0].cfg.experiment, folder
@@ -389,7 +427,7 @@ def _run_parallel(
                 what = ["run", *run.overrides]
                 if run.resume:
                     what = ["resume", str(run.run_dir), f"fl.rounds={run.cfg.fl.rounds}"]
-                cmd = [sys.executable, "-m", "fl_lightning", *what, *_local_cpus(run, parallel)]
+                cmd = [*fl_lightning_command(), *what, *_local_cpus(run, parallel)]
                 cmd.append("--quiet")
                 fh.write("$ " + " ".join(cmd) + "\n")
                 fh.flush()
@@ -455,9 +493,12 @@ def sweep_command(
 ) -> int:
     if parallel < 1:
         raise ConfigError(f"--parallel must be >= 1 (got {parallel})")
-    if resume is not None and overrides:
-        raise ConfigError("sweep --resume takes no overrides: the grid is the one its folder records")
-    runs, swept, experiment, out = plan_sweep(overrides, resume)
+    if resume is not None and any(o.split("=", 1)[0] != "methods" for o in overrides):
+        raise ConfigError(
+            "sweep --resume takes no overrides but methods= (consent to import what its sweep.json "
+            "names): the grid is the one its folder records"
+        )
+    runs, swept, experiment, out = plan_sweep([] if resume else overrides, resume, overrides)
     mode = "one after another" if parallel == 1 else f"{parallel} at a time, one process each"
     with contextlib.ExitStack() as stack:
         if not dry_run:

@@ -5,13 +5,48 @@ global RNG is restored afterwards, so building one changes nothing of the run th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from .errors import ConfigError
-from .progress import progress
+from .progress import announce, duration, progress
+
+#: a step whose estimate passes this says so before it goes on (seconds)
+ANNOUNCE_ABOVE_S = 30.0
+
+
+def cores_given() -> int:
+    """The cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota (a
+    container's `cpu.max`). torch's default thread count is the machine's cores, which in a
+    container, or beside other work, oversubscribes them."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, int(quota) // int(period))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run with `n` intra-op threads (same count in every executor: same numbers)."""
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def fit_centralized(
@@ -27,12 +62,19 @@ def fit_centralized(
     seed: int,
     what: str,
     weight_decay: float = 0.0,
+    shorten: str = "",
+    threads: int | None = None,
 ) -> nn.Module:
     """`build()` a model under `seed` and train it on (x, y): `loss_fn(model, xb, yb)` per
     batch, batches of fewer than 2 skipped (BatchNorm needs two). Returns it in eval mode;
-    a non-finite loss stops with one line (lower the rate)."""
+    a non-finite loss stops with one line (lower the rate). Runs on `threads` torch threads
+    (default: torch's own count, at most `cores_given()`); once three batches are timed, a step
+    estimated past `ANNOUNCE_ABOVE_S` says how long it will take and `shorten` (the flag that
+    shortens it)."""
     batches = -(-len(y) // batch_size)
-    with torch.random.fork_rng(devices=[]), progress(what, epochs * batches, "batch") as bar:
+    total, done, t1 = epochs * batches, 0, 0.0
+    n_threads = threads or min(torch.get_num_threads(), cores_given())
+    with torch_threads(n_threads), torch.random.fork_rng(devices=[]), progress(what, total, "batch") as bar:
         torch.manual_seed(seed)
         model = build()
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
@@ -53,5 +95,15 @@ def fit_centralized(
                 loss.backward()
                 opt.step()
                 bar.update(epoch=f"{epoch + 1}/{epochs}", loss=float(loss.detach()))
+                done += 1
+                if done == 1:
+                    t1 = time.perf_counter()  # the first batch warms up: timed from its end
+                elif done == 3:
+                    left = (time.perf_counter() - t1) / 2 * (total - 3)
+                    if left > ANNOUNCE_ABOVE_S:
+                        announce(
+                            f"{what}: about {duration(left)} ({epochs} epochs x {batches} batches on "
+                            f"{torch.get_num_threads()} threads)" + (f"; {shorten}" if shorten else "")
+                        )
             sched.step()
     return model.eval()

@@ -18,8 +18,9 @@ class StartupError(RuntimeError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (`kill`, `ray job stop`, a scheduler's pre-emption): the run stops as on Ctrl-C,
-    marked `interrupted` and resumable; the CLI exits 143 (128 + SIGTERM)."""
+    """SIGTERM (`kill`, `ray job stop`, a scheduler's pre-emption) or SIGHUP (its terminal
+    closed): the run stops as on Ctrl-C, marked `interrupted` and resumable; the CLI exits
+    128 + the signal (SIGTERM: 143, SIGHUP: 129)."""
 
 
 class DivergedError(RuntimeError):
@@ -32,3 +33,16 @@ class DivergedError(RuntimeError):
     def __init__(self, message: str, record: dict[str, object] | None = None) -> None:
         super().__init__(message)
         self.record = {**(record or {}), "diverged": True}
+
+
+def load_refusal(e: BaseException) -> str:
+    """Why `torch.load(weights_only=True)` did not load a file, in one line. A file holding
+    Python objects is refused with no hint to load it with `weights_only=False`, as torch's
+    own message advises: loading it so would run what it holds."""
+    import pickle
+
+    text = str(e).strip()
+    if isinstance(e, pickle.UnpicklingError) or "weights_only" in text:
+        return "refused: it is not a plain weights file (it holds Python objects, which loading would run)"
+    first = text.splitlines()[0][:200] if text else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__

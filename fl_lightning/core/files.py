@@ -1,14 +1,19 @@
 """Writing files of our own: whole or not at all, never through a link planted in a shared run
-directory (no matplotlib import here: a figure is duck-typed)."""
+directory, as readable as the umask allows (a data root or cache folder may be a group's), and
+never replacing a cache file another user wrote (no matplotlib import here: a figure is
+duck-typed)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
+
+log = logging.getLogger("fl_lightning")
 
 
 def cache_dir(kind: str, env: str) -> Path:
@@ -25,11 +30,13 @@ def cache_dir(kind: str, env: str) -> Path:
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
     """`write(f)` into a temporary file beside `path`, then renamed over it: `path` is whole or
     what it was before (a killed writer, a full disk), and a link planted at `path` is
-    replaced, not written through."""
+    replaced, not written through. Its mode is what a plain `open` would give (0666 less the
+    umask)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".part")
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp's 0600 would hide it from the group sharing the folder
         with os.fdopen(fd, "wb") as f:
             write(f)
         os.replace(tmp, path)
@@ -37,6 +44,36 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def umask() -> int:
+    """This process's umask (read, not changed: Linux's /proc; elsewhere set and put back)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_cache(path: str | Path, write: Callable[[BinaryIO], object]) -> bool:
+    """A cache file, written as `write_atomic` does; False (with a warning) where it cannot be:
+    a folder shared with others that we may not write costs the next run the work again, never
+    this run. A file there that we cannot read is another user's: it is left as it is."""
+    path = Path(path)
+    try:
+        if path.exists() and not os.access(path, os.R_OK):
+            log.warning("cache file %s is not readable by you (another user's?): not replaced", path)
+            return False
+        write_atomic(path, write)
+        return True
+    except OSError as e:
+        log.warning("could not write cache file %s: %s", path, e)
+        return False
 
 
 def save_figure(fig: Any, path: str | Path) -> Path:

@@ -181,6 +181,9 @@ class ClientObjective(L.LightningModule, Generic[BroadcastT]):
         #: `fl.bn_stats=local`: batch-norm running statistics stay with their client
         self.local_bn_stats = False
         self.batch_features: torch.Tensor = torch.empty(0)
+        #: with `data.augment`: training batches arrive as (augmented x, y, clean x), for a term
+        #: that looks at the un-augmented image (CLIP2FL's teacher); else (augmented x, y)
+        self.clean_view = False
 
     # the run's optimiser settings, by their old names (objectives and tests read them)
     @property

@@ -41,6 +41,13 @@ def set_enabled(on: bool) -> None:
     _enabled = bool(on)
 
 
+def announce(line: str) -> None:
+    """One line on stderr before (or at the start of) a long step: what it is, how long it
+    will take, how to shorten it. Off where progress is off (`--quiet`)."""
+    if _enabled:
+        print(line, file=sys.stderr, flush=True)
+
+
 def duration(seconds: float) -> str:
     """`42s`, `3m05s`, `1h02m`."""
     s = int(round(max(seconds, 0.0)))

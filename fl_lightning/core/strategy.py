@@ -189,10 +189,20 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         self.seed = seed
         self.task = task or TaskInfo(num_classes=0)
         if self.personalised and task is not None and not task.has_client_test_split:
-            raise ConfigError(
-                f"{self.name} keeps personal models, evaluated on each client's own test split: "
-                "set data.client_test_fraction (e.g. 0.25)"
-            )
+            raise ConfigError(self.needs_test_split_error())
+
+    @classmethod
+    def keeps_personal_models(cls, config: ConfigT) -> bool:
+        """Whether a run with `config` keeps personal weights (`personalised`; a method whose
+        config decides it overrides this): checked against the data before any is loaded."""
+        return cls.personalised
+
+    @classmethod
+    def needs_test_split_error(cls) -> str:
+        return (
+            f"{cls.name} keeps personal models, evaluated on each client's own test split: "
+            "set data.client_test_fraction=0.25 (or another fraction in (0, 1))"
+        )
 
     @classmethod
     def check_run(cls, config: ConfigT, run: dict[str, Any]) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError
+from ..core.files import write_cache
 from ..core.progress import progress
 
 log = logging.getLogger("fl_lightning")
@@ -63,36 +63,25 @@ def decode_images(paths: Sequence[Path], size: int) -> np.ndarray:
 
 
 def atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> bool:
-    """Write `arrays` to `path` (temp file + rename). False when the folder is not writable."""
-    tmp: str | None = None
+    """Write `arrays` to `path` (temp file + rename, `core.files.write_cache`). False when the
+    folder is not writable, or `path` is another user's file we cannot read."""
     named: dict[str, Any] = dict(arrays)  # (numpy's stub would also match a key to `allow_pickle`)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".part")
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **named)
-        os.replace(tmp, path)
-        return True
-    except OSError as e:
-        log.warning("could not write cache file %s: %s", path, e)
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-        return False
+    return write_cache(path, lambda f: np.savez(f, **named))
 
 
 def load_npz(path: Path) -> dict[str, np.ndarray] | None:
     """The arrays of an `.npz` cache file; None (with a warning) when it is missing, or
     unreadable in any way (empty, truncated, random bytes, not an npz): the caller rebuilds."""
-    if not path.is_file():
-        return None
     try:
+        if not path.is_file():  # (a folder we may not enter: PermissionError, below)
+            return None
         with np.load(path, allow_pickle=False) as z:
             if not hasattr(z, "files"):
                 raise ValueError("not an .npz archive")
             return {k: z[k] for k in z.files}
+    except PermissionError as e:  # another user's (a shared data root): built for this run, left alone
+        log.warning("cannot read cache file %s (%s): built again", path, e.strerror)
+        return None
     except Exception as e:  # BadZipFile, EOFError, zlib.error, ...: corrupt or foreign, rebuilt
         log.warning("ignoring unreadable cache file %s (%s: %s); rebuilding it", path, type(e).__name__, e)
         return None

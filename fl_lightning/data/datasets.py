@@ -38,6 +38,7 @@ from .fetch import (
     fmnist_check,
     fmnist_dir,
     fmnist_present,
+    fmnist_shapes,
     read_fmnist_file,
     read_idx,
 )
@@ -63,12 +64,14 @@ def load_fmnist_arrays(root: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     def read() -> dict[str, np.ndarray]:
         return {f: read_fmnist_file(root, f) for f in FMNIST_FILES}
 
+    shapes = fmnist_shapes(root)
+
     def whole(arrays: dict[str, np.ndarray]) -> bool:  # a cached copy passes a fresh read's checks
         try:
             for f in FMNIST_FILES:
                 if arrays[f].dtype != np.uint8:
                     return False
-                fmnist_check(f, arrays[f])
+                fmnist_check(f, arrays[f], shapes)
         except (KeyError, CorruptDataFile):
             return False
         return True

@@ -13,6 +13,7 @@ checks the files it finds the same way and fetches again when any is broken.
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import shutil
 import subprocess
@@ -73,9 +74,30 @@ def fmnist_refetch_hint(root: str | Path) -> str:
     return f"fetch it again with `fl-lightning fetch fmnist --root {root}`"
 
 
-def fmnist_check(name: str, array: np.ndarray) -> None:
-    """CorruptDataFile unless `array` is what Fashion-MNIST's file `name` holds."""
-    want = FMNIST_SHAPES[name]
+def fmnist_shapes(root: str | Path) -> dict[str, tuple[int, ...]]:
+    """`FMNIST_SHAPES`, or those of the subset that a `subset.json` beside the files declares
+    (`{"images": {"train": n, "test": m}}`: the first images of each split, as
+    benchmarks/gpu_prepare.py writes them for a machine without the full files)."""
+    marker = fmnist_dir(root) / "subset.json"
+    if not marker.is_file():
+        return FMNIST_SHAPES
+    try:
+        n = json.loads(marker.read_text())["images"]
+        counts = {"train": int(n["train"]), "test": int(n["test"])}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"{marker} does not declare a subset ({type(e).__name__}: {e}); remove it to use the full files"
+        ) from None
+    return {
+        name: (counts["train" if name.startswith("train") else "test"], *shape[1:])
+        for name, shape in FMNIST_SHAPES.items()
+    }
+
+
+def fmnist_check(name: str, array: np.ndarray, shapes: dict[str, tuple[int, ...]] = FMNIST_SHAPES) -> None:
+    """CorruptDataFile unless `array` is what Fashion-MNIST's file `name` holds (`shapes`:
+    `fmnist_shapes` of its folder)."""
+    want = shapes[name]
     if array.shape != want:
         raise CorruptDataFile(f"holds an array of shape {array.shape}, expected {want}")
     if len(want) == 1 and len(array) and int(array.max()) > 9:
@@ -88,7 +110,7 @@ def read_fmnist_file(root: str | Path, name: str) -> np.ndarray:
     path = fmnist_dir(root) / name
     try:
         array = read_idx(path)
-        fmnist_check(name, array)
+        fmnist_check(name, array, fmnist_shapes(root))
     except CorruptDataFile as e:
         raise ConfigError(
             f"Fashion-MNIST file {path} is corrupt ({e}); {fmnist_refetch_hint(root)}"
@@ -103,13 +125,14 @@ def read_fmnist_file(root: str | Path, name: str) -> np.ndarray:
 def fmnist_problems(root: str | Path) -> dict[str, str]:
     """The Fashion-MNIST files under `root` that are missing or broken, with why."""
     out: dict[str, str] = {}
+    shapes = fmnist_shapes(root)
     for name in FMNIST_FILES:
         path = fmnist_dir(root) / name
         if not path.is_file():
             out[name] = "missing"
             continue
         try:
-            fmnist_check(name, read_idx(path))
+            fmnist_check(name, read_idx(path), shapes)
         except (CorruptDataFile, OSError) as e:
             out[name] = str(e)
     return out

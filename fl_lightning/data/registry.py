@@ -167,11 +167,16 @@ def load_dataset(name: str, root: str, download: bool = False, **options: Any) -
     unused = [
         k
         for k, v in options.items()
-        if k not in accepted and k != "imbalance_factor" and v not in (None, False)
+        if k not in accepted and k not in ("imbalance_factor", "image_size") and v not in (None, False)
     ]
     if unused:  # imbalance_factor may be meant for the `longtail` partitioner instead
         raise ConfigError(f"data.{unused[0]} does not apply to dataset {name!r}")
-    return entry.load(root, **accepted)
+    ds = entry.load(root, **accepted)
+    if "image_size" in accepted:  # decoded at that size by the loader itself
+        return ds
+    from .resize import resized
+
+    return resized(ds, options.get("image_size"), root)
 
 
 def dataset_options(data: Any) -> dict[str, Any]:
@@ -189,5 +194,12 @@ def dataset_options(data: Any) -> dict[str, Any]:
 
 def load_from_config(data: Any) -> ArrayDataset:
     """Load the dataset a `data` config section names, with its options and subsets."""
-    ds = load_dataset(data.name, data.root, bool(data.download), **dataset_options(data))
-    return ds.subset(data.get("train_subset"), data.get("test_subset"))
+    options = dataset_options(data)
+    # a loader that decodes at a size takes it; the others' images are resized after the subset
+    takes_size = "image_size" in _accepted(DATASETS.get(data.name).load, options)
+    size = None if takes_size else options.pop("image_size")
+    ds = load_dataset(data.name, data.root, bool(data.download), **options)
+    ds = ds.subset(data.get("train_subset"), data.get("test_subset"))
+    from .resize import resized
+
+    return resized(ds, size, data.root)

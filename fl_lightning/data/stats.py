@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.files import copy_atomic, save_figure
+from ..core.files import copy_atomic, save_figure, write_cache
 
 log = logging.getLogger("fl_lightning")
 
@@ -36,11 +36,11 @@ def save_partition_plot(stats: dict[str, Any], path: str | Path, cache_dir: str 
         return copy_atomic(cached, path)
     except FileNotFoundError:
         pass
+    except OSError as e:  # another user's, unreadable to us (a shared data root): drawn for this run
+        log.warning("cannot read the cached partition plot %s (%s): drawn again", cached, e.strerror or e)
     draw_partition_plot(stats, path)
-    try:
-        copy_atomic(path, cached)
-    except OSError as e:  # the run's own picture is written; only the next run draws again
-        log.warning("could not cache the partition plot in %s: %s", cached.parent, e)
+    # the run's own picture is written; a cache we cannot write only makes the next run draw again
+    write_cache(cached, lambda out: out.write(Path(path).read_bytes()))
     return Path(path)
 
 

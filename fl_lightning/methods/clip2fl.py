@@ -113,6 +113,7 @@ class CLIP2FLObjective(CReFFObjective):
         text = F.normalize(teacher_text.float(), dim=-1) if teacher_text is not None else torch.zeros(0, 0)
         self.register_buffer("teacher_text", text, persistent=False)
         self._logits: Tensor | None = None
+        self.clean_view = self.teacher is not None  # the teacher sees the un-augmented image
 
     def teacher_logits(self, x: Tensor) -> Tensor:
         """q = scale · cos(teacher image embedding, class text)."""
@@ -123,11 +124,13 @@ class CLIP2FLObjective(CReFFObjective):
         self._logits = logits
         return super().task_loss(logits, y)
 
-    def loss_terms(self, batch: tuple[Tensor, Tensor]) -> dict[str, Tensor]:
-        terms = super().loss_terms(batch)
+    def loss_terms(self, batch: tuple[Tensor, ...]) -> dict[str, Tensor]:
+        """With `data.augment` the batch is (augmented x, y, clean x): the student learns from the
+        augmented image, the teacher sees the clean one (the authors' code)."""
+        terms = super().loss_terms((batch[0], batch[1]))
         if self.beta > 0 and self.teacher is not None and self._logits is not None:
-            t = self.kd_temperature
-            p, q = self._logits, self.teacher_logits(batch[0]).to(self._logits)
+            t, clean = self.kd_temperature, batch[2] if len(batch) > 2 else batch[0]
+            p, q = self._logits, self.teacher_logits(clean).to(self._logits)
             kl = F.kl_div(F.log_softmax(p / t, dim=-1), F.softmax(q / t, dim=-1), reduction="batchmean")
             terms["kd"] = self.beta * t * t * kl
         return terms

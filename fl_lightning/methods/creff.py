@@ -15,7 +15,8 @@ steps on Σ_c D(∇_(W,b) CE(φ̂(V_c), c), g_c) (CReFF's row-wise cosine distan
 classifier the clients used); then a fresh Linear is trained on V (`retrain_epochs`) and
 becomes φ̂. V and φ̂ are server state. The global model predicts with φ̂ on the FedAvg
 extractor (`accuracy`); the FedAvg head is evaluated beside it (`fedavg_head/accuracy`).
-Deviation: no student augmentation in local training (the engine has none).
+Local training augments as `data.augment` says (CIFAR: `[random_crop, hflip]`; per image, where
+the authors' code draws one crop and flip per batch).
 """
 
 from __future__ import annotations

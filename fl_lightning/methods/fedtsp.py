@@ -193,9 +193,13 @@ class FedTSP(Strategy[FedTSPConfig, FedTSPState, TSPBroadcast]):
                 "method.finetune_after (-FT) needs method.share_weights=true (a global model to fine-tune)"
             )
 
-    def __init__(self, config: FedTSPConfig, *args: Any, **kwargs: Any) -> None:
+    @classmethod
+    def keeps_personal_models(cls, config: Any) -> bool:
         # personal models unless weights are shared (and then again in the -FT rounds)
-        self.personalised = not config.share_weights or config.finetune_after is not None
+        return not config.share_weights or config.finetune_after is not None
+
+    def __init__(self, config: FedTSPConfig, *args: Any, **kwargs: Any) -> None:
+        self.personalised = self.keeps_personal_models(config)
         super().__init__(config, *args, **kwargs)
         from ..text.prompts import descriptions
 

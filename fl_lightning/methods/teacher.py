@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from ..core.centralized import fit_centralized
 from ..core.errors import ConfigError
-from ..core.files import atomic_torch_save, cache_dir
+from ..core.files import cache_dir, write_cache
 from ..core.objective import Backbone
 from ..core.types import StateDict
 
@@ -187,6 +187,13 @@ def _load_data(data: Mapping[str, Any]) -> Any:
     return load_from_config(OmegaConf.create(full))
 
 
+#: how a long teacher build is made shorter (said when one starts); it is cached once built
+TEACHER_SHORTER = (
+    "shorter: method.teacher_epochs=3 or method.teacher_holdout_size=1000 (a weaker teacher); "
+    "built once, then read from its cache (`fl-lightning teacher build` ahead of the runs)"
+)
+
+
 def train_aligned_teacher(
     data: Mapping[str, Any], text: Tensor, cfg: AlignedTeacherConfig
 ) -> tuple[StateDict, dict[str, Any]]:
@@ -218,7 +225,7 @@ def train_aligned_teacher(
     tower = fit_centralized(
         lambda: build_model(cfg.arch, ds.num_classes, ds.in_channels, ds.image_size, **kwargs),
         cosine_ce, x, y, epochs=cfg.epochs, lr=cfg.lr, momentum=cfg.momentum, batch_size=cfg.batch_size,
-        seed=cfg.seed, what=f"teacher build ({cfg.arch}, {len(y)} images)",
+        seed=cfg.seed, what=f"teacher build ({cfg.arch}, {len(y)} images)", shorten=TEACHER_SHORTER,
     )  # fmt: skip
     tx, ty = ds.tensors(ds.test_x, ds.test_y)
     correct = 0
@@ -263,7 +270,7 @@ def load_or_build_aligned(
         state, info = train_aligned_teacher(data, text, cfg)
         info["build_time_s"] = time.perf_counter() - start
         blob = {"state": state, "info": info}
-        atomic_torch_save(blob, path)
+        write_cache(path, lambda f: torch.save(blob, f))  # a folder we may not write: trained next time too
         log.info("aligned teacher written to %s (held-out accuracy %.4f)", path, info["held_out_accuracy"])
     info = dict(blob["info"])
     spec = TeacherSpec(

@@ -10,11 +10,14 @@ a client's model with `build_client_model(name, client_id, ...)` and cache objec
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
+from ..core.errors import ConfigError
 from ..core.registry import Registry
 
 MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
@@ -83,6 +86,32 @@ def build_client_model(
 ) -> nn.Module:
     """Client `client_id`'s model: its family member's, or the one model for everyone."""
     return build_model(architecture(name, client_id), num_classes, in_channels, image_size, **kwargs)
+
+
+def check_image_size(name: str, num_classes: int, in_channels: int, image_size: int, **kwargs: Any) -> None:
+    """ConfigError when model `name` (every member of a family) cannot take `image_size` images
+    (AlexNet-BN's pooling needs at least 63 px). Cheap: built and run on the meta device, which
+    checks shapes without computing; a model that cannot be built there is left to the run."""
+    for arch in architectures(name):
+        try:
+            with torch.device("meta"), warnings.catch_warnings():  # a pretrained load into meta: a no-op
+                warnings.simplefilter("ignore")
+                model = build_model(arch, num_classes, in_channels, image_size, **kwargs).eval()
+        except ConfigError:
+            raise
+        except Exception:  # e.g. weights read from a file: the real build says what is wrong
+            continue
+        try:
+            with torch.no_grad():
+                model(torch.zeros(2, in_channels, image_size, image_size, device="meta"))
+        except NotImplementedError:  # an operator without a meta kernel: nothing learned
+            continue
+        except (RuntimeError, ValueError) as e:
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(
+                f"model {arch} cannot take {image_size}x{image_size} images ({why}); "
+                "set data.image_size to a size it takes"
+            ) from None
 
 
 def feature_dim_key(name: str) -> str | None:

@@ -27,6 +27,8 @@ Pretrained trunk weights come from `model.weights=<file>` (models/weights.py), l
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -95,6 +97,12 @@ def _trunk(
 
 
 TRUNKS = ("cnn", "tiles", "resnet18", "efficientnet_lite0")
+
+
+def pretrained_loaded(kwargs: dict[str, Any]) -> bool:
+    """Whether a C-Tran built with `kwargs` loads ImageNet weights: `pretrained` is read by the
+    efficientnet_lite0 trunk only (the others start random or from model.weights)."""
+    return bool(kwargs.get("pretrained", True)) and kwargs.get("trunk", "cnn") == "efficientnet_lite0"
 
 
 class CTran(nn.Module):

@@ -15,6 +15,10 @@ backbones, whose state dict minus `head.` is the trunk; `trunk.encoder.` for C-T
 tiles, ...). Every trunk key of the target must come from the file with the same shape, and
 every key of the file must land in the target: a mismatch is one ConfigError naming the
 first key that differs, so a file for another architecture is never half-loaded.
+
+A run keeps a copy of the file it started from in its directory (`KEPT`), and `resume`
+reads the trunk from there: the run goes on once the file named is gone or replaced, its
+clients starting from the same initial weights.
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.errors import ConfigError
-from ..core.files import atomic_torch_save
+from ..core.errors import ConfigError, load_refusal
+from ..core.files import atomic_torch_save, copy_atomic
 
 FORMAT = "fl_lightning.weights"
 MODEL_GENERIC_KEYS = ("name", "weights")  # `model.*` keys that are not the builder's arguments
 VERSION = 1
+KEPT = "model_weights.pt"  # in a run directory: the weights file the run started from
 HEAD_PREFIXES = ("head.", "fc.", "_fc.", "classifier.")  # a classifier: never part of a trunk
 
 
@@ -64,8 +69,7 @@ def read_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, A
     try:
         blob = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # a hostile pickle, a truncated file, not a torch file at all
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise ConfigError(f"model.weights={path}: not a readable weights file ({first})") from None
+        raise ConfigError(f"model.weights={path}: not a readable weights file ({load_refusal(e)})") from None
     meta: dict[str, Any] = {}
     if isinstance(blob, dict) and blob.get("format") == FORMAT:
         if blob.get("version") != VERSION:
@@ -125,3 +129,23 @@ def load_trunk(model: nn.Module, path: str | Path) -> dict[str, Any]:
     model.load_state_dict(merged)
     return {"path": str(Path(str(path)).expanduser()), "sha256": file_digest(path), "arch": meta.get("arch"),
             "info": meta.get("info") or {}}  # fmt: skip
+
+
+def keep_weights(path: str | Path, run_dir: Path) -> Path:
+    """A copy of the weights file `path` in `run_dir` (`KEPT`). Not a hard link: a file
+    rewritten in place (`torch.save` to the same name) would change the run's start under it."""
+    return copy_atomic(Path(str(path)).expanduser(), run_dir / KEPT)
+
+
+def kept_weights(run_dir: Path, named: str) -> str:
+    """Where a resumed run reads its trunk: its own copy, else (a run from before it kept one)
+    the file `model.weights` names; one line when neither is there."""
+    kept = run_dir / KEPT
+    if kept.is_file():
+        return str(kept)
+    if not Path(named).expanduser().is_file():
+        raise ConfigError(
+            f"model.weights={named}: no such file, and {run_dir} keeps no copy of it (it was started "
+            "before runs kept theirs): put the file back to resume it"
+        )
+    return named

@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,8 +22,10 @@ from ..config import (
     participation,
     typed,
     validate_registered,
+    variant_of,
     with_method_defaults,
 )
+from ..core.augment import Augment, black
 from ..core.batched import model_refusal
 from ..core.errors import ConfigError
 from ..core.metrics import EvalSpec
@@ -34,8 +37,10 @@ from ..data.federated import FederatedSplit, split_from_config
 from ..data.fmnist_digits20 import COARSE_GROUPS
 from ..data.registry import ArrayDataset, check_dataset, load_from_config
 from ..methods import METHODS
-from ..models import family
+from ..models import check_image_size, family
+from ..models.ctran import pretrained_loaded
 from ..models.weights import MODEL_GENERIC_KEYS, load_trunk
+from ..text.encoders import resolved_text
 from .host import ClientSpec, build_objective, precision_of
 
 
@@ -60,21 +65,25 @@ def _mapping(node: Any) -> dict[str, Any]:
     return {str(k): v for k, v in node.items()}
 
 
-def prepare(cfg: DictConfig) -> Prepared:
-    """Validate against the registries, load data, partition, build the initial model."""
-    method_cfg = validate_registered(cfg)  # checked before any data
+def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
+    """Validate against the registries, load data, partition, build the initial model.
+    `trunk`: the file `model.weights` is read from (a resumed run's own copy of it)."""
+    method_cfg = validate_registered(cfg, trunk)  # checked before any data
     d = cfg.data
     check_dataset(d.name, d.root, d.download)
     dataset = load_from_config(d)  # with data.image_size, domains, ... and train/test subsets
     server_x = None
     if d.server_subset:  # the server's unlabeled images: out of the training set, before the split
         dataset, server_x = dataset.hold_out(int(d.server_subset))
+    model_kwargs = {
+        k: (list(v) if OmegaConf.is_list(v) else v)
+        for k, v in cfg.model.items()
+        if k not in MODEL_GENERIC_KEYS
+    }
+    if d.image_size is None:  # the native size, known now (a configured one was checked before the data)
+        size = dataset.image_size
+        check_image_size(cfg.model.name, dataset.num_classes, dataset.in_channels, size, **model_kwargs)
     split = split_from_config(dataset, cfg)  # cached under <data.root>/.partitions/
-    if cfg.eval.timing == "trained" and not (split.test and cfg.eval.clients):
-        raise ConfigError(
-            "eval.timing=trained evaluates each client's trained model on its own test split: "
-            "set data.client_test_fraction (and eval.clients=true)"
-        )
     strategy_cls = METHODS.get(cfg.method.name)
     used = np.concatenate([np.asarray(t) for t in split.train]) if split.train else np.zeros(0, np.int64)
     if dataset.multilabel:  # per label: the training samples that carry it
@@ -103,11 +112,6 @@ def prepare(cfg: DictConfig) -> Prepared:
     )
     if cfg.data.name in COARSE_GROUPS and not dataset.multilabel:  # the within-group error share
         eval_spec = dataclasses.replace(eval_spec, coarse_groups=COARSE_GROUPS[cfg.data.name])
-    model_kwargs = {
-        k: (list(v) if OmegaConf.is_list(v) else v)
-        for k, v in cfg.model.items()
-        if k not in MODEL_GENERIC_KEYS
-    }
     spec = ClientSpec(
         method=cfg.method.name,
         method_module=strategy_cls.__module__,
@@ -127,6 +131,14 @@ def prepare(cfg: DictConfig) -> Prepared:
         resident_shards=bool(cfg.runtime.resident_shards),
         precision=precision_of(cfg.runtime.precision),
         batched=int(cfg.runtime.batched),
+        augment=Augment(
+            tuple(d.augment),
+            int(d.augment_padding),
+            float(d.augment_degrees),
+            black(dataset.mean, dataset.std),
+        )
+        if d.augment
+        else None,  # fmt: skip
     )
     torch.manual_seed(cfg.seed)
     objective = build_objective(spec)  # the driver's copy: initial weights, global evaluation
@@ -134,7 +146,8 @@ def prepare(cfg: DictConfig) -> Prepared:
         raise ConfigError(f"runtime.batched={spec.batched}: {why}; use runtime.batched=0")
     weights_info = None
     if cfg.model.get("weights"):  # the pretrained trunk: in the initial global weights every client gets
-        weights_info = load_trunk(objective.model, str(cfg.model.weights))
+        weights_info = load_trunk(objective.model, trunk or str(cfg.model.weights))
+        weights_info["path"] = str(Path(str(cfg.model.weights)).expanduser())  # the file named, as it started
     if family(spec.model) is None:
         spec.init_params = to_cpu(objective.model.state_dict())
         init_params: dict[str, torch.Tensor] | None = spec.init_params
@@ -154,7 +167,8 @@ def resolved_config(cfg: DictConfig, chosen: dict[str, Any], spec: ClientSpec) -
     and W&B hold what runs and a run from config.yaml builds the same: the method's
     (`chosen`: `Strategy.resolved`, e.g. FedGLCL's projector, the text encoder a text method
     fell back to), the backbone's keyword arguments as built (FedTSP and CLIP2FL set the
-    feature dimension to the text's) and the W&B group (the experiment when unset). The
+    feature dimension to the text's), the W&B group (the experiment when unset) and the
+    variant (`config.variant_of`). The
     run id and the placement are written when they are known (`runner.py`)."""
     out = copy.deepcopy(with_method_defaults(cfg))  # every method key, its dataclass's defaults too
     OmegaConf.set_struct(out, False)
@@ -164,9 +178,18 @@ def resolved_config(cfg: DictConfig, chosen: dict[str, Any], spec: ClientSpec) -
     out.merge_with({k: v for k, v in chosen.items() if k != "text"})
     # the builder's arguments as built, and the pretrained trunk the initial weights came from
     weights = cfg.model.get("weights")
-    out.model = OmegaConf.create({"name": spec.model, **spec.model_kwargs, "weights": weights})
+    kwargs = dict(spec.model_kwargs)
+    if spec.model == "ctran" and "pretrained" in kwargs:  # a flag only its efficientnet trunk reads
+        kwargs["pretrained"] = pretrained_loaded(kwargs)
+    out.model = OmegaConf.create({"name": spec.model, **kwargs, "weights": weights})
     if out.logger.group is None:
         out.logger.group = out.experiment
+    out.variant = variant_of(out)
+    out.data.root = os.path.expanduser(out.data.root)  # the folder read, not `~/...`
+    if out.text.name != "none":  # the encoder's files and device as used (path null, device auto)
+        text = OmegaConf.to_container(out.text, resolve=True)
+        assert isinstance(text, dict)
+        out.text = OmegaConf.create(resolved_text({str(k): v for k, v in text.items()}))
     for node in (out, out.method, out.model, out.text):
         OmegaConf.set_struct(node, True)
     return out

@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -40,6 +41,7 @@ from ..core.types import ClientId, ClientState
 from .outcome import os_cause
 
 FORMAT = "fl_lightning.checkpoint/2"
+WANDB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a W&B run id (ours: 8 hex digits)
 KEEP = 2
 
 
@@ -217,7 +219,13 @@ def load(path: Path) -> tuple[ServerState, dict[str, Any], dict[ClientId, int]]:
         raise CheckpointError(f"checkpoint {path} is corrupt: {type(e).__name__}: {e}") from None
     if not isinstance(state, ServerState):
         raise CheckpointError(f"checkpoint {path} holds no server state")
-    return state, doc.get("meta", {}), clients
+    meta = doc.get("meta", {})
+    wandb_id = meta.get("wandb_id") if isinstance(meta, dict) else None
+    ok_id = wandb_id is None or isinstance(wandb_id, str) and WANDB_ID.fullmatch(wandb_id) is not None
+    if not isinstance(meta, dict) or not ok_id:  # W&B refused `a/b` with a traceback on resume
+        shown = str(wandb_id)[:80]
+        raise CheckpointError(f"checkpoint {path} is corrupt: W&B run id {shown!r} is not one W&B makes")
+    return state, meta, clients
 
 
 def verify(path: Path) -> int:

@@ -10,7 +10,6 @@ resume.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import itertools
@@ -28,8 +27,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from ..core.augment import Augment, augment_batch, step_seed
 from ..core.batched import model_refusal
 from ..core.bn_stats import BNStats, collect_bn_stats
+from ..core.centralized import torch_threads as torch_threads  # here since the runtime began with it
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientEval, ClientPayload, ClientUpdate
 from ..core.metrics import EvalSpec
@@ -88,6 +89,8 @@ class ClientSpec:
     method_module: str = ""
     #: runtime.batched: train this many of a round's clients at a time, stacked (`fit_many`); 0: one by one
     batched: int = 0
+    #: data.augment: what every training batch gets on the fit's device (None: nothing)
+    augment: Augment | None = None
 
 
 class ResidentBatches:
@@ -125,8 +128,35 @@ class ResidentBatches:
             yield self.x[idx], self.y[idx]
 
 
+class AugmentedBatches:
+    """The batches of `loader` (resident or a DataLoader's), the images augmented on `device`
+    (`core/augment.py`), the n-th batch of the fit with draws seeded from (the fit's seed, n);
+    `clean_view`: the un-augmented images too, third (`ClientObjective.clean_view`). `dataset`
+    and `batch_size` are the loader's (FedProto's hook reads them: un-augmented)."""
+
+    def __init__(
+        self, loader: ResidentBatches | DataLoader[tuple[torch.Tensor, ...]], augment: Augment, seed: int,
+        device: torch.device, clean_view: bool = False,
+    ) -> None:  # fmt: skip
+        self.loader, self.augment, self.seed, self.device = loader, augment, seed, device
+        self.clean_view = clean_view
+        self.dataset, self.batch_size = loader.dataset, loader.batch_size
+        self.step = 0  # batches drawn so far in this fit, over its epochs and phases
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        for x, y in self.loader:
+            seed = step_seed(self.seed, self.step)
+            self.step += 1
+            x = x.to(self.device)
+            augmented = augment_batch(x, self.augment, seed)
+            yield (augmented, y, x) if self.clean_view else (augmented, y)
+
+
 #: what a fit draws its batches from
-Loader = DataLoader[tuple[torch.Tensor, ...]] | ResidentBatches
+Loader = DataLoader[tuple[torch.Tensor, ...]] | ResidentBatches | AugmentedBatches
 
 
 def drop_last(n: int, batch_size: int) -> bool:
@@ -204,20 +234,6 @@ def initial_params(spec: ClientSpec, client_id: ClientId) -> StateDict:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(client_seed(spec.init_seed, 0, client_id))
         return to_cpu(build_objective(spec, client_id).model.state_dict())
-
-
-@contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """Run with `n` intra-op threads (same count in every executor: same numbers)."""
-    if n is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def quiet_lightning() -> None:
@@ -330,12 +346,17 @@ class ClientHost:
     def _device(self) -> torch.device:
         return torch.device("cuda" if self.spec.accelerator == "gpu" else "cpu")
 
-    def _loader(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> Loader:
+    def _loader(self, x: torch.Tensor, y: torch.Tensor, seed: int, clean_view: bool = False) -> Loader:
         bs, g = self.spec.batch_size, torch.Generator().manual_seed(seed)
         drop = drop_last(len(y), bs)
-        if self.spec.resident_shards:
-            return ResidentBatches(x, y, bs, g, drop, self._device())
-        return DataLoader(TensorDataset(x, y), batch_size=bs, shuffle=True, generator=g, drop_last=drop)
+        loader: ResidentBatches | DataLoader[tuple[torch.Tensor, ...]] = (
+            ResidentBatches(x, y, bs, g, drop, self._device())
+            if self.spec.resident_shards
+            else DataLoader(TensorDataset(x, y), batch_size=bs, shuffle=True, generator=g, drop_last=drop)
+        )
+        if self.spec.augment is not None and self.spec.augment.names:
+            return AugmentedBatches(loader, self.spec.augment, seed, self._device(), clean_view)
+        return loader
 
     def _state_copy(self, cid: ClientId) -> ClientState:
         """A deep copy of client `cid`'s resident state for one fit or evaluation: whatever the
@@ -352,7 +373,7 @@ class ClientHost:
         with torch_threads(self.spec.threads):
             torch.manual_seed(payload.seed)
             obj = self._begin(broadcast, payload, state)
-            loader = self._loader(x, y, payload.seed)
+            loader = self._loader(x, y, payload.seed, obj.clean_view)
             phases = obj.phases()
             if type(obj).before_fit is not ClientObjective.before_fit:
                 obj.to(self._device())

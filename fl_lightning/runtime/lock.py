@@ -161,8 +161,8 @@ def check_run_dir(run_dir: Path | str) -> None:
                 raise ConfigError(_link_message(Path(entry.path)))
 
 
-def check_output_dir(path: Path | str, shown: str | None = None) -> None:
-    """ConfigError (one line, naming `shown`, default `path`) unless runs can be written under
+def check_output_dir(path: Path | str, shown: str | None = None, key: str = "output_dir") -> None:
+    """ConfigError (one line, naming `key` `shown`, default `path`) unless runs can be written under
     `path`: its nearest existing ancestor (or itself) must be a folder, not a file, in which
     this process can create entries (tried for real: a temporary folder, removed at once, so
     also right for root and read-only file systems). Creates nothing that stays."""
@@ -175,19 +175,19 @@ def check_output_dir(path: Path | str, shown: str | None = None) -> None:
             break
         except (FileNotFoundError, NotADirectoryError):  # not there yet, or below a file (said below)
             if os.path.islink(probe):
-                raise ConfigError(f"output_dir {shown} is not usable: {probe} is a link to nothing") from None
+                raise ConfigError(f"{key} {shown} is not usable: {probe} is a link to nothing") from None
         except OSError as e:  # a symbolic-link loop (Path.exists() says False to it), no permission
-            raise ConfigError(f"output_dir {shown} is not usable ({probe}: {e.strerror or e})") from None
+            raise ConfigError(f"{key} {shown} is not usable ({probe}: {e.strerror or e})") from None
         if probe.parent == probe:
             break
         probe = probe.parent
     if not probe.is_dir():
-        raise ConfigError(f"output_dir {shown} is not usable: {probe} is a file, not a folder")
+        raise ConfigError(f"{key} {shown} is not usable: {probe} is a file, not a folder")
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".fl-lightning-probe-", dir=probe))
     except OSError as e:
         raise ConfigError(
-            f"output_dir {shown} is not writable (cannot create a folder in {probe}: "
+            f"{key} {shown} is not writable (cannot create a folder in {probe}: "
             f"{e.strerror or type(e).__name__})"
         ) from None
 
@@ -209,10 +209,12 @@ def create_run_dir(run_dir: Path) -> None:
 def new_run_path(cfg: DictConfig) -> Path:
     """Where a new run goes (`paths.new_run_dir`), checked before any work: a writable
     folder, and no run there already (ConfigError, one line)."""
+    from ..tracking.loggers import check_wandb_dirs
     from .paths import new_run_dir
 
     run_dir = new_run_dir(cfg)
     check_output_dir(run_dir.parent, str(cfg.output_dir))  # a file in the way, not writable: no data yet
+    check_wandb_dirs(cfg.logger, run_dir)
     if run_dir.exists():
         raise ConfigError(f"run directory {run_dir} exists; continue it with `fl-lightning resume {run_dir}`")
     return run_dir

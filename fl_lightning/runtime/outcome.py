@@ -48,9 +48,10 @@ def os_cause(e: BaseException) -> OSError | None:
 def reason(e: BaseException) -> str:
     """Why a run stopped, in one line (summary.json `error`)."""
     if isinstance(e, KeyboardInterrupt):
-        from .signals import terminated
+        from .signals import stop_signal
 
-        return "terminated (SIGTERM)" if terminated() else "interrupted (Ctrl-C)"
+        sig = stop_signal()
+        return f"terminated ({sig.name})" if sig is not None else "interrupted (Ctrl-C)"
     cause = os_cause(e)
     if cause is not None and not str(e).startswith("cannot write"):
         return os_error_line(cause)

@@ -86,7 +86,13 @@ class RayExecutor:
         self._setup: dict[int, Any] = {}
         self.reused = len(handles) if warm is not None else 0
         self.prestarted = len(handles) if warm is None else 0
-        self.actors = [self._start(a, handles[a] if a < len(handles) else None) for a in range(n)]
+        self.actors: list[Any] = []
+        try:
+            for a in range(n):
+                self.actors.append(self._start(a, handles[a] if a < len(handles) else None))
+        except BaseException:  # Ctrl-C, SIGTERM: what started ends with the run (a shared Ray stays up)
+            _end(_Idle([*self.actors, *handles[len(self.actors) :]], self.pg))
+            raise
 
     def _pool_key(self) -> tuple[Any, ...]:
         """Workers are interchangeable when they hold the same resources; inside a placement
@@ -116,6 +122,9 @@ class RayExecutor:
         except (RayTaskError, RayActorError) as e:
             self.close()  # its actors and placement group, also on a cluster we only joined
             raise ClientFailure(f"a client actor failed to start: {_cause(e)}") from None
+        except BaseException:  # Ctrl-C, SIGTERM while they start: they end with the run
+            self.close()
+            raise
 
     def _actor_of(self, payload: ClientPayload) -> Any:
         return self.actors[self.placement.assignment[payload.client_id]]

@@ -6,7 +6,8 @@ theirs (`server/*` from the strategy, the global evaluation, the clients' evalua
 
     round, train_loss, clients, clients_failed, clients_retried, [client_failures],
     client/<k> (training, sample-weighted), server/<k>, <global evaluation: accuracy, loss, ...>,
-    client_<m> (evaluation on the clients' own test splits), clients_evaluated,
+    client_<m> (evaluation on the clients' own test splits; client_majority_accuracy: its
+    reference), clients_evaluated,
     bytes_down, bytes_up, time_fit_s, time_eval_wait_s, time_server_s, time_eval_s,
     round_time_s, driver_*_mb, wall_time_s
 
@@ -165,6 +166,20 @@ def client_metrics(evals: Sequence[ClientEval], primary: str = "accuracy") -> di
         f"client_{primary}_std": float(acc.std()),
         f"client_{primary}_worst10": float(worst.mean()),
     })  # fmt: skip
+    return out
+
+
+def majority_accuracies(
+    train_y: np.ndarray, train: Sequence[np.ndarray], test: Sequence[np.ndarray]
+) -> list[float]:
+    """Each client's majority-class accuracy: always predicting the class most frequent in its
+    training split (the smallest label on a tie), scored on its own test split (0.0 when it
+    has none): the reference a personalised accuracy beats or not (single-label data)."""
+    out = []
+    for tr, te in zip(train, test, strict=True):
+        labels = np.asarray(train_y)
+        majority = int(np.bincount(labels[tr]).argmax()) if len(tr) else -1
+        out.append(float((labels[te] == majority).mean()) if len(te) else 0.0)
     return out
 
 

@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig
 
 from ..config import RootConfig, to_yaml
-from ..core.errors import DivergedError, StartupError
+from ..core.errors import DivergedError
 from ..core.files import open_new
 from ..core.messages import ServerState
 from ..core.strategy import ServerContext, Strategy, round_rng, server_rng
@@ -34,6 +34,7 @@ from ..core.types import ClientId
 from ..data.federated import partition_cache_dir
 from ..data.stats import save_partition_plot
 from ..models import build_client_model
+from ..models.weights import keep_weights, kept_weights
 from ..tracking.chance import chance_level
 from . import checkpoint, outcome
 from .build import Prepared, prepare
@@ -134,20 +135,22 @@ class Run:
         writer = MetricsWriter(run_dir, resumed_round=state.round if self.resume else None)
         unwritten = None if writer.has_line(state.round) else meta.get("pending_line")
         clock = WallClock(writer.wall_time(unwritten))
-        self._write_partition()
-        for w in p.strategy.warnings():
-            log.warning(w)
-        global_eval = GlobalEval(p, run_dir)
-        checkpointer = Checkpointer(
-            run_dir, int(cfg.checkpoint.every), int(cfg.fl.rounds), state, client_index, unwritten,
-            global_eval.evaluate_now,
-        )  # fmt: skip
         client_eval = ClientEval(p)
         try:
+            self._write_partition()
+            for w in p.strategy.warnings():
+                log.warning(w)
+            global_eval = GlobalEval(p, run_dir)
+            checkpointer = Checkpointer(
+                run_dir, int(cfg.checkpoint.every), int(cfg.fl.rounds), state, client_index, unwritten,
+                global_eval.evaluate_now,
+            )  # fmt: skip
             workers = self.session.workers(p, restore=checkpointer.saved_states)
-        except StartupError as e:  # Ray did not start: summary.json says why, as for any failed run
-            failed = self._summary(writer, client_eval, None, "failed", outcome.reason(e))
-            writer.write_summary(failed, failing=True)
+        except BaseException as e:  # Ray did not start, Ctrl-C or SIGTERM while its workers start:
+            # summary.json says why, as for any run that stops
+            status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            stopped = self._summary(writer, client_eval, None, status, outcome.reason(e))
+            writer.write_summary(stopped, failing=True)
             raise
         self._record_choices(workers.placement)
         progress = Progress(cfg.fl.rounds, state.round, self.console, p.strategy.primary_metric())
@@ -190,6 +193,8 @@ class Run:
         cfg = self.cfg
         cfg.runtime.placement = "per_client" if placement.mode == "per_client" else "pool"
         cfg.runtime.accelerator = "gpu" if placement.accelerator == "gpu" else "cpu"
+        if cfg.runtime.executor == "ray":
+            cfg.runtime.num_actors = placement.num_actors  # null: the number Ray's resources gave
         cfg.eval.device = "cuda" if driver_device(cfg.eval.device).type == "cuda" else "cpu"
         cfg.run_id = self.run_dir.name
         if cfg.logger.backend == "wandb":  # online with an API key, else offline
@@ -216,12 +221,15 @@ class Run:
             self.cfg, records, p.strategy.primary_metric(), self.run_dir.name, status,
             None if workers is None else workers.placement,
             0 if workers is None else workers.reused, 0 if workers is None else workers.prestarted,
-            self.startup_s, client_eval.sampled_clients(), self._summary_extra(), error, chance,
+            self.startup_s, client_eval.sampled_clients(), self._summary_extra(client_eval), error, chance,
         )  # fmt: skip
 
-    def _summary_extra(self) -> dict[str, Any]:
-        """The method's own summary keys, and the pretrained trunk the run started from."""
+    def _summary_extra(self, client_eval: ClientEval) -> dict[str, Any]:
+        """The method's own summary keys, the pretrained trunk the run started from and each
+        client's majority-class accuracy (the reference of `client_accuracy`)."""
         extra = dict(self.p.strategy.run_summary())
+        if client_eval.majority is not None:
+            extra["client_majority_accuracies"] = [round(a, 6) for a in client_eval.majority]
         if self.p.weights_info is not None:
             extra["model_weights"] = self.p.weights_info
         return extra
@@ -312,6 +320,8 @@ def start_run(
     with _in(session) as s, RunLock(run_dir):
         prepared.cfg.run_id = run_dir.name
         write_config(run_dir, prepared.cfg)
+        if prepared.weights_info is not None:  # its own: `resume` needs no file outside the run
+            keep_weights(cfg.model.weights, run_dir)
         if console:
             print(run_dir_message(run_dir), file=sys.stderr)
         run = Run(prepared, run_dir, s, console=console, started_at=t0, callbacks=callbacks)
@@ -366,5 +376,6 @@ def resume_run(
             except (OSError, ValueError):
                 summary = {}
             return summary if isinstance(summary, dict) else {}
-        prepared = prepare(cfg)
+        trunk = kept_weights(run_dir, str(cfg.model.weights)) if cfg.model.get("weights") else None
+        prepared = prepare(cfg, trunk)
         return Run(prepared, run_dir, s, resume=True, console=console, started_at=t0).execute()

@@ -1,10 +1,12 @@
-"""SIGTERM stops a run the way Ctrl-C does.
+"""SIGTERM (and SIGHUP: the terminal closed) stops a run the way Ctrl-C does.
 
 By default SIGTERM kills the driver outright (with a local Ray, Ray's own handler prints a
 stack dump first): `summary.json` is never written and the run looks failed. `stop_on_sigterm`
 makes it raise `Terminated` (a KeyboardInterrupt) in the main thread instead, so the runner
 ends the run `interrupted`, shuts its Ray down and `resume` continues it. `ray.init` installs
-its own SIGTERM handler in the driver; `init_ray` puts ours back afterwards.
+its own SIGTERM handler in the driver; `init_ray` puts ours back afterwards. SIGHUP, by
+default also the end of the process with no summary, gets the same handler (not where it is
+ignored: `nohup` asks for that).
 
 `held()` defers both signals over a block that must not stop half-way (Ray's start-up, a
 checkpoint write): torch's zip writer, interrupted mid-file, raised a RuntimeError that hid
@@ -23,15 +25,15 @@ from ..core.errors import Terminated
 
 
 class _Terminator:
-    """Our SIGTERM handler. It remembers that it fired (`terminated`): Ray may re-raise a plain
-    KeyboardInterrupt from inside `ray.get`. The handler installed is the only copy of that
-    fact, so there is no module-level state."""
+    """Our SIGTERM (and SIGHUP) handler. It remembers which signal fired (`terminated`): Ray
+    may re-raise a plain KeyboardInterrupt from inside `ray.get`. The handler installed is the
+    only copy of that fact, so there is no module-level state."""
 
     def __init__(self) -> None:
-        self.fired = False
+        self.fired: int | None = None
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
-        self.fired = True
+        self.fired = signum
         raise Terminated
 
 
@@ -42,21 +44,32 @@ def our_handler() -> _Terminator | None:
 
 
 def terminated() -> bool:
-    """Whether this process got SIGTERM (through our handler)."""
+    """Whether this process got SIGTERM or SIGHUP (through our handler)."""
+    return stop_signal() is not None
+
+
+def stop_signal() -> signal.Signals | None:
+    """The signal that stopped this process through our handler (SIGTERM, SIGHUP), if one did."""
     handler = our_handler()
-    return handler is not None and handler.fired
+    return None if handler is None or handler.fired is None else signal.Signals(handler.fired)
 
 
 def stop_on_sigterm() -> bool:
     """Install the handler (main thread only, and only over the default disposition: an
-    embedding program's own handler is left alone). True if it is in place."""
+    embedding program's own handler is left alone; SIGHUP likewise, unless ignored). True if
+    it is in place."""
     if threading.current_thread() is not threading.main_thread():
         return False
-    if our_handler() is not None:
+    handler = our_handler()
+    if handler is not None:
+        handler.fired = None  # a new command of this process (tests call `main` again) starts unsignalled
         return True
     if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
         return False
-    signal.signal(signal.SIGTERM, _Terminator())
+    handler = _Terminator()
+    signal.signal(signal.SIGTERM, handler)
+    if signal.getsignal(signal.SIGHUP) in (signal.SIG_DFL, None):  # SIG_IGN (nohup): left ignored
+        signal.signal(signal.SIGHUP, handler)
     return True
 
 
@@ -88,16 +101,18 @@ def held() -> Iterator[None]:
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, hold)
     if sigterm is not None:
         previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, hold)
+    if sigterm is not None and signal.getsignal(signal.SIGHUP) is sigterm:
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hold)
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if got:
-        _raise(signal.SIGTERM if signal.SIGTERM in got else got[0], sigterm)
+        _raise(next((s for s in got if s != signal.SIGINT), got[0]), sigterm)
 
 
 def _raise(signum: int, sigterm: _Terminator | None) -> None:
-    if signum == signal.SIGTERM and sigterm is not None:
+    if signum != signal.SIGINT and sigterm is not None:
         sigterm(signum, None)
     raise KeyboardInterrupt

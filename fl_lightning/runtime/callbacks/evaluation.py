@@ -15,13 +15,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...core.centralized import torch_threads
 from ...core.files import open_new
 from ...core.messages import ClientUpdate, RoundPlan, ServerState
 from ...core.objective import evaluate
 from ...core.types import ClientId
 from ..build import Prepared
 from ..executor import Executor
-from ..record import RoundRecord, client_metrics
+from ..record import RoundRecord, client_metrics, majority_accuracies
 from .base import Callback, RunContext, WallClock
 
 #: a global evaluation's metrics, its own duration and when it ended (perf_counter)
@@ -39,6 +40,16 @@ def driver_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+#: Intra-op threads of every global evaluation (rule 3 of `GlobalEval`)
+EVAL_THREADS = 1
+
+
+def in_line(job: Callable[[], EvalResult]) -> EvalResult:
+    """`job` on this thread, at the evaluation thread's intra-op count (the same numbers)."""
+    with torch_threads(EVAL_THREADS):
+        return job()
+
+
 class GlobalEval(Callback):
     """The global model (`strategy.eval_broadcast`) on the test set, in the driver.
 
@@ -52,9 +63,13 @@ class GlobalEval(Callback):
        round r's evaluation reads it. `on_fit_end` (settle) precedes `on_evaluate` in every
        round, and the weights are a deep copy, so nothing the next round does changes them.
     2. The evaluation thread never touches torch's process-wide state: not the global RNG
-       (the serial executor seeds it before each client's fit, at the same time) and not the
-       intra-op thread count (`torch_threads` sets it around each fit). `evaluate` is a
-       forward pass in eval mode under `no_grad`: no dropout, no sampling, no seeding.
+       (the serial executor seeds it before each client's fit, at the same time). `evaluate`
+       is a forward pass in eval mode under `no_grad`: no dropout, no sampling, no seeding.
+    3. Every evaluation runs on one intra-op thread (`EVAL_THREADS`), in line or on the thread.
+       A new thread takes the intra-op count that any thread set last (`torch_threads` sets one
+       around each fit), and with more than one, ops running beside a fit may split their
+       reductions otherwise: measured, the same evaluation differed in its last digits with
+       the timing of the fit beside it. The count is per thread: the fit's is untouched.
     """
 
     def __init__(self, p: Prepared, run_dir: Path) -> None:
@@ -64,7 +79,13 @@ class GlobalEval(Callback):
         self.batch_size, self.save_predictions = int(ev.batch_size), bool(ev.save_predictions)
         self.device = driver_device(str(ev.device))
         self.test = p.dataset.tensors(p.dataset.test_x, p.dataset.test_y)
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="fl-eval") if ev.overlap else None
+        self.pool = (
+            ThreadPoolExecutor(
+                1, thread_name_prefix="fl-eval", initializer=torch.set_num_threads, initargs=(EVAL_THREADS,)
+            )
+            if ev.overlap
+            else None
+        )
         self.pending: tuple[RoundRecord, Future[EvalResult]] | None = None
         self.clock = WallClock()
         self.write_line: Callable[[RoundRecord], None] = lambda record: None
@@ -100,7 +121,7 @@ class GlobalEval(Callback):
 
     def evaluate_now(self, state: ServerState) -> dict[str, float]:
         job = self.job(state)
-        return job()[0] if job is not None else {}
+        return in_line(job)[0] if job is not None else {}
 
     def on_fit_end(self, rnd: int) -> None:
         self.settle()  # rule 1: before this round's `on_evaluate`
@@ -115,7 +136,7 @@ class GlobalEval(Callback):
             record.awaiting_evaluation = True
             self.pending = (record, self.pool.submit(job))
         else:
-            record.evaluation = job()[0]
+            record.evaluation = in_line(job)[0]
 
     def settle(self) -> None:
         """Wait for the overlapped evaluation, if any, and write its round's line."""
@@ -161,6 +182,12 @@ class ClientEval(Callback):
         self.every, self.last_round = int(ev.every), int(p.cfg.fl.rounds)
         self.sample, self.seed = ev.clients_sample, int(p.cfg.seed)
         self.executor: Executor | None = None
+        #: each client's majority-class accuracy (`record.majority_accuracies`), single-label data
+        self.majority = (
+            majority_accuracies(p.dataset.train_y, p.split.train, p.split.test)
+            if self.enabled and not p.dataset.multilabel
+            else None
+        )
 
     def on_run_start(self, ctx: RunContext) -> None:
         self.executor = ctx.executor
@@ -186,6 +213,11 @@ class ClientEval(Callback):
             return
         primary = self.p.strategy.primary_metric().removeprefix("client_")
         out = client_metrics(evals, primary if primary in evals[0].metrics else next(iter(evals[0].metrics)))
+        # the reference of client_accuracy: over the same clients, with the same weights
+        if self.majority is not None and "accuracy" in evals[0].metrics:
+            n = sum(e.num_examples for e in evals)
+            ref = sum(self.majority[e.client_id] * e.num_examples for e in evals) / max(n, 1)
+            out["client_majority_accuracy"] = float(ref)
         record.client_evaluation = {**out, "clients_evaluated": len(evals)}
 
     def sampled_clients(self) -> Sequence[ClientId] | None:

@@ -3,12 +3,15 @@ and curves.png) and `Loggers` (W&B and the console's progress bar)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ...config import tree
+from ...config import tree, variant_of
 from ...core.about import about
 from ...core.errors import DivergedError
 from ...tracking.console import Progress
@@ -114,17 +117,38 @@ def wandb_loggers(p: Prepared, run_dir: Path, meta: dict[str, Any]) -> list[Metr
     if lc.backend != "wandb" or lc.mode == "disabled":
         return []
     config = tree(cfg)
-    config["strategy"] = p.strategy.summary()
+    extra = strategy_extras(p.strategy.summary(), config)
+    if extra:
+        config["strategy"] = extra
     config["partition"] = {"train_sizes": [int(len(t)) for t in p.split.train]}
-    method, data = cfg.method.name, cfg.data
+    method, data, variant = cfg.method.name, cfg.data, variant_of(cfg)
     paper = about(type(p.strategy), method).tag()  # paper:arXiv:<id>, where it has one
     tags = [method, data.name, f"seed:{cfg.seed}", *([paper] if paper else []), *lc.tags]
     if data.partition:
         tags.insert(2, f"partition:{data.partition}")
     wb = WandbLogger(
         run_dir, run_dir.name, lc.project, lc.entity, lc.group or cfg.experiment,
-        tags, lc.mode, config, meta.get("wandb_id"), name=f"{method}-s{cfg.seed}", job_type=method,
+        tags, lc.mode, config, meta.get("wandb_id"), name=f"{variant}-s{cfg.seed}",
+        job_type=job_type(variant),
     )  # fmt: skip
     if not meta.get("wandb_id"):  # once per W&B run (a resumed run has it already)
         wb.log_partition(run_dir / "partition.json", run_dir / "partition.png")
     return [wb]
+
+
+def strategy_extras(summary: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """What the method's `Strategy.summary()` says that the run's config does not (e.g. the
+    participation weights, a `clients_per_round` the config left null): W&B's config holds each
+    hyperparameter once, as `method.<k>`."""
+    method = config.get("method", {})
+    said = {**config.get("fl", {}), **method, "method": method.get("name")}
+    text = partial(json.dumps, default=str)
+    return {k: v for k, v in summary.items() if k not in said or text(said[k]) != text(v)}
+
+
+def job_type(variant: str) -> str:
+    """The variant as W&B's job type, which holds 64 characters: a longer one is cut, with a
+    digest of the whole so that two variants cut alike stay apart."""
+    if len(variant) <= 64:
+        return variant
+    return f"{variant[:55]}~{hashlib.sha1(variant.encode()).hexdigest()[:8]}"

@@ -1,0 +1,24 @@
+"""The command that starts `fl-lightning` in a child process (a `--parallel` sweep's runs,
+`reproduce`'s runs and prepare steps).
+
+`python -m fl_lightning` puts the working directory first on `sys.path`: a `yaml.py` (or
+`torch.py`, ...) lying where the user runs the command would be imported by each child in
+place of the real one. The child therefore starts with `-P` (Python 3.11+: no working
+directory, no script folder on `sys.path`); before 3.11 it removes that entry itself before
+importing anything of ours. The console script and Ray's workers never add it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# Python 3.10: `-c` puts "" (the working directory) first on sys.path; drop it, then run the
+# package as `-m` would
+_NO_CWD = "import sys, runpy; del sys.path[0]; runpy.run_module('fl_lightning', run_name='__main__')"
+
+
+def fl_lightning_command() -> list[str]:
+    """`[python, ..., ]`: append the subcommand and its arguments (`run`, overrides...)."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", "fl_lightning"]
+    return [sys.executable, "-c", _NO_CWD]

@@ -23,6 +23,10 @@ schedule and every rate are the defaults a user gets. CReFF and CLIP2FL (`MANY_S
 local epochs by default) train on half the images (~75 a client): each client still takes 6x
 the steps per round of a one-epoch method, and a 3x too large rate diverges in round 1 as
 with 150.
+
+The 2-class-shard cells of the single-label text methods run a control of `method.targets`
+(`CONTROLS`, text/targets.py): fixed vectors in place of the text, so the column shows each
+method accepts the switch and trains with it; FedLGT's tables are checked in test_fedlgt.py.
 """
 
 from __future__ import annotations
@@ -73,6 +77,14 @@ NEEDS = {
     "fedtsp": ["method.server_epochs=5"],
 }
 
+#: the 2-class-shard cells of the text methods run a `method.targets` control
+CONTROLS = {
+    "fedglcl": ["method.targets=permuted"],
+    "fedtsp": ["method.targets=permuted"],  # tuned through the fixed reassignment
+    "feddtr": ["method.targets=centred"],
+    "clip2fl": ["method.targets=uniform"],  # its aligned teacher learns the uniform vectors
+}
+
 
 def cases() -> list[tuple[str, str]]:
     out = []
@@ -104,7 +116,8 @@ def overrides(method: str, split: str, tmp_path) -> list[str]:
     splits = MULTILABEL_SPLITS if method in MULTILABEL else SPLITS
     return [
         f"method={method}", "data.train_subset=1000", "data.test_subset=200", *data, *splits[split],
-        *NEEDS.get(method, []), "data.client_test_fraction=0.25",
+        *NEEDS.get(method, []), *(CONTROLS.get(method, []) if split == "shards2" else []),
+        "data.client_test_fraction=0.25",
         "fl.num_clients=5", "fl.rounds=2", "seed=0", "runtime=serial", "logger=none",
         f"output_dir={tmp_path}", "eval.overlap=false",
     ]  # fmt: skip

@@ -17,10 +17,12 @@ from sklearn.metrics import average_precision_score, precision_score, recall_sco
 from fl_lightning.cli.main import main
 from fl_lightning.config import compose
 from fl_lightning.core.messages import Broadcast, ClientPayload
+from fl_lightning.data.datasets import FMNIST_CLASSES
 from fl_lightning.methods.fedlgt import LGTObjective, label_mask_training
 from fl_lightning.models.ctran import NEGATIVE, POSITIVE, UNKNOWN, CTran
 from fl_lightning.models.weights import load_trunk
 from fl_lightning.runtime.runner import start_run
+from fl_lightning.text.targets import derangement
 
 from .conftest import small
 
@@ -211,6 +213,7 @@ def test_label_embeddings_are_never_sent_and_fedctran_is_fedlgt_learned_bit_for_
         (["method=fedlgt"], False, False),
         (["method=fedlgt", "method.state_embedding=learned"], False, True),
         (["method=fedlgt", "method.label_embedding=frozen_random"], False, False),
+        (["method=fedlgt", "method.targets=permuted", "method.state_targets=orthogonal"], False, False),
     ],
 )
 def test_which_embedding_tables_are_learned_and_sent(
@@ -224,10 +227,17 @@ def test_which_embedding_tables_are_learned_and_sent(
     for name, learned in (("label_emb", label_learned), ("state_emb", state_learned)):
         assert (name in keys) is learned  # a learned table is in the state dict: sent and averaged
         assert isinstance(getattr(model, name), torch.nn.Parameter) is learned
-    if not state_learned and "frozen_random" not in extra[-1]:  # the text features of the state words
-        from fl_lightning.text import class_text_features
+    from fl_lightning.text import class_text_features
 
-        words = class_text_features({"name": "minilm"}, ["positive", "negative"], templates=["{}"])
+    words = class_text_features({"name": "minilm"}, ["positive", "negative"], templates=["{}"])
+    if "method.state_targets=orthogonal" in extra:  # each table its own control
+        labels = class_text_features(
+            {"name": "minilm"}, list(FMNIST_CLASSES), templates=["The photo contains {}."]
+        )
+        perm = derangement(10, 0)  # the run's seed 0
+        assert torch.equal(model.label_emb, labels[perm].float())
+        torch.testing.assert_close(model.state_emb @ model.state_emb.T, torch.eye(2), atol=1e-5, rtol=0)
+    elif not state_learned and "frozen_random" not in extra[-1]:  # the text features of the state words
         assert torch.equal(model.state_emb, words.float())
 
 

@@ -271,6 +271,17 @@ def test_a_run_records_every_method_key_with_its_dataclass_default(tmp_path, dat
         ("fedtsp", "method.finetune_after=3", "method.finetune_after (-FT) needs method.share_weights"),
         ("fedglcl", "method.projector=mlp", "is not one of: auto, linear, bn, bn_relu"),
         ("fedglcl", "method.class_embedding=onehot", "method.class_embedding='onehot' is not one of"),
+        ("fedglcl", "method.targets=shuffled", "method.targets='shuffled' is not one of: text, permuted"),
+        ("fedglcl", "method.targets=uniform method.class_embedding=random", "set only method.targets"),
+        ("fedtsp", "method.targets=orthogonal", "add method.tune_prompts=false"),
+        ("feddtr", "method.targets=permuted method.text=false method.prior=false", "needs method.text=true"),
+        ("clip2fl", "method.targets=none", "method.targets='none' is not one of"),
+        ("fedlgt", "method.state_targets=random data=fmnist_multilabel model=ctran", "method.state_targets="),
+        (
+            "fedlgt",
+            "method.targets=permuted method.label_embedding=learned data=fmnist_multilabel model=ctran",
+            "needs method.label_embedding=text",
+        ),
     ],
 )
 def test_every_method_check_runs_before_any_data(method, bad, message):

@@ -488,6 +488,10 @@ def test_fedglcl_random_and_orthogonal_class_vectors(digits):
     torch.testing.assert_close(rand @ rand.T, torch.eye(10), atol=1e-5, rtol=0)
     text = one_round("fedglcl", digits)[0].class_features
     assert not torch.allclose(rand, text)
+    # the shared controls switch (text/targets.py): the same text vectors, every class moved
+    perm = one_round("fedglcl", digits, targets="permuted")[0].class_features
+    assert torch.equal(perm.flatten().sort().values, text.flatten().sort().values)
+    assert all(not torch.equal(perm[c], text[c]) for c in range(10))
 
 
 def test_personalised_methods_need_client_test_splits(tmp_path, capsys):

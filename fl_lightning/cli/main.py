@@ -106,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     cfg.add_argument("overrides", nargs="*")
     sub.add_parser("list", help="list registered methods, datasets, models, ...")
     fetch = sub.add_parser("fetch", help="download a dataset into the data root")
-    fetch.add_argument("dataset", choices=["fmnist"])
+    fetch.add_argument("dataset", choices=["fmnist", "fmnist_digits20"])
     fetch.add_argument("--root", default=None, help="data root (default: data.root of the config)")
     part = sub.add_parser(
         "partition", help="print and plot the client split a run would use, without training"
@@ -135,6 +135,10 @@ def _parser() -> argparse.ArgumentParser:
     txt.add_argument("--descriptions", action="store_true", help="per-class descriptions, not templates")
     txt.add_argument("--out", default=None, help="PNG path (default: <output_dir>/text/...png)")
     txt.add_argument(
+        "--rsa", action="store_true",
+        help="also the rank correlation of text and mean-feature class similarity (loads the data)",
+    )  # fmt: skip
+    txt.add_argument(
         "--cache-dir", default=None,
         help="default: $FL_LIGHTNING_TEXT_CACHE, else $FL_LIGHTNING_DATA/.cache/text, "
         "else ~/.cache/fl_lightning/text",
@@ -145,9 +149,11 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_fetch(dataset: str, root: str | None) -> None:
     from ..config import compose
     from ..data.fetch import fetch_fmnist
+    from ..data.fmnist_digits20 import fetch as fetch_digits20
 
     root = root or compose([f"data={dataset}"]).data.root
-    print(fetch_fmnist(root, log=lambda m: print(m, file=sys.stderr)))
+    get = fetch_digits20 if dataset == "fmnist_digits20" else fetch_fmnist
+    print(get(root, log=lambda m: print(m, file=sys.stderr)))
 
 
 def _seeds(text: str | None) -> list[int] | None:
@@ -268,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "text":
             from .text import text_command
 
-            return text_command(args.overrides, args.templates, args.descriptions, args.out, args.cache_dir)
+            return text_command(
+                args.overrides, args.templates, args.descriptions, args.out, args.cache_dir, args.rsa
+            )
         elif args.cmd == "resume":
             from ..config import load_run_config
             from ..runtime.paths import resolve_run_path

@@ -102,6 +102,7 @@ def text_command(
     descriptions: bool = False,
     out: str | None = None,
     cache_dir: str | None = None,
+    rsa: bool = False,
 ) -> int:
     """Body of `fl-lightning text`: compose the config, compute (or load) class-text features,
     print the similarity matrix and save the heatmap. Returns the exit code."""
@@ -144,4 +145,44 @@ def text_command(
     )
     save_heatmap(sim, label, path, f"{cfg.data.name}: {text_cfg.name} class-text cosine ({what})")
     print(f"heatmap: {path}")
+    if rsa:
+        print_rsa(cfg, feats, label)
     return 0
+
+
+def print_rsa(cfg, text, names: Sequence[str]) -> None:
+    """`--rsa`: the rank correlation between the classes' text similarity and the similarity
+    of their mean training features (a frozen-feature dataset's features, else pixels), over
+    all class pairs and within each coarse group; with groups, where each class's nearest text
+    neighbour lies. Run before an experiment: about 0 predicts text = permuted."""
+    import torch
+
+    from ..data.fmnist_digits20 import COARSE_GROUPS
+    from ..data.registry import load_from_config
+    from ..text.targets import class_similarity_rsa
+
+    ds = load_from_config(cfg.data)
+    x, y = ds.tensors(ds.train_x, ds.train_y)
+    feats = x.flatten(1)
+    rho, n = class_similarity_rsa(text, feats, y)
+    print(f"rank correlation (Spearman) text vs mean {ds.name} features: {rho:+.3f} over {n} class pairs")
+    groups = COARSE_GROUPS.get(cfg.data.name)
+    if not groups:
+        return
+    for group in sorted(set(groups)):
+        members = [c for c, cg in enumerate(groups) if cg == group]
+        if len(members) > 2:
+            rho, n = class_similarity_rsa(text, feats, y, members)
+            print(f"  within group {group} ({names[members[0]]}, ...): {rho:+.3f} over {n} pairs")
+    sim = text.double() @ text.double().T
+    sim.fill_diagonal_(-float("inf"))
+    near = sim.argmax(1).tolist()
+    same = sum(groups[c] == groups[j] for c, j in enumerate(near))
+    g = torch.tensor(groups)
+    mask = (g[:, None] == g[None, :]) & ~torch.eye(len(g), dtype=torch.bool)
+    t = text.double() @ text.double().T
+    between = ~mask & ~torch.eye(len(g), dtype=torch.bool)
+    print(
+        f"  nearest text neighbour in the same group: {same}/{len(groups)}; mean text cosine within "
+        f"groups {float(t[mask].mean()):.3f}, between {float(t[between].mean()):.3f}"
+    )

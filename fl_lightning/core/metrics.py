@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import (
+    MulticlassConfusionMatrix,
     MulticlassStatScores,
     MultilabelAveragePrecision,
     MultilabelF1Score,
@@ -43,6 +44,10 @@ class EvalSpec:
     #: long tail, per class 0=many, 1=medium, 2=few: many_/medium_/few_accuracy (single-label)
     #: or many_/medium_/few_c_ap (multi-label: the mean AP of the group's labels)
     class_groups: tuple[int, ...] | None = None
+    #: a coarse semantic group per class (fmnist_digits20: clothing, digit), single-label:
+    #: `within_group_errors`, the share of wrong predictions that stay in the true class's
+    #: group (the signature of semantic targets when top-1 does not move)
+    coarse_groups: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.num_classes < 1:
@@ -52,6 +57,10 @@ class EvalSpec:
         if self.class_groups is not None:
             if len(self.class_groups) != self.num_classes or not set(self.class_groups) <= {0, 1, 2}:
                 raise ConfigError(f"class_groups needs one of 0/1/2 per class ({self.num_classes} classes)")
+        if self.coarse_groups is not None and (
+            len(self.coarse_groups) != self.num_classes or self.multilabel
+        ):
+            raise ConfigError(f"coarse_groups needs one group per class ({self.num_classes}), single-label")
         if self.per_class and self.multilabel:
             raise ConfigError("per_class applies to single-label evaluation only")
 
@@ -64,6 +73,20 @@ def longtail_groups(train_counts: Sequence[int], many_above: int, few_below: int
     if few_below > many_above:  # otherwise a count could be both many- and few-shot
         raise ConfigError(f"few_below ({few_below}) must not exceed many_above ({many_above})")
     return tuple(0 if n > many_above else 2 if n < few_below else 1 for n in train_counts)
+
+
+def within_group_errors(confusion: torch.Tensor, groups: Sequence[int]) -> dict[str, float]:
+    """From a confusion matrix [true, predicted]: the share of errors predicted in the true
+    class's coarse group (absent without errors), and that share were errors spread evenly over
+    the other classes (`_chance`: 9/19 for two groups of 10)."""
+    g = torch.tensor(list(groups), device=confusion.device)
+    same = (g[:, None] == g[None, :]) & ~torch.eye(len(g), dtype=torch.bool, device=confusion.device)
+    errors = confusion.double().fill_diagonal_(0)
+    total = float(errors.sum())
+    chance = float(same.double().sum(1).mean()) / (len(g) - 1) if len(g) > 1 else 0.0
+    if total == 0:
+        return {"within_group_errors_chance": chance}
+    return {"within_group_errors": float(errors[same].sum()) / total, "within_group_errors_chance": chance}
 
 
 def primary_metric(spec: EvalSpec) -> str:
@@ -103,6 +126,8 @@ class TaskMetrics:
         else:
             # Per-class correct (tp) and total (support) counts give every single-label metric exactly.
             counts = {"stats": MulticlassStatScores(c, top_k=1, average="none")}
+            if spec.coarse_groups is not None:  # which class the errors go to
+                counts["confusion"] = MulticlassConfusionMatrix(c)
         # compute_groups: metrics with identical state (the threshold counts; the two APs) share one copy.
         self._counts = MetricCollection(counts, compute_groups=True).to(self.device)
         self._ranking = MetricCollection(ranking, compute_groups=True).to(self.device) if ranking else None
@@ -145,7 +170,12 @@ class TaskMetrics:
                 # Expected for classes without positives; they are excluded from C-AP below.
                 warnings.filterwarnings("ignore", message="No positive samples found in target")
                 res.update(self._ranking.compute())
-        return self._multilabel(res) if self.spec.multilabel else self._single_label(res["stats"])
+        if self.spec.multilabel:
+            return self._multilabel(res)
+        out = self._single_label(res["stats"])
+        if "confusion" in res:
+            out.update(within_group_errors(res["confusion"], self.spec.coarse_groups or ()))
+        return out
 
     def _single_label(self, stats: torch.Tensor) -> dict[str, float]:
         # stats[c] = (tp, fp, tn, fn, support); integer counts, divided in float64 on the host.

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from ..core.checks import positive
 from ..core.errors import ConfigError
 from ..core.types import StateDict
+from ..text.targets import check_targets, class_targets
 from . import METHODS
 from .creff import CReFF, CReFFConfig, CReFFObjective, CReFFState
 from .teacher import TEACHERS, AlignedTeacherConfig, FrozenTeacher, TeacherSpec
@@ -58,6 +59,11 @@ class CLIP2FLConfig(CReFFConfig):
     teacher_epochs: int = 15
     teacher_lr: float = 0.05
     teacher_seed: int = 0
+    #: the class text's control (text/targets.py): text | permuted | orthogonal | uniform |
+    #: centred, for the prototypes of L_pcl and the text the teacher's logits (and the aligned
+    #: teacher's training) use. Drawn with teacher_seed, so the cached teacher and the
+    #: prototypes agree.
+    targets: str = "text"
 
 
 TEACHER_ARCH_DEFAULTS: dict[str, dict[str, Any]] = {"resnet8": {"scaling": 2}}
@@ -76,6 +82,7 @@ def aligned_config(c: CLIP2FLConfig) -> AlignedTeacherConfig:
         holdout_from=c.teacher_holdout_from, holdout_size=c.teacher_holdout_size, arch=c.teacher_arch,
         model_kwargs=teacher_model_kwargs(c), epochs=c.teacher_epochs, lr=c.teacher_lr,
         logit_scale=c.teacher_scale, templates=tuple(c.templates), seed=c.teacher_seed,
+        targets=c.targets,
     )  # fmt: skip
 
 
@@ -143,6 +150,7 @@ class CLIP2FL(CReFF):
         super().check_run(config, run)  # CReFF's
         c: CLIP2FLConfig = config
         positive(c, "kd_temperature", "pcl_temperature")  # they divide the logits
+        check_targets(c.targets)
         if c.teacher not in TEACHERS:
             raise ConfigError(f"method.teacher={c.teacher!r}: expected one of {', '.join(TEACHERS)}")
         if c.beta <= 0 and c.pcl_weight <= 0:
@@ -195,7 +203,7 @@ class CLIP2FL(CReFF):
 
             text = class_text_features(dict(self.task.text), names, templates=list(config.templates))
             assert isinstance(text, Tensor)
-            self.text = text
+            self.text = class_targets(config.targets, text, config.teacher_seed)
             if config.beta > 0:
                 self.teacher_spec = self._clip_spec()
         else:
@@ -212,7 +220,8 @@ class CLIP2FL(CReFF):
 
                 text = class_text_features(text_cfg, names, templates=list(config.templates))
                 assert isinstance(text, Tensor)
-            self.text = text
+                text = class_targets(config.targets, text, config.teacher_seed)
+            self.text = text  # the aligned teacher's: its targets applied
 
     def _clip_spec(self) -> TeacherSpec:
         from .teacher import _load_data

@@ -40,6 +40,7 @@ from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
 from ..core.params import to_cpu
 from ..core.strategy import MethodConfig, Strategy
 from ..core.types import StateDict
+from ..text.targets import check_targets, class_targets
 from . import METHODS
 from .fedper import HEAD, PersonalHead
 
@@ -165,6 +166,9 @@ class FedDTRConfig(MethodConfig):
     tau: float = 0.01  # [code] ×100 cosine logits; the paper states no temperature
     template: str = "This is a {}"  # paper §3.1
     text: bool = True  # Table 7 "w.o. Text" = false
+    #: the anchors: text | permuted | orthogonal | uniform | centred (text/targets.py); the
+    #: paper's Table 6 "nonsensical labels" is `template` with made-up words instead
+    targets: str = "text"
     prior: bool = True  # Table 7 "w.o. IP" = false
     freeze_text: bool = True  # Table 7 "w.o. Freeze" = false (Eq. 1 instead of Eq. 2)
     global_head: bool = True  # the frozen global head h_f
@@ -179,6 +183,9 @@ class FedDTR(Strategy[FedDTRConfig, ServerState, DTRBroadcast]):
     @classmethod
     def check_run(cls, config: Any, run: dict[str, Any]) -> None:
         positive(config, "tau")  # divides the cosine logits
+        check_targets(config.targets)
+        if config.targets != "text" and not config.text:
+            raise ConfigError(f"feddtr: method.targets={config.targets} needs method.text=true (no anchors)")
         if config.prior and not config.text:
             raise ConfigError("feddtr: method.prior=true needs method.text=true (P_i is built from text)")
 
@@ -194,11 +201,14 @@ class FedDTR(Strategy[FedDTRConfig, ServerState, DTRBroadcast]):
                 text_cfg = {"name": "minilm"}  # the default encoder (offline)
             feats = class_text_features(text_cfg, list(self.task.class_names), templates=[config.template])
             assert isinstance(feats, torch.Tensor)  # without return_info: the features alone
-            self.class_features, self.text_encoder = feats, str(text_cfg["name"])
+            # the class prior P_i is built from these anchors too (the same targets throughout)
+            self.class_features = class_targets(config.targets, feats, self.seed)
+            self.text_encoder = str(text_cfg["name"])
 
     def objective_kwargs(self) -> dict[str, Any]:
         kw = super().objective_kwargs()
         kw.pop("template")
+        kw.pop("targets")
         dim = int(self.class_features.shape[1]) if self.class_features is not None else 0
         return kw | {"text_dim": dim}
 

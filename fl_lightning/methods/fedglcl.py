@@ -10,6 +10,10 @@ does). Prediction is the nearest class text. Aggregation is FedAvg.
 Options from the paper: prompt ensembles (`templates=imagenet80`), random or random-
 orthogonal class vectors instead of text (Table 10), and FedGLCL+FedProx / +MOON
 (`prox_mu`, `moon_mu`: the language loss replaces cross-entropy inside those methods).
+`targets` is the controls switch all text-using methods share (`text/targets.py`: text,
+permuted, orthogonal, uniform, centred); `class_embedding` is the older one, kept so the
+committed reports rerun (its `random` is normalised randn: near-orthogonal in 384-d, unlike
+the paper's correlated random tensors, which `targets=uniform` gives).
 
 The projector (`projector`): `linear` (Linear to the text dimension), `bn` (Linear → BN1d)
 or `bn_relu` (Linear → BN1d → ReLU, the authors' AlexNet head). The default `auto` is
@@ -37,6 +41,7 @@ from ..core.checks import nonnegative, positive
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ServerState
 from ..core.strategy import MethodConfig, Strategy
+from ..text.targets import check_targets, class_targets
 from . import METHODS
 from .fedprox import ProximalTerm
 from .moon import ModelContrastive
@@ -135,7 +140,8 @@ class FedGLCLConfig(MethodConfig):
     name: str = "fedglcl"
     tau: float = 0.07
     templates: list[str] = field(default_factory=lambda: ["a photo of a {}"])  # or ["imagenet80"]
-    class_embedding: str = "text"  # text | random | orthogonal (Table 10)
+    class_embedding: str = "text"  # text | random | orthogonal (Table 10; legacy: see `targets`)
+    targets: str = "text"  # text | permuted | orthogonal | uniform | centred (text/targets.py)
     #: the projector to the text dimension: linear | bn (Linear -> BN1d) | bn_relu (Linear ->
     #: BN1d -> ReLU, the authors' AlexNet head) | auto: bn_relu when the backbone has batch norm,
     #: linear when it has none. The paper gives every method the same AlexNet-BN, so its BN
@@ -183,6 +189,12 @@ class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
         if config.class_embedding not in CLASS_EMBEDDINGS:
             valid = ", ".join(CLASS_EMBEDDINGS)
             raise ConfigError(f"method.class_embedding={config.class_embedding!r} is not one of: {valid}")
+        check_targets(config.targets)
+        if config.class_embedding != "text" and config.targets != "text":
+            raise ConfigError(
+                f"method.class_embedding={config.class_embedding} and method.targets={config.targets}: "
+                "set only method.targets (class_embedding is the older switch)"
+            )
 
     def __init__(self, config: FedGLCLConfig, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
@@ -199,12 +211,14 @@ class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
         text = class_text_features(text_cfg, list(self.task.class_names), templates=templates)
         assert isinstance(text, torch.Tensor)  # without return_info: the features alone
         # Derived from the config alone (cached on disk), so a resumed run gets the same.
-        self.class_features = class_vectors(config.class_embedding, text, self.seed)
+        self.class_features = class_targets(
+            config.targets, class_vectors(config.class_embedding, text, self.seed), self.seed
+        )
         self.text_encoder = text_cfg["name"]
 
     def objective_kwargs(self) -> dict[str, Any]:
         kw = super().objective_kwargs()
-        for k in ("templates", "class_embedding"):
+        for k in ("templates", "class_embedding", "targets"):
             kw.pop(k)
         return kw | {"text_dim": int(self.class_features.shape[1])}
 

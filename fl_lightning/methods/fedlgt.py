@@ -40,6 +40,7 @@ from ..core.messages import Broadcast, ClientPayload, ServerState
 from ..core.objective import ClientObjective
 from ..core.strategy import MethodConfig, Strategy
 from ..models.ctran import UNKNOWN, CTran
+from ..text.targets import check_targets, class_targets
 from . import METHODS
 
 LABEL_EMBEDDINGS = ("text", "learned", "frozen_random")
@@ -123,6 +124,12 @@ class FedLGTConfig(MethodConfig):
     #: text: frozen features of state_words (random ones with label_embedding=frozen_random) |
     #: learned (the paper's FedC-Tran; the authors' code freezes them for FedC-Tran too)
     state_embedding: str = "text"
+    #: controls of the frozen text tables (text/targets.py: text | permuted | orthogonal |
+    #: uniform | centred), one switch per table so label meaning and state-token geometry are
+    #: told apart (MiniLM's "positive"/"negative" have cosine 0.71); `frozen_random` above
+    #: replaces both tables at once (kept for the committed reports)
+    targets: str = "text"  # the label table (with label_embedding=text)
+    state_targets: str = "text"  # the state table (with state_embedding=text)
     prompt: str = "The photo contains {}."  # [paper] "The photo contains [CLASS]"; [code] adds the "."
     #: [paper] the state embeddings' words; unknown is the zero vector
     state_words: list[str] = field(default_factory=lambda: ["positive", "negative"])
@@ -151,6 +158,17 @@ class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
         if c.state_embedding not in STATE_EMBEDDINGS:
             raise ConfigError(
                 f"method.state_embedding={c.state_embedding!r} is not one of: {', '.join(STATE_EMBEDDINGS)}"
+            )
+        check_targets(c.targets)
+        check_targets(c.state_targets, "method.state_targets")
+        if c.targets != "text" and c.label_embedding != "text":
+            raise ConfigError(
+                f"method.targets={c.targets} needs method.label_embedding=text (a frozen text table)"
+            )
+        if c.state_targets != "text" and c.state_embedding != "text":
+            raise ConfigError(
+                f"method.state_targets={c.state_targets} needs method.state_embedding=text "
+                "(a frozen text table)"
             )
         if c.reduction not in ("sum", "mean"):
             raise ConfigError(f"method.reduction={c.reduction!r} is not one of: sum, mean")
@@ -191,6 +209,9 @@ class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
             g = torch.Generator().manual_seed(self.seed)
             labels = F.normalize(torch.randn(labels.shape, generator=g), dim=-1)
             states = F.normalize(torch.randn(states.shape, generator=g), dim=-1)
+        labels = class_targets(config.targets, labels, self.seed)
+        # another draw than the labels' (the same seed would make the uniform states the first label rows)
+        states = class_targets(config.state_targets, states, self.seed + 7919)
         # learned tables stay parameters of the model (None); FedC-Tran next to FedLGT: the same width
         self.label_features = None if learned else labels
         self.state_features = None if config.state_embedding == "learned" else states
@@ -212,7 +233,7 @@ class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
 
     def objective_kwargs(self) -> dict[str, Any]:
         kw = super().objective_kwargs()
-        for k in ("label_embedding", "state_embedding", "prompt", "state_words"):
+        for k in ("label_embedding", "state_embedding", "prompt", "state_words", "targets", "state_targets"):
             kw.pop(k)
         return kw | {"label_features": self.label_features, "state_features": self.state_features}
 

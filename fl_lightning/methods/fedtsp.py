@@ -40,6 +40,7 @@ from ..core.strategy import MethodConfig, ServerContext, Strategy
 from ..core.types import Metrics, StateDict
 from ..server_steps.prompt_tuning import LN_100, LN_1000, PromptTuner
 from ..server_steps.prototypes import aggregate_class_means
+from ..text.targets import check_targets
 from . import METHODS
 from .fedproto import LocalClassMeans, PrototypeUpdate
 
@@ -130,6 +131,10 @@ class FedTSPConfig(MethodConfig):
     lam: float = 7.0  # λ: 7 cross-silo, 1 cross-device (paper)
     descriptions: bool = True  # false: handcrafted "a photo of a {class}." (Table 4, IDs 2 and 4)
     tune_prompts: bool = True  # false: frozen prompts (Table 4, IDs 2 and 3)
+    #: the text prototypes' control (text/targets.py): text | permuted | centred (a fixed map
+    #: on the prompts' output: tuning works through it) | orthogonal | uniform (fixed vectors:
+    #: tune_prompts=false)
+    targets: str = "text"
     ctx_init: str | None = (
         "a photo of a"  # the soft prompts start as these token embeddings (m = their count)
     )
@@ -169,6 +174,12 @@ class FedTSP(Strategy[FedTSPConfig, FedTSPState, TSPBroadcast]):
             raise ConfigError(
                 f"method.direction={config.direction!r}: expected image_to_text, text_to_image or symmetric"
             )
+        check_targets(config.targets)
+        if config.targets in ("orthogonal", "uniform") and config.tune_prompts and config.server_epochs > 0:
+            raise ConfigError(
+                f"method.targets={config.targets} are fixed vectors with no prompt to tune: "
+                "add method.tune_prompts=false"
+            )
         if config.weighting not in ("count", "uniform"):
             raise ConfigError(f"method.weighting={config.weighting!r}: expected count or uniform")
         top = config.logit_scale_max
@@ -199,7 +210,9 @@ class FedTSP(Strategy[FedTSPConfig, FedTSPState, TSPBroadcast]):
         descs = descriptions(self.task.dataset, names) if config.descriptions else None
         # The encoder and the prompts' token embeddings derive from the config alone, so a
         # resumed run rebuilds the same; the trainable values live in FedTSPState.
-        self.tuner = PromptTuner(text_cfg, names, descs, config.ctx_init, config.n_ctx, seed=self.seed)
+        self.tuner = PromptTuner(
+            text_cfg, names, descs, config.ctx_init, config.n_ctx, seed=self.seed, targets=config.targets
+        )
         self.text_encoder = text_cfg["name"]
 
     def finetuning(self, rnd: int) -> bool:

@@ -67,6 +67,7 @@ class AlignedTeacherConfig:
     logit_scale: float = 100.0  # scale · cos(image, text): CLIP's zero-shot scale
     templates: tuple[str, ...] = ("a photo of a {}.",)
     seed: int = 0
+    targets: str = "text"  # the control of the text it aligns to (text/targets.py), drawn with `seed`
 
 
 @dataclass
@@ -157,9 +158,12 @@ def _data_identity(data: Mapping[str, Any]) -> dict[str, Any]:
 def teacher_key(
     data: Mapping[str, Any], text_identity: str, class_names: Sequence[str], cfg: AlignedTeacherConfig
 ) -> str:
+    teacher = asdict(cfg)
+    if teacher["targets"] == "text":  # the key every teacher cached before the switch has
+        del teacher["targets"]
     blob = json.dumps(
         {"v": TEACHER_CACHE_VERSION, "data": _data_identity(data), "text": text_identity,
-         "classes": list(class_names), "teacher": asdict(cfg)},
+         "classes": list(class_names), "teacher": teacher},
         sort_keys=True, default=str,
     )  # fmt: skip
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
@@ -249,9 +253,11 @@ def load_or_build_aligned(
     """The aligned teacher (from the cache, or trained and cached) with its class-text
     features: (spec, text [C, d], info, path)."""
     from ..text import class_text_features
+    from ..text.targets import class_targets
 
     text = class_text_features(text_cfg, list(class_names), templates=list(cfg.templates))
     assert isinstance(text, Tensor)
+    text = class_targets(cfg.targets, text, cfg.seed)
     path = teacher_path(data, text_cfg, class_names, cfg, cache_dir)
     blob = None
     if path.is_file() and not rebuild:

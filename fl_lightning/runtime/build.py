@@ -6,6 +6,7 @@ placement. Nothing here starts Ray or writes a file (`runner.py` runs what this 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from ..core.optim import OptimConfig
 from ..core.params import to_cpu
 from ..core.strategy import Strategy, TaskInfo
 from ..data.federated import FederatedSplit, split_from_config
+from ..data.fmnist_digits20 import COARSE_GROUPS
 from ..data.registry import ArrayDataset, check_dataset, load_from_config
 from ..methods import METHODS
 from ..models import check_image_size, family
@@ -116,6 +118,8 @@ def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
     eval_spec = strategy.eval_spec(
         ev.per_class, list(ev.longtail) if ev.longtail is not None else None, ev.threshold
     )
+    if cfg.data.name in COARSE_GROUPS and not dataset.multilabel:  # the within-group error share
+        eval_spec = dataclasses.replace(eval_spec, coarse_groups=COARSE_GROUPS[cfg.data.name])
     spec = ClientSpec(
         method=cfg.method.name,
         method_module=strategy_cls.__module__,

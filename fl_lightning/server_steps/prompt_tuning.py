@@ -87,6 +87,7 @@ class PromptTuner:
         ctx_init: str | None = "a photo of a",
         n_ctx: int | None = None,
         seed: int = 0,
+        targets: str = "text",
     ) -> None:
         from ..text import build_text_encoder
         from ..text.soft_prompt import ClassSoftPrompts
@@ -101,6 +102,28 @@ class PromptTuner:
         self.prompts.requires_grad_(False)
         self.text_dim = int(self.encoder.embed_dim)
         self._initial_ctx = self.prompts.ctx.detach().cpu().clone()
+        self._controls(targets, seed)
+
+    def _controls(self, targets: str, seed: int) -> None:
+        """The `targets` control (text/targets.py) as a fixed map on the prompts' output, so
+        tuning still works through it: permuted = a fixed row shuffle, centred = minus the
+        initial prototypes' mean; orthogonal and uniform are fixed vectors (no tuning)."""
+        from ..text.targets import class_targets, derangement
+
+        self.targets = targets
+        self._perm: Tensor | None = None
+        self._offset: Tensor | None = None
+        self._fixed: Tensor | None = None
+        if targets == "text":
+            return
+        with torch.no_grad():
+            raw = self.prompts(reduce="mean").float()
+        if targets == "permuted":
+            self._perm = derangement(raw.shape[0], seed).to(raw.device)
+        elif targets == "centred":
+            self._offset = raw.mean(0, keepdim=True)
+        else:
+            self._fixed = class_targets(targets, raw.cpu(), seed).to(raw.device)
 
     @property
     def device(self) -> torch.device:
@@ -117,7 +140,14 @@ class PromptTuner:
             if not isinstance(ctx, torch.nn.Parameter)
             else ctx
         )
-        return self.prompts(reduce="mean")
+        out: Tensor = self.prompts(reduce="mean")
+        if self._fixed is not None:
+            return self._fixed
+        if self._perm is not None:
+            out = out[self._perm]
+        if self._offset is not None:
+            out = F.normalize(out - self._offset.to(out), dim=-1)
+        return out
 
     @torch.no_grad()
     def text_prototypes(self, ctx: Tensor) -> Tensor:

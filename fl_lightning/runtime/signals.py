@@ -63,11 +63,12 @@ def stop_on_sigterm() -> bool:
     handler = our_handler()
     if handler is not None:
         handler.fired = None  # a new command of this process (tests call `main` again) starts unsignalled
-        return True
-    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+    elif signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
         return False
-    handler = _Terminator()
-    signal.signal(signal.SIGTERM, handler)
+    else:
+        handler = _Terminator()
+        signal.signal(signal.SIGTERM, handler)
+    # checked on every command, not only the first: SIGHUP may be back at its default since
     if signal.getsignal(signal.SIGHUP) in (signal.SIG_DFL, None):  # SIG_IGN (nohup): left ignored
         signal.signal(signal.SIGHUP, handler)
     return True

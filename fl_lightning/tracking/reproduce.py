@@ -746,6 +746,8 @@ def plot_curves(spec: Spec, scale: str, runs_dir: Path, seeds: Sequence[int], ou
     import matplotlib.pyplot as plt
 
     metrics = spec.table_metrics(scale)
+    if not metrics:  # a scale with no claims and no metrics of its own: nothing to draw
+        return None
     rows = spec.rows_for(scale)
     cols = min(2, len(metrics))  # two panels a row: four side by side are too small to read
     rows_n = -(-len(metrics) // cols)

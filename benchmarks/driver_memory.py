@@ -169,7 +169,7 @@ def machine() -> dict[str, Any]:
     import ray
     import torch
 
-    from fl_lightning.tracking.reproduce import cpu_model
+    from fl_lightning.runtime.summary import cpu_model
 
     cpu = cpu_model()
     mem_gb = None

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from fl_lightning.models import build_model
-from fl_lightning.tracking.reproduce import cpu_model
+from fl_lightning.runtime.summary import cpu_model
 
 
 def cases(effnet_size: int) -> dict[str, tuple[str, int, dict]]:

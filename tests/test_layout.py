@@ -49,6 +49,7 @@ ROOT = "fl_lightning"
 
 LAYERS: list[tuple[str, ...]] = [
     ("cli", "__main__"),
+    ("testing",),  # the public golden-test kit: runs clients the way the runtime does
     ("runtime",),
     ("config",),
     ("methods",),
@@ -56,7 +57,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("core", "lean_imports"),  # lean_imports: how a process imports torchmetrics; imports nothing of ours
     ("",),  # the root package itself
 ]
-SIBLING_IMPORTS = {("__main__", "cli"), ("server_steps", "text")}  # the only imports within a layer
+# the only imports within a layer (data -> models: a frozen-feature dataset computes its
+# features with a model of ours)
+SIBLING_IMPORTS = {("__main__", "cli"), ("server_steps", "text"), ("data", "models")}
 NO_RAY_OR_WANDB = ("core", "methods", "lean_imports")
 FORBIDDEN_THERE = ("ray", "wandb")
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}

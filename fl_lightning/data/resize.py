@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .cache import cached_arrays
-from .registry import ArrayDataset
+
+if TYPE_CHECKING:  # registry imports this module when it loads a dataset
+    from .registry import ArrayDataset
 
 _CHUNK = 2048  # images resized at a time: bounds the float copy torch makes of a chunk
 

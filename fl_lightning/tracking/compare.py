@@ -50,6 +50,7 @@ from ..core.errors import ConfigError
 from ..core.files import open_new, save_figure
 from ..core.safe_json import load_file, read_text
 from .chance import WARNING as CHANCE
+from .direction import lower_is_better
 from .loggers import read_jsonl
 
 log = logging.getLogger("fl_lightning")
@@ -84,13 +85,6 @@ def _clean_summary(doc: dict[str, Any]) -> dict[str, Any]:
 
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def lower_is_better(metric: str) -> bool:
-    """Losses, errors, perplexities, timings (`*_s`) and byte counts are better low; the rest
-    (accuracies, C-AP, F1, ...) high."""
-    m = metric.lower()
-    return any(w in m for w in ("loss", "error", "perplexity")) or m.endswith("_s") or m.startswith("bytes")
 
 
 @dataclass

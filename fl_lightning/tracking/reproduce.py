@@ -63,7 +63,7 @@ import yaml
 from ..core.errors import ConfigError
 from ..core.safe_json import UnsafeInput, read_bytes
 from .chance import chance_note
-from .compare import lower_is_better
+from .direction import lower_is_better
 from .loggers import read_jsonl
 
 SCALES = ("mini", "paper")

@@ -98,7 +98,9 @@ def test_driver_memory_stays_flat_from_20_to_200_clients(runs):
     grown = anon[200] - anon[20]
     held_on_driver = 180 * per_client / 2**20  # what 180 more personal models would add
     assert held_on_driver > 150  # the test can tell: the state is large enough to see
-    assert grown < 50, f"driver memory grew {grown:.0f} MiB from 20 to 200 clients ({anon})"
+    # half of what holding them would add: the heap's own swing between two runs reached 54 MiB
+    # on a busy machine (a quiet one: 3), well apart from the 180 personal models' ~180
+    assert grown < held_on_driver / 2, f"driver memory grew {grown:.0f} MiB from 20 to 200 clients ({anon})"
     # and the state is real: every client that trained has a personal body in the checkpoint
     ck = json.loads(sorted((runs / "ray200" / "checkpoints").glob("round-*.json"))[-1].read_text())
     assert len(ck["clients"]) > 40

@@ -33,9 +33,11 @@ SHAPES: dict[str, tuple[int, int, int]] = {
     "cifar10": (3, 32, 50000), "cifar100": (3, 32, 50000), "cifar10_lt": (3, 32, 50000),
     "cifar100_lt": (3, 32, 50000), "flair": (3, 256, 345000),  # FLAIR: ~345k (docs/data.md)
     "tiny_imagenet": (3, 64, 100000), "fmnist_multilabel": (1, 56, 60000),
+    "voc2007": (3, 128, 5011), "coco": (3, 128, 82081),  # VOC 2007 trainval; COCO train2014 (annotated)
+    "office_caltech": (3, 256, 2533),  # all four domains (958 + 1,123 + 157 + 295): the split trains on part
 }  # fmt: skip
 #: class counts of the datasets whose names are known only once loaded
-CLASSES = {"cifar100": 100, "cifar100_lt": 100, "flair": 17}
+CLASSES = {"cifar100": 100, "cifar100_lt": 100, "flair": 17, "voc2007": 20, "coco": 80}
 STEPS_TIMED = 3
 REPEATS = 3
 

@@ -178,12 +178,13 @@ def manual_fit(
     loss_fn: Loss,
     grad_hook: Callable[[nn.Module], None] | None = None,
     momentum: float = MOM,
+    lr: float = LR,
 ) -> tuple[nn.Module, int]:
     """The same local training as the engine, written as a plain loop, in the model's dtype:
     (the model, the steps taken)."""
     torch.manual_seed(seed)
     x = x.to(next(model.parameters()).dtype)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     loader = DataLoader(
         TensorDataset(x, y), batch_size=BS, shuffle=True, generator=torch.Generator().manual_seed(seed)
     )

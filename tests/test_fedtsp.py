@@ -15,7 +15,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.cli.main import main
 from fl_lightning.config import compose
@@ -30,6 +29,7 @@ from fl_lightning.runtime import checkpoint
 from fl_lightning.runtime.host import ClientHost, ClientSpec, initial_params
 from fl_lightning.runtime.runner import start_run
 from fl_lightning.server_steps.prompt_tuning import LN_100, prototype_infonce
+from fl_lightning.testing import manual_fit as kit_manual_fit
 
 from .test_methods import EPS32, match, twin
 
@@ -111,22 +111,17 @@ def server_ctx(tsp, rnd: int = 1) -> ServerContext:
 
 
 def manual_fit(model: nn.Module, x, y, seed: int, loss_fn) -> tuple[nn.Module, float]:
-    """The engine's local training as a plain loop, in the model's dtype."""
-    torch.manual_seed(seed)
-    x = x.to(next(model.parameters()).dtype)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOM)
-    loader = DataLoader(
-        TensorDataset(x, y), batch_size=BS, shuffle=True, generator=torch.Generator().manual_seed(seed)
-    )
-    model.train()
-    total = 0.0
-    for xb, yb in loader:
-        opt.zero_grad()
-        loss = loss_fn(model, xb, yb)
-        loss.backward()
-        opt.step()
-        total += float(loss.detach()) * len(yb)
-    return model, total / len(y)
+    """The engine's local training as a plain loop (the kit's, at this file's rates), and its
+    example-weighted mean loss."""
+    total = [0.0]
+
+    def counted(m: nn.Module, xb, yb):
+        loss = loss_fn(m, xb, yb)
+        total[0] += float(loss.detach()) * len(yb)
+        return loss
+
+    model, _ = kit_manual_fit(model, x, y, seed, counted, momentum=MOM, lr=LR)
+    return model, total[0] / len(y)
 
 
 def test_client_loss_is_ce_plus_lambda_infonce_to_text_prototypes(fmnist, tsp, golden):

@@ -46,6 +46,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .core.augment import AUGMENTATIONS
 from .core.errors import ConfigError
+from .core.method import MethodConfig
 from .core.optim import OptimConfig
 from .core.registry import METHOD_ENTRY_POINTS
 
@@ -552,8 +553,7 @@ def _check_method_keys(cfg: DictConfig, extra: list[str]) -> None:
     name = str(cfg.method.name)
     if name not in METHODS:
         return  # validate_registered names the unknown method
-    cls = METHODS.get(name).config_cls
-    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    fields = {f.name for f in dataclasses.fields(METHODS.config(name))}
     bad = [k for k in extra if k not in fields]
     if bad:
         raise ConfigError(f"unknown config key 'method.{bad[0]}'")
@@ -702,43 +702,54 @@ def check_weights_file(cfg: DictConfig) -> None:
         raise ConfigError(f"model.weights={w}: no such file (write one with `fl-lightning pretrain`)")
 
 
+def check_method(cfg: DictConfig) -> Any:
+    """The run's method config, checked: its keys and values (`method_config`), the data it
+    needs (clients' own test splits for personal models, single-label data where it says
+    so) and its own `check` on the typed run config. Torch-free for a method whose config
+    module is (every method of this package): the command line calls it before Ray starts."""
+    from .data.registry import DATASETS
+    from .methods import METHODS, import_methods
+
+    import_methods(method_modules(cfg.methods))
+    cls = METHODS.config(cfg.method.name)
+    method_cfg = method_config(cfg)
+    run = OmegaConf.to_object(cfg)
+    assert isinstance(run, RootConfig)
+    run.method = method_cfg
+    method_cfg.check(run)  # its own values first: the refusal names what the user set
+    if method_cfg.keeps_personal_models() and not cfg.data.client_test_fraction > 0:
+        from .core.method import needs_test_split_error
+
+        raise ConfigError(needs_test_split_error(cls.name))
+    if cls.single_label and DATASETS.get(cfg.data.name).multilabel:  # known before loading
+        raise ConfigError(
+            f"{cls.name} needs single-label data ({cls.single_label}); data={cfg.data.name} is multi-label"
+        )
+    return method_cfg
+
+
 def validate_registered(cfg: DictConfig, trunk: str | None = None) -> Any:
     """Checks against the registries (imports the methods, models and datasets); the run's
-    method config (`method_config`), checked. `trunk`: where `model.weights` is read from
+    method config (`check_method`), checked. `trunk`: where `model.weights` is read from
     (a resumed run's own copy, `models.weights.KEPT`; default: the file it names)."""
     from .data.partition import PARTITIONERS
     from .data.registry import DATASETS
-    from .methods import METHODS, import_methods
+    from .methods import METHODS
     from .models import MODELS
 
-    import_methods(method_modules(cfg.methods))
-    strategy = METHODS.get(cfg.method.name)
-    method_cfg = method_config(cfg)
-    # A method may refuse an optimiser its algorithm does not hold under (SCAFFOLD: momentum):
-    # a classmethod `check_optim(method_config, optim)` raising ConfigError, before any data.
-    optim = OmegaConf.to_container(cfg.optim, resolve=True)
-    assert isinstance(optim, dict)
-    optim_cfg = OptimConfig(**{str(k): v for k, v in optim.items()})
-    check_optim = getattr(strategy, "check_optim", None)
-    if callable(check_optim):
-        check_optim(method_cfg, optim_cfg)
+    method_cfg = check_method(cfg)
     if cfg.runtime.batched:  # before any data; the model's layers once it is built (`model_refusal`)
         from .core.batched import batched_refusal
         from .models import family
 
-        why = batched_refusal(cfg.method.name, strategy.objective_cls, optim_cfg, cfg.runtime.precision,
-                              family(cfg.model.name) is not None)  # fmt: skip
+        optim = OmegaConf.to_container(cfg.optim, resolve=True)
+        assert isinstance(optim, dict)
+        optim_cfg = OptimConfig(**{str(k): v for k, v in optim.items()})
+        why = batched_refusal(cfg.method.name, METHODS.get(cfg.method.name).objective_cls, optim_cfg,
+                              cfg.runtime.precision, family(cfg.model.name) is not None)  # fmt: skip
         if why:
             raise ConfigError(f"runtime.batched={cfg.runtime.batched}: {why}; use runtime.batched=0")
-    # ... and a run it cannot do (CLIP2FL's teacher=clip without CLIP weights): `check_run`.
-    run = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(run, dict)
-    entry = DATASETS.get(cfg.data.name)  # what is known of the data before loading it
-    known = {"multilabel": entry.multilabel, "class_names": entry.class_names}
-    strategy.check_run(method_cfg, {str(k): v for k, v in run.items()} | {"dataset": known})
-    # clients' own test splits come from data.client_test_fraction alone (data/federated.py)
-    if strategy.keeps_personal_models(method_cfg) and not cfg.data.client_test_fraction > 0:
-        raise ConfigError(strategy.needs_test_split_error())
+    entry = DATASETS.get(cfg.data.name)
     if cfg.eval.timing == "trained" and not (cfg.data.client_test_fraction > 0 and cfg.eval.clients):
         raise ConfigError(
             "eval.timing=trained evaluates each client's trained model on its own test split: "
@@ -776,11 +787,14 @@ def method_config(cfg: DictConfig) -> Any:
     method must be registered (`validate_registered` imports the modules)."""
     from .methods import METHODS
 
-    cls = METHODS.get(cfg.method.name).config_cls
-    if dataclasses.is_dataclass(cls):  # cfg.method is untyped: its raw values
-        check_bools({"method": OmegaConf.to_container(cfg.method, resolve=False)}, _bool_keys(cls, "method."))
+    cls = METHODS.config(cfg.method.name)
+    raw = OmegaConf.to_container(cfg.method, resolve=True)
+    assert isinstance(raw, dict)
+    keys = {k: v for k, v in raw.items() if k != "name"}  # the registered name: not a key of the dataclass
+    check_bools({"method": keys}, _bool_keys(cls, "method."))  # cfg.method is untyped: its raw values
     try:
-        method_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), cfg.method))
+        values = OmegaConf.create(keys)
+        method_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), values))
     except OmegaConfBaseException as e:
         raise _schema_errors(e) from None
     if dataclasses.is_dataclass(method_cfg) and not isinstance(method_cfg, type):
@@ -797,10 +811,11 @@ def with_method_defaults(cfg: DictConfig) -> DictConfig:
     from .methods import import_methods
 
     import_methods(method_modules(cfg.methods))
-    values = OmegaConf.structured(method_config(cfg))
+    values = OmegaConf.to_container(OmegaConf.structured(method_config(cfg)), resolve=True)
+    assert isinstance(values, dict)
     out = copy.deepcopy(cfg)
     OmegaConf.set_struct(out, False)
-    out.method = OmegaConf.create(OmegaConf.to_container(values, resolve=True))
+    out.method = OmegaConf.create({"name": str(cfg.method.name), **values})
     OmegaConf.set_struct(out, True)
     return out
 
@@ -815,16 +830,31 @@ def typed(cfg: DictConfig) -> RootConfig:
     return run
 
 
+def _node(cfg: DictConfig | RootConfig) -> DictConfig:
+    """`cfg` as an OmegaConf tree; a typed one's method config gets its registered `name` back
+    (a class attribute of the dataclass, a key of config.yaml)."""
+    if isinstance(cfg, DictConfig):
+        return cfg
+    node = OmegaConf.structured(cfg)
+    if isinstance(cfg.method, MethodConfig):
+        method = OmegaConf.to_container(node.method, resolve=True)
+        assert isinstance(method, dict)
+        OmegaConf.set_struct(node, False)
+        node.method = OmegaConf.create({"name": type(cfg.method).name, **method})
+        OmegaConf.set_struct(node, True)
+    return node
+
+
 def tree(cfg: DictConfig | RootConfig) -> dict[str, Any]:
     """A config as plain data (W&B's run config)."""
-    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    node = _node(cfg)
     out = OmegaConf.to_container(node, resolve=True)
     assert isinstance(out, dict)
     return {str(k): v for k, v in out.items()}
 
 
 def to_yaml(cfg: DictConfig | RootConfig) -> str:
-    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    node = _node(cfg)
     return OmegaConf.to_yaml(node, resolve=True)
 
 

@@ -31,9 +31,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from .core.messages import RoundPlan, ServerState
+from .core.method import MethodConfig
 from .core.optim import OptimConfig
 from .core.params import to_cpu
-from .core.strategy import ServerContext, Strategy, TaskInfo, round_rng, server_rng
+from .core.strategy import ServerContext, Strategy, TaskInfo, aggregated, round_rng, server_rng
 from .data.registry import ArrayDataset, load_dataset
 from .methods import METHODS
 from .models import MODELS
@@ -136,6 +137,16 @@ def ctx(strategy: Strategy[Any, Any, Any], rnd: int = 1) -> ServerContext:
     return ServerContext(rnd, torch.device("cpu"), server_rng(0, rnd), strategy.task, Toy)
 
 
+def check(name: str, *overrides: str) -> MethodConfig:
+    """Method `name`'s config with `overrides` (`method.mu=-1`, `data=fmnist_multilabel`),
+    checked as a run's is before anything starts (its keys, values, data needs and `check`);
+    ConfigError, one line, when refused."""
+    from .config import check_method, compose
+
+    checked: MethodConfig = check_method(compose([f"method={name}", *overrides]))
+    return checked
+
+
 def two_rounds(
     name: str, data: Data, **method_kwargs: Any
 ) -> tuple[Params, list[RoundPlan], list[ServerState], ClientHost]:
@@ -155,7 +166,8 @@ def two_rounds(
     for rnd in (1, 2):
         plan = strategy.configure_round(state, rnd, round_rng(0, rnd))
         updates = sorted((host.fit(plan.broadcast, p) for p in plan.payloads), key=lambda u: u.client_id)
-        state, _ = strategy.server_update(strategy.aggregate(state, updates), updates, ctx(strategy, rnd))
+        state, _ = aggregated(strategy.aggregate(state, updates))
+        state, _ = strategy.server_update(state, updates, ctx(strategy, rnd))
         plans.append(plan)
         states.append(state)
     assert [p.client_ids for p in plans] == [[0, 1], [0, 2]]  # partial: client 1 sits out round 2

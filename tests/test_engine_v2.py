@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from fl_lightning.core.messages import Broadcast, ServerState
 from fl_lightning.core.objective import ClientObjective, Phase
 from fl_lightning.core.optim import OptimConfig
 from fl_lightning.core.params import to_cpu
-from fl_lightning.core.strategy import FedAvgStrategy, TaskInfo, round_rng
+from fl_lightning.core.strategy import FedAvgStrategy, MethodConfig, TaskInfo, round_rng
 from fl_lightning.methods import METHODS
 from fl_lightning.runtime.callbacks import CallbackList, WallClock
 from fl_lightning.runtime.host import ClientHost, build_objective
@@ -77,8 +78,11 @@ class TwoPhaseObjective(ClientObjective[Broadcast]):
 if "test_two_phase" not in METHODS:
 
     @METHODS.register("test_two_phase")
-    class TwoPhase(FedAvgStrategy):
-        name = "test_two_phase"
+    @dataclass
+    class TwoPhaseConfig(MethodConfig):
+        pass
+
+    class TwoPhase(FedAvgStrategy[TwoPhaseConfig]):
         objective_cls = TwoPhaseObjective
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from fl_lightning.core.errors import ConfigError
 from fl_lightning.core.objective import is_weight
-from fl_lightning.methods import METHODS
+from fl_lightning.testing import check
 
 from .test_methods import (  # noqa: F401  (digits3: a fixture)
     Toy,
@@ -85,7 +85,7 @@ def test_fedopt_configs_refuse_values_outside_their_range():
              ("fedadam", {"beta1": -0.1}), ("feddyn", {"alpha": 0.0})]  # fmt: skip
     for name, bad in cases:
         with pytest.raises(ConfigError, match=f"method.{next(iter(bad))} must be"):
-            METHODS.get(name).config_cls(**bad)
+            check(name, *(f"method.{k}={v}" for k, v in bad.items()))
 
 
 def test_feddyn_over_two_rounds_with_partial_participation(digits3):  # noqa: F811

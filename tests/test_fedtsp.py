@@ -29,6 +29,7 @@ from fl_lightning.runtime import checkpoint
 from fl_lightning.runtime.host import ClientHost, ClientSpec, initial_params
 from fl_lightning.runtime.runner import start_run
 from fl_lightning.server_steps.prompt_tuning import LN_100, prototype_infonce
+from fl_lightning.testing import check
 from fl_lightning.testing import manual_fit as kit_manual_fit
 
 from .test_methods import EPS32, match, twin
@@ -255,7 +256,7 @@ def test_logit_scale_starts_below_its_clamp_and_moves_both_ways(tsp, golden):
                             max_logit_scale=LN_100, **kw)  # fmt: skip
     assert float(pinned.logit_scale) == pytest.approx(LN_100, abs=1e-6)
     with pytest.raises(ConfigError, match="could only fall"):
-        FedTSP.check_run(FedTSPConfig(logit_scale_max=LN_100), {})  # before any data
+        check("fedtsp", f"method.logit_scale_max={LN_100}", "data.client_test_fraction=0.25")  # no data
 
 
 def test_table4_switches_handcrafted_prompts_and_no_tuning(fmnist, golden):

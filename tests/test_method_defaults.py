@@ -28,9 +28,7 @@ from fl_lightning.config import (
     with_method_defaults,
 )
 from fl_lightning.core.errors import ConfigError
-from fl_lightning.core.optim import OptimConfig
 from fl_lightning.methods.fedglcl import FedGLCLConfig, GLCLObjective, projector_kind
-from fl_lightning.methods.scaffold import Scaffold
 from fl_lightning.models import MODELS
 
 
@@ -156,12 +154,6 @@ def test_scaffold_runs_out_of_the_box_and_accepts_momentum_when_told():
         validate_registered(compose(["method=scaffold", "optim.momentum=0.9"]))
     preset = ["+experiment=fedglcl_table2_fmnist", "method=scaffold"]  # the paper's shared momentum 0.9
     validate_registered(compose([*preset, "method.allow_momentum=true"]))
-    # the client objective refuses too (where no config was validated), unless told
-    model = MODELS.get("cnn")(10)
-    with pytest.raises(ConfigError, match="plain SGD"):
-        Scaffold.build_objective(model, OptimConfig(momentum=0.9), allow_momentum=False)
-    obj = Scaffold.build_objective(MODELS.get("cnn")(10), OptimConfig(momentum=0.9), allow_momentum=True)
-    assert obj.momentum == 0.9
 
 
 def test_an_older_scaffold_run_with_momentum_can_resume_when_told(tmp_path):
@@ -223,7 +215,7 @@ def test_method_files_only_override_their_dataclass():
     repeated = []
     for path in sorted((conf_dir() / "method").glob("*.yaml")):
         doc = yaml.safe_load(path.read_text()) or {}
-        cls = METHODS.get(doc.get("name", path.stem)).config_cls
+        cls = METHODS.config(doc.get("name", path.stem))
         defaults = {k: v for k, v in dataclasses.asdict(cls()).items()}
         for key, value in doc.items():
             if key in ("name", "defaults", "optim", "fl"):
@@ -246,7 +238,7 @@ def test_a_run_records_every_method_key_with_its_dataclass_default(tmp_path, dat
     assert (shown.server_lr, shown.beta2, shown.tau) == (0.3, FedAdamConfig.beta2, FedAdamConfig.tau)
     assert main(["run", "--quiet", *args]) == 0
     saved = yaml.safe_load((tmp_path / "default" / "adam" / "config.yaml").read_text())["method"]
-    assert saved == dataclasses.asdict(FedAdamConfig(server_lr=0.3))
+    assert saved == {"name": "fedadam", **dataclasses.asdict(FedAdamConfig(server_lr=0.3))}
 
 
 @pytest.mark.parametrize(
@@ -285,8 +277,8 @@ def test_a_run_records_every_method_key_with_its_dataclass_default(tmp_path, dat
     ],
 )
 def test_every_method_check_runs_before_any_data(method, bad, message):
-    """The checks of a method's values live in its `check_run` (or its config's
-    `__post_init__`), which `validate_registered` runs before the data is looked at: here the
+    """The checks of a method's values live in its config's `check`, which `check_method` runs
+    (from `validate_registered` and the command line) before the data is looked at: here the
     data root does not exist, so a check left in the strategy's constructor (after the data
     loads) would never be reached."""
     cfg = compose([f"method={method}", *bad.split(), "data.root=/nonexistent/fl_lightning_data"])

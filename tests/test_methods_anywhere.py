@@ -6,6 +6,8 @@ works on a deep copy of its client's state."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -41,23 +43,29 @@ from fl_lightning.core.strategy import MethodConfig, Strategy
 from fl_lightning.methods import METHODS
 
 
+@METHODS.register("fedext")
 @dataclass
 class FedExtConfig(MethodConfig):
-    name: str = "fedext"
     server_lr: float = 1.0
 
 
-@METHODS.register("fedext")
 class FedExt(Strategy[FedExtConfig, ServerState, Broadcast]):
     def aggregate(self, state, updates):
-        avg = super().aggregate(state, updates)
+        avg = self.average(state, updates)
         w, mean, lr = state.global_params, avg.global_params, self.config.server_lr
         step = {k: w[k] + lr * (m - w[k]) if is_weight(k, w[k]) else m for k, m in mean.items()}
         return dataclasses.replace(avg, global_params=step)
 
 
 @METHODS.register("fedext_planted_bug")
+@dataclass
+class FedExtBugConfig(FedExtConfig):
+    pass
+
+
 class FedExtBug(FedExt):  # the step's sign flipped on the head's bias alone
+    config_cls = FedExtBugConfig
+
     def aggregate(self, state, updates):
         new = super().aggregate(state, updates)
         w = state.global_params
@@ -120,8 +128,10 @@ def fresh_names(tmp_path_factory) -> tuple[str, str, str, dict[str, str]]:
     tmp = tmp_path_factory.mktemp("fresh")
     shutil.copytree(REPO / "fl_lightning", tmp / "fl_lightning", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp / "fl_lightning" / "methods" / "fedtoyfile.py").write_text(
-        "from ..core.strategy import FedAvgStrategy\nfrom . import METHODS\n\n\n"
-        '@METHODS.register("fedtoyfile")\nclass FedToyFile(FedAvgStrategy):\n    name = "fedtoyfile"\n'
+        "from dataclasses import dataclass\n\nfrom ..core.strategy import FedAvgStrategy, MethodConfig\n"
+        "from . import METHODS\n\n\n"
+        '@METHODS.register("fedtoyfile")\n@dataclass\nclass FedToyConfig(MethodConfig):\n    pass\n\n\n'
+        "class FedToyFile(FedAvgStrategy[FedToyConfig]):\n    pass\n"
     )
     site = tmp / "site"
     (site / "extpkg").mkdir(parents=True)
@@ -173,13 +183,13 @@ def test_import_methods_says_in_one_line_what_is_wrong(tmp_path, monkeypatch):
         import_methods(["nowhere_such_pkg"])
     with pytest.raises(ConfigError, match="methods=json registers no method"):
         import_methods(["json"])
-    assert import_methods(["fl_lightning.methods.fedadam"]) == ["fedadam"]
+    assert import_methods(["fl_lightning.methods.fedadam"]) == ["fedadagrad", "fedadam", "fedyogi"]
 
 
 # --- the class attributes from the generic arguments ----------------------------------------
 @dataclass
 class GConfig(MethodConfig):
-    name: str = "g"
+    g: int = 0
 
 
 @dataclass
@@ -227,7 +237,6 @@ def test_config_state_and_broadcast_classes_come_from_the_generic_arguments():
 # --- server-only methods ----------------------------------------------------------------------
 @dataclass
 class ServerOnlyConfig(MethodConfig):
-    name: str = "server_only"
     server_step: float = 0.5  # nothing a client takes
 
 
@@ -262,12 +271,18 @@ class InPlace(ClientObjective[Broadcast]):
         return super().end_round(payload, num_examples)
 
 
-class InPlaceStrategy(Strategy[MethodConfig, ServerState, Broadcast]):
+@dataclass
+class InPlaceConfig(MethodConfig):
+    pass
+
+
+class InPlaceStrategy(Strategy[InPlaceConfig, ServerState, Broadcast]):
     objective_cls = InPlace
 
 
 def test_a_failed_fit_leaves_the_resident_state_as_it_was(digits, monkeypatch):  # noqa: F811
-    monkeypatch.setitem(METHODS._entries, "test_inplace", InPlaceStrategy)  # only for this test
+    monkeypatch.setitem(METHODS._configs, "test_inplace", InPlaceConfig)  # only for this test
+    monkeypatch.setitem(METHODS._strategies, InPlaceConfig, InPlaceStrategy)
     monkeypatch.setattr(InPlace, "fail", False)
     ds, shards = digits
     strategy = InPlaceStrategy(MethodConfig(), 1, 1, 0, TaskInfo(num_classes=10))
@@ -315,14 +330,47 @@ def test_a_run_directory_alone_never_imports_a_module(tmp_path):
     assert rerun_config(run_dir, ["methods=otherpkg.x"]).methods == "otherpkg.x"  # a new run may
 
 
-def test_a_strategy_that_sets_no_name_is_called_by_its_registered_name():
-    """Not its base class's (FedAvg's): summaries, W&B and messages name the method."""
+def test_a_method_is_named_once_by_its_registration():
+    """`METHODS.register` on the config names the method: the config class and the strategy
+    that declares it are called by that name (summaries, W&B and messages), and the strategy
+    is what `METHODS.get` returns; neither class nor any config key restates it."""
     from fl_lightning.core.strategy import FedAvgStrategy
 
-    class Unnamed(FedAvgStrategy):
+    @dataclass
+    class UnnamedConfig(MethodConfig):
         pass
 
-    if "test_unnamed_toy" not in METHODS:
-        METHODS.register("test_unnamed_toy")(Unnamed)
-    assert METHODS.get("test_unnamed_toy").name == "test_unnamed_toy"
+    METHODS.register("test_unnamed_toy")(UnnamedConfig)
+    try:
+
+        class Unnamed(FedAvgStrategy[UnnamedConfig]):
+            pass
+
+        assert UnnamedConfig.name == Unnamed.name == "test_unnamed_toy"
+        assert (
+            METHODS.get("test_unnamed_toy") is Unnamed and METHODS.config("test_unnamed_toy") is UnnamedConfig
+        )
+        assert "name" not in {f.name for f in dataclasses.fields(UnnamedConfig)}
+        assert Unnamed(UnnamedConfig(), 2, 1, 0).summary()["method"] == "test_unnamed_toy"
+        with pytest.raises(KeyError, match="already registered"):
+            METHODS.register("fedavg")(UnnamedConfig)
+    finally:
+        del METHODS._configs["test_unnamed_toy"]
     assert FedAvgStrategy.name == "fedavg" and METHODS.get("fedavg").name == "fedavg"
+    for name in METHODS.names():
+        assert METHODS.get(name).name == METHODS.config(name).name == name
+    restated = [  # a class body of the package's methods assigning `name`: a second copy
+        f"{path.name}:{node.lineno}"
+        for path in sorted((REPO / "fl_lightning" / "methods").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        for stmt in node.body
+        if isinstance(stmt, ast.Assign | ast.AnnAssign)
+        and "name"
+        in {
+            t.id
+            for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
+            if isinstance(t, ast.Name)
+        }  # fmt: skip
+    ]
+    assert restated == []

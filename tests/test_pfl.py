@@ -67,7 +67,6 @@ def run(
         rounds=rounds,
     )  # fmt: skip
     config = cls.config_cls(**method_kwargs)
-    cls.check_run(config, {"dataset": {"multilabel": False}})  # as `validate_registered`, before data
     strategy = cls(config, num_clients=3, clients_per_round=per_round, seed=0, task=task)
     torch.manual_seed(0)
     obj = cls.build_objective(Toy(), OptimConfig(lr=LR, momentum=momentum), **strategy.objective_kwargs())

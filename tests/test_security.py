@@ -415,15 +415,13 @@ class TallyState(ServerState):
     tally: Tally | None = None
 
 
+@METHODS.register("fedtally")
 @dataclass
 class FedTallyConfig(MethodConfig):
-    name: str = "fedtally"
+    pass
 
 
-@METHODS.register("fedtally")
 class FedTally(Strategy[FedTallyConfig, TallyState, Broadcast]):
-    name = "fedtally"
-
     def aggregate(self, state, updates):
         before = state.tally.reports if state.tally is not None else torch.zeros(1)
         return dataclasses.replace(super().aggregate(state, updates), tally=Tally(before + len(updates)))

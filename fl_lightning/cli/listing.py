@@ -3,7 +3,7 @@ per dataset (labels, classes, whether its files are there) and per model, then t
 groups and presets.
 
 A method's needs are read off the code, not written twice: a personalised method needs each
-client's own test split; a method whose `check_run` refuses single-label (or multi-label)
+client's own test split; a method whose `check` refuses single-label (or multi-label)
 data needs the other kind; a method that refuses its own default config names the setting
 it asks for; the groups its file picks (`defaults: {model: ..., text: ...}`) are shown.
 """
@@ -23,29 +23,20 @@ _SETTING = re.compile(
 
 def method_needs(name: str) -> list[str]:
     """What method `name` needs beyond `fl-lightning run method=<name>`'s defaults."""
-    from omegaconf import OmegaConf
+    from ..config import check_method, compose, method_config, method_group_defaults
 
-    from ..config import compose, method_config, method_group_defaults
-    from ..methods import METHODS
-
-    strategy = METHODS.get(name)
     needs: list[str] = []
     try:
-        cfg = compose([f"method={name}"])
-        method_cfg = method_config(cfg)
-        tree = OmegaConf.to_container(cfg, resolve=True)
-        assert isinstance(tree, dict)
-        run = {str(k): v for k, v in tree.items()}
+        method_cfg = method_config(compose([f"method={name}"]))
     except ConfigError as e:
         return [*needs, f"(its config does not compose: {e})"]
-    if strategy.keeps_personal_models(method_cfg):  # at its defaults (FedTSP: unless share_weights)
+    if method_cfg.keeps_personal_models():  # at its defaults (FedTSP: unless share_weights)
         needs.append("clients' own test splits (data.client_test_fraction > 0)")
     refused: dict[bool, str] = {}
-    for multilabel in (False, True):
+    split = "data.client_test_fraction=0.25"  # named above: not what the labels probe asks
+    for multilabel, data in ((False, "data=fmnist"), (True, "data=fmnist_multilabel")):
         try:
-            strategy.check_run(
-                method_cfg, {**run, "dataset": {"multilabel": multilabel, "class_names": None}}
-            )
+            check_method(compose([f"method={name}", data, split]))
         except ConfigError as e:
             refused[multilabel] = str(e)
     if len(refused) == 1:

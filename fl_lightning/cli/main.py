@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print(to_yaml(with_method_defaults(compose(args.overrides))), end="")
         elif args.cmd == "run":
-            from ..config import check_weights_file, compose, rerun_config
+            from ..config import check_method, check_weights_file, compose, rerun_config
 
             t0 = time.perf_counter()  # the run's start-up is measured from here
             # fast: before torch, Ray or data are touched
@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = new_run_path(cfg)  # bad paths and missing data: one line before any work
             check_dataset(cfg.data.name, cfg.data.root, cfg.data.download)
             check_weights_file(cfg)
+            check_method(cfg)  # the method's keys, values and own `check`: no torch, before Ray
             # a local Ray and its workers start while the driver imports
             with Session() as session, session.early_start(cfg):
                 from ..runtime.runner import start_run

@@ -21,7 +21,7 @@ from ..core.errors import ConfigError
 def teacher_command(action: str, overrides: list[str], rebuild: bool = False) -> int:
     from omegaconf import OmegaConf
 
-    from ..config import compose, validate_registered
+    from ..config import compose, method_config, validate_registered
 
     if action != "build":
         raise ConfigError(f"unknown teacher action {action!r}; valid: build")
@@ -35,7 +35,7 @@ def teacher_command(action: str, overrides: list[str], rebuild: bool = False) ->
     from ..methods.teacher import load_or_build_aligned
     from .text import dataset_class_names
 
-    method = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CLIP2FLConfig), cfg.method))
+    method = method_config(cfg)
     assert isinstance(method, CLIP2FLConfig)
     if method.teacher != "aligned":
         raise ConfigError(f"method.teacher={method.teacher}: only the aligned teacher is built")

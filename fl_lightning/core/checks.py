@@ -1,4 +1,4 @@
-"""Range checks of a method's hyperparameters, for its `check_run` (before any data loads):
+"""Range checks of a method's hyperparameters, for its `check` (before torch or any data loads):
 an absurd value (a negative temperature, a probability above 1) is one ConfigError line
 naming `method.<key>`, not a traceback or a silently meaningless run."""
 
@@ -39,10 +39,18 @@ def within(
         raise ConfigError(f"method.{key} must be in {span} (got {value})")
 
 
-def single_label(name: str, run: dict[str, Any], why: str) -> None:
-    """A method built on one class per example refuses multi-label data (`run["dataset"]`: what
-    the registry knows before loading), so the mistake is one line before any data loads, not
-    an IndexError a round later."""
-    if (run.get("dataset") or {}).get("multilabel"):
-        data = (run.get("data") or {}).get("name")
-        raise ConfigError(f"{name} needs single-label data ({why}); data={data} is multi-label")
+#: the class targets' controls of the text-using methods (`text/targets.py` builds them)
+TARGETS = ("text", "permuted", "orthogonal", "uniform", "centred")
+
+
+def check_targets(kind: str, key: str = "method.targets") -> None:
+    """A bad value: one ConfigError line naming the key and the choices."""
+    if kind not in TARGETS:
+        raise ConfigError(f"{key}={kind!r} is not one of: {', '.join(TARGETS)}")
+
+
+def one_of(config: Any, key: str, choices: tuple[str, ...]) -> None:
+    """`key` must be one of `choices`."""
+    value = getattr(config, key)
+    if value not in choices:
+        raise ConfigError(f"method.{key}={value!r} is not one of: {', '.join(choices)}")

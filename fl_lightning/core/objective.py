@@ -143,7 +143,8 @@ class ClientObjective(L.LightningModule, Generic[BroadcastT]):
     """Cross-entropy on a backbone's logits (FedAvg's objective); methods override hooks.
 
     Override `loss_terms` to change the loss, `is_personal` to keep parameters local,
-    `on_before_optimizer_step` for gradient corrections, `phases` for several fits,
+    `on_before_optimizer_step` for gradient corrections, `step` for an optimiser step that
+    needs more than one forward and backward pass (SAM), `phases` for several fits,
     `before_fit` for a pass over the local data, `end_round` to send more,
     `eval_heads` for several named evaluations of one model.
     """
@@ -170,6 +171,7 @@ class ClientObjective(L.LightningModule, Generic[BroadcastT]):
         self._term_sums: dict[str, torch.Tensor] = {}
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
+        self._first_pass = True  # `step`: only a step's first pass counts toward train_loss
         #: this client's training examples per class, set by the host before each round
         #: (FedLC's calibration, prototype counts); None where labels are not single-class.
         self.class_counts: torch.Tensor | None = None
@@ -297,6 +299,8 @@ class ClientObjective(L.LightningModule, Generic[BroadcastT]):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         terms = self.loss_terms(batch)
         loss = torch.stack(list(terms.values())).sum()
+        if not self._first_pass:  # a further pass of `step` (SAM's at w + e): not the batch's loss
+            return loss
         n = len(batch[1])
         # accumulated on the device, read once in end_round: no host sync per step
         step = loss.detach().double() * n
@@ -306,6 +310,33 @@ class ClientObjective(L.LightningModule, Generic[BroadcastT]):
             self._term_sums[k] = self._term_sums[k] + t if k in self._term_sums else t
         self._loss_count += n
         return loss
+
+    def step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The gradients of one optimiser step. `closure()` zeroes the gradients, runs
+        `training_step` on the step's batch at the current weights, back-propagates and returns
+        the loss; the optimiser then steps on the gradients left when this returns (clipped
+        first with `optim.grad_clip`). Default: one pass. A two-pass method (SAM) calls it,
+        moves the weights, calls it again and moves them back; only the first pass counts
+        toward `train_loss`. No manual optimisation: Lightning's loop, precision and
+        clipping stay as they are."""
+        return closure()
+
+    def optimizer_step(
+        self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
+    ) -> None:
+        """Lightning's hook: the optimiser steps on what `step` leaves."""
+        passes = 0
+
+        def closure() -> torch.Tensor:
+            nonlocal passes
+            self._first_pass, passes = passes == 0, passes + 1
+            try:
+                out: torch.Tensor = optimizer_closure()
+            finally:
+                self._first_pass = True
+            return out
+
+        optimizer.step(closure=lambda: self.step(closure))
 
     # --- runtime.batched: the same step as a pure function of the weights ----------------
     def masked_terms(self, step: MaskedStep) -> dict[str, torch.Tensor]:

@@ -23,18 +23,15 @@ from torch import nn
 
 from .errors import ConfigError
 from .messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState
+from .method import METHODS, MethodConfig, needs_test_split_error
 from .metrics import EvalSpec
 from .objective import ClientObjective
 from .optim import OptimConfig
 from .params import weighted_mean
+from .state_classes import register_state_classes
 from .types import ClientId, Metrics, StateDict
 
-
-@dataclass
-class MethodConfig:
-    """Hyperparameters of a method (`conf/method/<name>.yaml` is validated against it)."""
-
-    name: str = "fedavg"
+__all__ = ["MethodConfig", "ServerContext", "Strategy", "TaskInfo", "FedAvgStrategy"]
 
 
 @dataclass(frozen=True)
@@ -144,7 +141,9 @@ def _generic_args(cls: type) -> dict[str, type]:
 class Strategy(Generic[ConfigT, StateT, BroadcastT]):
     """The driver side of a method. `config_cls`, `state_cls` and `broadcast_cls` come from the
     generic arguments (`class FedFoo(Strategy[FedFooConfig, FedFooState, Broadcast])`); a class
-    may still set one, to a subclass of its generic argument (TypeError otherwise)."""
+    may still set one, to a subclass of its generic argument (TypeError otherwise). The config
+    class names the method (`METHODS.register` on it): `name` is its registered name, and the
+    strategy declaring a registered config is the one `METHODS.get(name)` returns."""
 
     name: ClassVar[str] = "fedavg"
     config_cls: ClassVar[type[MethodConfig]] = MethodConfig
@@ -164,10 +163,15 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
                     f"{cls.__qualname__}.{attr} = {getattr(declared, '__qualname__', declared)} is not "
                     f"its generic argument {arg.__qualname__} (or a subclass of it)"
                 )
+        config = cls.__dict__.get("config_cls")
+        if config is not None:
+            cls.name = config.name  # the registered name (one place)
+            if "name" in vars(config):  # registered: this is its method's strategy
+                METHODS.add_strategy(config, cls)
 
-    #: True for methods without one global model (personal weights): they are evaluated
-    #: on each client's own test split, so the data must have one.
-    personalised: bool = False
+    #: no global model (personal weights): evaluated on each client's own test split. From
+    #: the config (`MethodConfig.personalised`), or set by the runtime (`fl.bn_stats=local`).
+    personalised: bool
     #: True when `payload` carries what only training needs (other clients' models: FedFomo,
     #: FedAMP): evaluation then gets the plain payload
     plain_eval_payloads: bool = False
@@ -191,28 +195,9 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         self.clients_per_round = clients_per_round
         self.seed = seed
         self.task = task or TaskInfo(num_classes=0)
+        self.personalised = config.keeps_personal_models()
         if self.personalised and task is not None and not task.has_client_test_split:
-            raise ConfigError(self.needs_test_split_error())
-
-    @classmethod
-    def keeps_personal_models(cls, config: ConfigT) -> bool:
-        """Whether a run with `config` keeps personal weights (`personalised`; a method whose
-        config decides it overrides this): checked against the data before any is loaded."""
-        return cls.personalised
-
-    @classmethod
-    def needs_test_split_error(cls) -> str:
-        return (
-            f"{cls.name} keeps personal models, evaluated on each client's own test split: "
-            "set data.client_test_fraction=0.25 (or another fraction in (0, 1))"
-        )
-
-    @classmethod
-    def check_run(cls, config: ConfigT, run: dict[str, Any]) -> None:
-        """Refuse a run this method cannot do, with a ConfigError, before any data or model
-        is touched (`config.validate_registered` calls it). `run` is the whole resolved run
-        config as plain data (`run["text"]`, `run["data"]`, ...) and what the dataset
-        registry knows without loading (`run["dataset"]["multilabel"]`). Default: accept."""
+            raise ConfigError(needs_test_split_error(self.name))
 
     # --- client side, built inside hosts ---------------------------------------------
     def objective_kwargs(self) -> dict[str, Any]:
@@ -221,9 +206,7 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         FedAvg's objective (`objective_cls` is `ClientObjective`: a server-side method)."""
         if self.objective_cls is ClientObjective:
             return {}
-        kwargs = {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config)}
-        kwargs.pop("name")
-        return kwargs
+        return {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config)}
 
     def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The backbone's keyword arguments (`model.*` of the config) for model `model`; a
@@ -286,8 +269,13 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         ids = self.sample_clients(rnd, rng)
         return RoundPlan(rnd, self.broadcast(state, rnd), [self.payload(state, rnd, c) for c in ids])
 
-    def aggregate(self, state: StateT, updates: Sequence[ClientUpdate]) -> StateT:
-        """Example-weighted mean of the shared parameters."""
+    def aggregate(self, state: StateT, updates: Sequence[ClientUpdate]) -> StateT | tuple[StateT, Metrics]:
+        """The new state from the round's updates, optionally with metrics (logged as
+        `server/<name>`, beside `server_update`'s). Default: `average`."""
+        return self.average(state, updates)
+
+    def average(self, state: StateT, updates: Sequence[ClientUpdate]) -> StateT:
+        """Example-weighted mean of the shared parameters (FedAvg's aggregation)."""
         with_params = [(u.params, u.num_examples) for u in updates if u.params]
         params = state.global_params
         if with_params and params is not None:
@@ -349,8 +337,17 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         return {}
 
 
-class FedAvgStrategy(Strategy[MethodConfig, ServerState, Broadcast]):
-    """The base with FedAvg's own types: what a method without new state or messages extends."""
+def aggregated(out: StateT | tuple[StateT, Metrics]) -> tuple[StateT, Metrics]:
+    """`Strategy.aggregate`'s result as (state, metrics)."""
+    return out if isinstance(out, tuple) else (out, {})
+
+
+METHODS.on_strategy = register_state_classes
+
+
+class FedAvgStrategy(Strategy[ConfigT, ServerState, Broadcast]):
+    """The base with FedAvg's own types: what a method without new state or messages extends
+    (`class FedBN(FedAvgStrategy[FedBNConfig])`)."""
 
     state_cls = ServerState
     broadcast_cls = Broadcast

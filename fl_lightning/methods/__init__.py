@@ -1,11 +1,13 @@
 """One file per method; importing this package registers every method in `METHODS`.
 
-A method registers by being imported (`@METHODS.register("name")` on its strategy):
+A method registers by its config class (`@METHODS.register("name")`, `core/method.py`):
 
-- every module of this package is imported here, so a new file in `methods/` is registered
-  without editing this one;
+- every method of this package has its config in `methods/configs/<file>.py` (torch-free: the
+  command line checks a run against it before torch or Ray start) and its strategy and
+  objective in `methods/<file>.py`, imported when the strategy is asked for; a new file in
+  `methods/` holding its config too (`METHODS.register` in it) is imported whole;
 - an installed package registers its own methods by naming their modules under the entry-point
-  group `fl_lightning.methods`, imported here as well (in the driver and in every worker):
+  group `fl_lightning.methods` (imported when a name is not known yet, or all are listed):
 
       # the package's pyproject.toml
       [project.entry-points."fl_lightning.methods"]
@@ -21,35 +23,15 @@ import importlib
 import logging
 import pkgutil
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from ..core.errors import ConfigError
-from ..core.registry import METHOD_ENTRY_POINTS, Registry
-from ..core.state_classes import register_state_classes
+from ..core.method import METHODS, MethodConfig, implementation_module
+from ..core.registry import METHOD_ENTRY_POINTS
 
-if TYPE_CHECKING:
-    from ..core.strategy import Strategy
-
-
-class _MethodRegistry(Registry["type[Strategy]"]):  # a string: Strategy is imported for typing only
-    """A strategy that does not set `name` itself is called by its registered name (not its
-    base class's: summaries, W&B and messages name it)."""
-
-    def register(self, name: str) -> Callable[[type[Strategy]], type[Strategy]]:
-        deco = super().register(name)
-
-        def named(strategy: type[Strategy]) -> type[Strategy]:
-            if "name" not in vars(strategy):
-                strategy.name = name
-            return deco(strategy)
-
-        return named
-
-
-# a method's state classes are what its checkpoints may rebuild (nothing is imported then)
-METHODS: Registry[type[Strategy]] = _MethodRegistry("method", on_register=register_state_classes)
+__all__ = ["METHODS", "MethodConfig", "import_methods"]
 
 #: a module name as `methods=` takes it: dotted identifiers, nothing else (no paths)
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -69,7 +51,14 @@ def import_methods(modules: Iterable[str], what: str = "methods") -> list[str]:
             raise
         except Exception as e:  # the user's module: its failure is theirs, said in one line
             raise ConfigError(f"{what}={module}: cannot import it ({type(e).__name__}: {e})") from None
-        mine = [n for n in METHODS.names() if _within(METHODS.get(n).__module__, module)]
+        mine = [
+            n
+            for n in METHODS.registered()
+            if any(
+                _within(m, module)
+                for m in (METHODS.config(n).__module__, implementation_module(METHODS.config(n)))
+            )
+        ]
         if not mine:
             raise ConfigError(f"{what}={module} registers no method (no @METHODS.register in it)")
         found += mine
@@ -80,15 +69,36 @@ def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-def _import_package_modules() -> None:
+def import_all() -> None:
+    """Import every method's strategy (`fl-lightning list`, tests over all methods)."""
+    for name in METHODS.names():
+        importlib.import_module(implementation_module(METHODS.config(name)))
+
+
+def _import_package_configs() -> None:
+    """The configs of this package's methods (torch-free), and, whole, a method file that
+    declares its config itself (one file: `METHODS.register` in it)."""
+    here = Path(__path__[0])
+    for info in pkgutil.iter_modules([str(here / "configs")]):
+        importlib.import_module(f"{__name__}.configs.{info.name}")
     for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")
+        if not info.ispkg and "METHODS.register(" in (here / f"{info.name}.py").read_text():
+            importlib.import_module(f"{__name__}.{info.name}")
 
 
-def _import_entry_points() -> None:
-    """A package whose module fails to import is one warning, and its methods are unknown: a
-    broken plugin must not stop runs of every other method (nor `fl-lightning list`)."""
+_LOADED: set[str | None] = set()
+
+
+def _import_entry_points(name: str | None) -> None:
+    """Installed packages' methods named `name` (None: all). A package whose module fails to
+    import is one warning, and its methods are unknown: a broken plugin must not stop runs of
+    every other method (nor `fl-lightning list`)."""
+    if None in _LOADED or name in _LOADED:
+        return
+    _LOADED.add(name)
     for ep in entry_points(group=METHOD_ENTRY_POINTS):
+        if name is not None and ep.name != name:
+            continue
         try:
             ep.load()  # importing the module registers its methods
         except Exception as e:
@@ -98,5 +108,5 @@ def _import_entry_points() -> None:
             )  # fmt: skip
 
 
-_import_package_modules()
-_import_entry_points()
+METHODS.load = _import_entry_points
+_import_package_configs()

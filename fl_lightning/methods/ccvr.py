@@ -24,30 +24,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.checks import single_label
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState, extend
 from ..core.objective import ClientObjective, on_shared_features
 from ..core.params import to_cpu
 from ..core.progress import progress
-from ..core.strategy import MethodConfig, ServerContext, Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import ClientId, Metrics, StateDict
-from . import METHODS
+from .configs.ccvr import CCVRConfig
 
 HEAD = "head."
-
-
-@dataclass
-class CCVRConfig(MethodConfig):
-    name: str = "ccvr"
-    # Re-training budget: CReFF's classifier re-training (m = 100 per class, 300 epochs,
-    # SGD lr 0.01, batch 32; spec B.2), so CCVR and CReFF re-train alike on the same protocol.
-    virtual_per_class: int = 100
-    retrain_epochs: int = 300
-    retrain_lr: float = 0.01
-    retrain_momentum: float = 0.0
-    retrain_batch_size: int = 32
-    init_head: str = "fedavg"  # fedavg: calibrate the FedAvg head (CCVR) | fresh: a new random head
 
 
 @dataclass
@@ -190,27 +175,8 @@ class CCVRObjective(ClientObjective[CCVRBroadcast]):
         return on_shared_features(self.represent, {"": self.calibrated, "fedavg_head": self.classify})
 
 
-@METHODS.register("ccvr")
 class CCVR(Strategy[CCVRConfig, CCVRState, CCVRBroadcast]):
-    name = "ccvr"
     objective_cls = CCVRObjective
-
-    @classmethod
-    def check_run(cls, config: CCVRConfig, run: dict[str, Any]) -> None:
-        c = config
-        for key in ("virtual_per_class", "retrain_batch_size"):
-            if getattr(c, key) < 1:
-                raise ConfigError(f"method.{key} must be >= 1 (got {getattr(c, key)})")
-        if c.retrain_epochs < 0:
-            raise ConfigError(f"method.retrain_epochs must be >= 0 (got {c.retrain_epochs})")
-        if c.retrain_lr <= 0 or not 0 <= c.retrain_momentum < 1:
-            raise ConfigError(
-                f"ccvr needs method.retrain_lr > 0 and method.retrain_momentum in [0, 1) "
-                f"(got {c.retrain_lr}, {c.retrain_momentum})"
-            )
-        if c.init_head not in ("fedavg", "fresh"):
-            raise ConfigError(f"method.init_head={c.init_head!r} is not one of: fedavg, fresh")
-        single_label(cls.name, run, "class-conditional feature statistics")
 
     def objective_kwargs(self) -> dict[str, Any]:
         return {"num_classes": self.task.num_classes}

@@ -19,62 +19,20 @@ trained on held-out images against MiniLM text (see `teacher.py`, docs/clip2fl.m
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..core.checks import positive
 from ..core.errors import ConfigError
 from ..core.types import StateDict
-from ..text.targets import check_targets, class_targets
-from . import METHODS
-from .creff import CReFF, CReFFConfig, CReFFObjective, CReFFState
-from .teacher import TEACHERS, AlignedTeacherConfig, FrozenTeacher, TeacherSpec
+from ..text.targets import class_targets
+from .configs.clip2fl import CLIP2FLConfig, teacher_model_kwargs
+from .creff import CReFF, CReFFObjective, CReFFState
+from .teacher import AlignedTeacherConfig, FrozenTeacher, TeacherSpec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class CLIP2FLConfig(CReFFConfig):
-    name: str = "clip2fl"
-    #: KD weight β: the code's default (the paper's best, 3, diverged in round 1 at lr 0.1 and
-    #: on the BN-free `cnn` at the default lr; the paper's value is pinned in its presets)
-    beta: float = 1.0
-    kd_temperature: float = 3.0  # T [code], the KL is multiplied by T²
-    teacher_scale: float = 100.0  # q = scale · cos(image, text) [code]
-    pcl_weight: float = 0.001  # η [code: contrast_alpha]
-    pcl_temperature: float = 0.1  # τ [code: ins_temp]
-    teacher: str = "aligned"  # aligned (stand-in, MiniLM text) | clip (text=clip text.pretrained=...)
-    templates: list[str] = field(default_factory=lambda: ["a photo of a {}."])  # [code] prompt
-    # the aligned teacher (`fl-lightning teacher build` with the same overrides builds it)
-    teacher_holdout_from: int = 55000  # it trains on training images from this index on
-    teacher_holdout_size: int | None = None  # how many (None: to the end)
-    teacher_arch: str = "resnet8"
-    #: the tower's model arguments; null: its defaults here (resnet8: width 2, {scaling: 2})
-    teacher_model_kwargs: dict[str, Any] | None = None
-    teacher_epochs: int = 15
-    teacher_lr: float = 0.05
-    teacher_seed: int = 0
-    #: the class text's control (text/targets.py): text | permuted | orthogonal | uniform |
-    #: centred, for the prototypes of L_pcl and the text the teacher's logits (and the aligned
-    #: teacher's training) use. Drawn with teacher_seed, so the cached teacher and the
-    #: prototypes agree.
-    targets: str = "text"
-
-
-TEACHER_ARCH_DEFAULTS: dict[str, dict[str, Any]] = {"resnet8": {"scaling": 2}}
-
-
-def teacher_model_kwargs(c: CLIP2FLConfig) -> dict[str, Any]:
-    """`method.teacher_model_kwargs`, or the tower's defaults here when null (so another
-    `teacher_arch` needs no kwargs of resnet8's removed)."""
-    if c.teacher_model_kwargs is not None:
-        return dict(c.teacher_model_kwargs)
-    return dict(TEACHER_ARCH_DEFAULTS.get(c.teacher_arch, {}))
 
 
 def aligned_config(c: CLIP2FLConfig) -> AlignedTeacherConfig:
@@ -136,61 +94,13 @@ class CLIP2FLObjective(CReFFObjective):
         return terms
 
 
-@METHODS.register("clip2fl")
 class CLIP2FL(CReFF):
-    name = "clip2fl"
     config_cls = CLIP2FLConfig
     objective_cls = CLIP2FLObjective
     config: CLIP2FLConfig
 
-    @classmethod
-    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
-        """The teacher must be buildable: `clip` needs CLIP weights, `aligned` needs its
-        held-out images kept from the clients."""
-        super().check_run(config, run)  # CReFF's
-        c: CLIP2FLConfig = config
-        positive(c, "kd_temperature", "pcl_temperature")  # they divide the logits
-        check_targets(c.targets)
-        if c.teacher not in TEACHERS:
-            raise ConfigError(f"method.teacher={c.teacher!r}: expected one of {', '.join(TEACHERS)}")
-        if c.beta <= 0 and c.pcl_weight <= 0:
-            return  # CReFF: no teacher used
-        if c.teacher == "aligned" and c.beta > 0:  # the tower and its arguments, before any data
-            import inspect
-
-            from ..models import MODELS
-
-            params = inspect.signature(MODELS.get(c.teacher_arch)).parameters
-            bad = sorted(set(teacher_model_kwargs(c)) - set(params))
-            if bad:
-                raise ConfigError(
-                    f"method.teacher_model_kwargs has {bad[0]!r}, which model {c.teacher_arch} does not take "
-                    "(null gives the tower's defaults)"
-                )
-        text, data = run.get("text") or {}, run.get("data") or {}
-        if c.teacher == "clip":
-            pre = text.get("pretrained") if text.get("name") == "clip" else None
-            if not pre:
-                raise ConfigError(
-                    "method.teacher=clip needs CLIP weights: add text=clip text.pretrained=/path/to/"
-                    "open_clip_ViT-B-32.pt (none ship with fl_lightning; method.teacher=aligned needs none)"
-                )
-            suffixes = (".pt", ".bin", ".safetensors", ".pth")
-            looks_like_path = "/" in str(pre) or "\\" in str(pre) or str(pre).endswith(suffixes)
-            if looks_like_path and not Path(str(pre)).expanduser().is_file():
-                raise ConfigError(f"method.teacher=clip: text.pretrained={pre} is not a file")
-        elif c.beta > 0:
-            sub = data.get("train_subset")
-            if sub is None or int(sub) > c.teacher_holdout_from:
-                raise ConfigError(
-                    f"method.teacher=aligned learns from training images {c.teacher_holdout_from} on "
-                    f"(method.teacher_holdout_from); keep every client off them: data.train_subset="
-                    f"{c.teacher_holdout_from} or less (got {sub})"
-                )
-
     def __init__(self, config: CLIP2FLConfig, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
-        self.check_run(config, {"text": dict(self.task.text), "data": dict(self.task.data)})
         self.text: Tensor | None = None
         self.teacher_spec: TeacherSpec | None = None
         self.teacher_info: dict[str, Any] = {}

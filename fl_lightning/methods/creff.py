@@ -31,32 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..core.checks import single_label
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective, on_shared_features
-from ..core.strategy import MethodConfig, ServerContext, Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import Metrics, StateDict
 from ..data.dsa import dsa
 from ..server_steps.federated_features import class_gradient, optimise_features, retrain_classifier
-from . import METHODS
-
-AUGMENTS = ("dsa", "none")
-
-
-@dataclass
-class CReFFConfig(MethodConfig):
-    name: str = "creff"
-    num_features: int = 100  # m federated features per class [code: num_of_feature]
-    match_steps: int = 100  # feature SGD steps per round [code: match_epoch]
-    feature_lr: float = 0.1  # [code: lr_feature], no momentum
-    match_bias: bool = True  # the bias gradient counts in the distance (spec B.1.5 item 4)
-    retrain_epochs: int = 300  # [code: crt_epoch], a fresh Linear each round
-    retrain_lr: float = 0.01  # [code: lr_net]
-    retrain_batch_size: int = 32
-    grad_repeats: int = 10  # client gradient draws per class [code]
-    grad_batch: int = 32  # images per draw [code: batch_real]
-    grad_augment: str = "dsa"  # dsa (color/crop/cutout/flip/scale/rotate) | none
+from .configs.creff import CReFFConfig
 
 
 @dataclass
@@ -186,19 +168,8 @@ def aggregate_class_gradients(
     return holders > 0, (sum_w / n[:, None, None]).float(), (sum_b / n[:, None]).float()
 
 
-@METHODS.register("creff")
 class CReFF(Strategy[CReFFConfig, CReFFState, CReFFBroadcast]):
-    name = "creff"
     objective_cls: ClassVar[type[ClientObjective[Any]]] = CReFFObjective
-
-    @classmethod
-    def check_run(cls, config: CReFFConfig, run: dict[str, Any]) -> None:
-        if config.grad_augment not in AUGMENTS:
-            raise ConfigError(f"method.grad_augment={config.grad_augment!r}: expected dsa or none")
-        single_label(cls.name, run, "it re-trains a single-label classifier")
-        for key in ("num_features", "grad_repeats", "grad_batch", "retrain_batch_size"):
-            if getattr(config, key) < 1:
-                raise ConfigError(f"method.{key} must be >= 1 (got {getattr(config, key)})")
 
     def objective_kwargs(self) -> dict[str, Any]:
         c = self.config

@@ -22,19 +22,17 @@ defaults to 0, which would make v plain local training); `personal_epochs` = 1 (
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
 from ..core.objective import ClientObjective, Phase, with_params
 from ..core.params import to_cpu
-from ..core.strategy import MethodConfig, Strategy
+from ..core.strategy import Strategy
 from ..core.types import StateDict
-from . import METHODS
+from .configs.ditto import DittoConfig
 
 #: the client-state component holding the personal model v
 PERSONAL_MODEL = "ditto/personal"
@@ -95,23 +93,8 @@ class DittoObjective(ClientObjective[Broadcast]):
         return {"": self.forward, "global": with_params(self.model, self._w_global)}
 
 
-@dataclass
-class DittoConfig(MethodConfig):
-    name: str = "ditto"
-    lam: float = 0.1  # λ of the proximal pull (our default; PFLlib -mu defaults to 0)
-    personal_epochs: int = 1  # PFLlib -pls (plocal_epochs)
-
-
-@METHODS.register("ditto")
 class Ditto(Strategy[DittoConfig, ServerState, Broadcast]):
-    name = "ditto"
     objective_cls = DittoObjective
-    personalised = True
-
-    @classmethod
-    def check_run(cls, config: DittoConfig, run: dict[str, Any]) -> None:
-        if config.lam < 0 or config.personal_epochs < 1:
-            raise ConfigError("ditto needs method.lam >= 0 and method.personal_epochs >= 1")
 
     def warnings(self) -> list[str]:
         if self.config.lam == 0:

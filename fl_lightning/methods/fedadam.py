@@ -1,6 +1,7 @@
 """FedAdam: Reddi et al., "Adaptive Federated Optimization", ICLR 2021,
-https://arxiv.org/abs/2003.00295 (Algorithm 2). FedYogi and FedAdagrad, the same algorithm
-with another second moment, build on the family's base here.
+https://arxiv.org/abs/2003.00295 (Algorithm 2), with the paper's FedYogi and FedAdagrad: the
+same step with another second moment, Yogi's v ← v − (1 − β2)·Δ²·sign(v − Δ²) (Zaheer et al.,
+NeurIPS 2018: v moves towards Δ² by at most (1 − β2)·Δ² a round) and Adagrad's v ← v + Δ².
 
 Differs from FedAvg on the server only. The round's pseudo-gradient Δ = Σ_k p_k w_k − w
 (p_k ∝ examples, as FedAvg weighs clients; the paper writes the plain mean over the sampled
@@ -19,40 +20,11 @@ from typing import TypeVar
 
 import torch
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientUpdate, ServerState
 from ..core.objective import is_weight
-from ..core.strategy import MethodConfig, Strategy
+from ..core.strategy import Strategy
 from ..core.types import StateDict
-from . import METHODS
-
-
-@dataclass
-class AdaptiveConfig(MethodConfig):
-    """The server optimiser of the family (η, β1, τ: the paper's names)."""
-
-    server_lr: float = 0.01  # η (the paper tunes it per task on a grid of powers of 10)
-    beta1: float = 0.9  # β1 (the paper's experiments)
-    tau: float = 1e-3  # τ, the adaptivity (the paper's experiments use 1e-3 unless tuned)
-
-    def __post_init__(self) -> None:
-        if not self.server_lr > 0:
-            raise ConfigError(f"method.server_lr must be > 0 (got {self.server_lr})")
-        if not 0 <= self.beta1 < 1:
-            raise ConfigError(f"method.beta1 must be in [0, 1) (got {self.beta1})")
-        if not self.tau > 0:
-            raise ConfigError(f"method.tau must be > 0 (got {self.tau})")
-
-
-@dataclass
-class FedAdamConfig(AdaptiveConfig):
-    name: str = "fedadam"
-    beta2: float = 0.99  # β2 (the paper's experiments)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0 <= self.beta2 < 1:
-            raise ConfigError(f"method.beta2 must be in [0, 1) (got {self.beta2})")
+from .configs.fedadam import AdaptiveConfig, FedAdagradConfig, FedAdamConfig, FedYogiConfig
 
 
 @dataclass
@@ -72,7 +44,7 @@ class ServerAdaptive(Strategy[AdaptiveConfigT, AdaptiveState, Broadcast]):
         raise NotImplementedError
 
     def aggregate(self, state: AdaptiveState, updates: Sequence[ClientUpdate]) -> AdaptiveState:
-        avg = super().aggregate(state, updates)  # the weighted mean: what BN statistics keep
+        avg = self.average(state, updates)  # the weighted mean: what BN statistics keep
         w, mean = state.global_params, avg.global_params
         if w is None or mean is None or not any(u.params for u in updates):
             return avg  # nobody reported: no step, the moments are kept
@@ -88,9 +60,20 @@ class ServerAdaptive(Strategy[AdaptiveConfigT, AdaptiveState, Broadcast]):
         return dataclasses.replace(avg, global_params=params, m=m, v=v)
 
 
-@METHODS.register("fedadam")
 class FedAdam(ServerAdaptive[FedAdamConfig]):
-    name = "fedadam"
-
     def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
         return self.config.beta2 * v + (1 - self.config.beta2) * d2
+
+
+class FedYogi(ServerAdaptive[FedYogiConfig]):
+    """FedYogi: FedAdam's step with Yogi's additive second moment (Zaheer et al. 2018)."""
+
+    def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
+        return v - (1 - self.config.beta2) * d2 * torch.sign(v - d2)
+
+
+class FedAdagrad(ServerAdaptive[FedAdagradConfig]):
+    """FedAdagrad: the second moment sums the squares."""
+
+    def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
+        return v + d2

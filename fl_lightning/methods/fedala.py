@@ -24,7 +24,6 @@ Defaults (PFLlib, the paper's): η = 1, s = 80%, layer_idx = 2, threshold 0.1, n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,12 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate
 from ..core.objective import OwnModelObjective
 from ..core.params import to_cpu
-from ..core.strategy import FedAvgStrategy, MethodConfig
-from . import METHODS
+from ..core.strategy import FedAvgStrategy
+from .configs.fedala import FedALAConfig
 
 #: client-state components: the local model θ (whole state dict) and the ALA weights W
 LOCAL_MODEL = "fedala/local"
@@ -115,31 +113,5 @@ class FedALAObjective(OwnModelObjective[Broadcast]):
         return update
 
 
-@dataclass
-class FedALAConfig(MethodConfig):
-    name: str = "fedala"
-    eta: float = 1.0  # η, the ALA weights' learning rate (PFLlib -et)
-    rand_percent: float = 80.0  # s, % of local data ALA learns on (PFLlib -s)
-    layer_idx: int = 2  # p, the higher layers as a count of parameter tensors (PFLlib -p)
-    threshold: float = 0.1  # first ALA: stop when the loss std falls below (PFLlib)
-    num_pre_loss: int = 10  # ... over this many epochs (PFLlib)
-    ala_batch_size: int = 10  # PFLlib's batch size (-lbs)
-    start_max_epochs: int = 100  # cap on the first ALA (PFLlib: none)
-
-
-@METHODS.register("fedala")
-class FedALA(FedAvgStrategy):
-    name = "fedala"
-    config_cls = FedALAConfig
+class FedALA(FedAvgStrategy[FedALAConfig]):
     objective_cls = FedALAObjective
-    personalised = True
-
-    @classmethod
-    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
-        c = config
-        if not (c.eta > 0 and 0 < c.rand_percent <= 100 and c.layer_idx >= 1 and c.threshold >= 0
-                and c.num_pre_loss >= 1 and c.ala_batch_size >= 1 and c.start_max_epochs >= 1):  # fmt: skip
-            raise ConfigError(
-                "fedala needs method.eta > 0, 0 < rand_percent <= 100, layer_idx >= 1, threshold >= 0, "
-                "num_pre_loss >= 1, ala_batch_size >= 1 and start_max_epochs >= 1"
-            )

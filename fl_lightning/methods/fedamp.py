@@ -30,13 +30,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
 from ..core.objective import ClientObjective, is_weight
 from ..core.params import to_cpu
-from ..core.strategy import MethodConfig, Strategy
+from ..core.strategy import Strategy
 from ..core.types import ClientId, StateDict
-from . import METHODS
+from .configs.fedamp import FedAMPConfig
 
 #: the client-state component holding the personal model w_i
 PERSONAL_MODEL = "fedamp/personal"
@@ -90,25 +89,9 @@ class FedAMPObjective(ClientObjective[Broadcast]):
         return super().end_round(payload, num_examples)  # uploads w_i
 
 
-@dataclass
-class FedAMPConfig(MethodConfig):
-    name: str = "fedamp"
-    alpha_k: float = 1.0  # αK (PFLlib -alk)
-    lam: float = 1.0  # λ (PFLlib -lam)
-    sigma: float = 1.0  # σ of the attention e^{-x/σ}/σ (PFLlib -sg)
-
-
-@METHODS.register("fedamp")
 class FedAMP(Strategy[FedAMPConfig, FedAMPServerState, Broadcast]):
-    name = "fedamp"
     objective_cls = FedAMPObjective
-    personalised = True
     plain_eval_payloads = True  # evaluation scores w_i alone: no cloud models to compute
-
-    @classmethod
-    def check_run(cls, config: FedAMPConfig, run: dict[str, Any]) -> None:
-        if config.alpha_k <= 0 or config.lam < 0 or config.sigma <= 0:
-            raise ConfigError("fedamp needs method.alpha_k > 0, method.lam >= 0 and method.sigma > 0")
 
     def objective_kwargs(self) -> dict[str, Any]:
         return {"lam": self.config.lam, "alpha_k": self.config.alpha_k}

@@ -8,9 +8,8 @@ every parameter and buffer. This is the base `Strategy`/`ClientObjective` unchan
 from __future__ import annotations
 
 from ..core.strategy import FedAvgStrategy
-from . import METHODS
+from .configs.fedavg import FedAvgConfig
 
 
-@METHODS.register("fedavg")
-class FedAvg(FedAvgStrategy):
-    name = "fedavg"
+class FedAvg(FedAvgStrategy[FedAvgConfig]):
+    pass

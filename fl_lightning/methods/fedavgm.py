@@ -12,21 +12,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientUpdate, ServerState
 from ..core.objective import is_weight
-from ..core.strategy import MethodConfig, Strategy
+from ..core.strategy import Strategy
 from ..core.types import StateDict
-from . import METHODS
-
-
-@dataclass
-class FedAvgMConfig(MethodConfig):
-    name: str = "fedavgm"
-    server_momentum: float = 0.9  # β (Hsu et al. sweep β in [0, 0.997]; 0.9 is their common choice)
-    server_lr: float = 1.0  # η_s (Hsu et al.: server learning rate 1)
+from .configs.fedavgm import FedAvgMConfig
 
 
 @dataclass
@@ -52,19 +43,9 @@ def momentum_step(
     return new_w, new_v
 
 
-@METHODS.register("fedavgm")
 class FedAvgM(Strategy[FedAvgMConfig, FedAvgMState, Broadcast]):
-    name = "fedavgm"
-
-    @classmethod
-    def check_run(cls, config: FedAvgMConfig, run: dict[str, Any]) -> None:
-        if not 0 <= config.server_momentum < 1:
-            raise ConfigError(f"method.server_momentum must be in [0, 1) (got {config.server_momentum})")
-        if config.server_lr <= 0:
-            raise ConfigError(f"method.server_lr must be > 0 (got {config.server_lr})")
-
     def aggregate(self, state: FedAvgMState, updates: Sequence[ClientUpdate]) -> FedAvgMState:
-        avg = super().aggregate(state, updates)
+        avg = self.average(state, updates)
         w, mean = state.global_params, avg.global_params
         if w is None or mean is None or not any(u.params for u in updates):
             return avg  # nothing shared or nobody reported: no step, the velocity is kept

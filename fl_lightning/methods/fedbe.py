@@ -18,29 +18,16 @@ only ensemble. Sampling draws from the round's server RNG, so a resumed run repe
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from ..core.errors import ConfigError
 from ..core.messages import ClientUpdate
 from ..core.objective import is_weight
-from ..core.strategy import MethodConfig, ServerContext
+from ..core.strategy import ServerContext
 from ..core.types import Metrics, StateDict
 from ..server_steps.distill import batch_indices, distill, ensemble_mean, model_from
-from . import METHODS
-from .feddf import ServerDistillation, positive_fields
-
-
-@dataclass
-class FedBEConfig(MethodConfig):
-    name: str = "fedbe"
-    samples: int = 10  # models sampled from the Gaussian (the paper's M = 10)
-    distill_steps: int = 500
-    distill_batch_size: int = 128
-    distill_lr: float = 1e-3  # SGD, momentum 0.9
-    swa_every: int = 50  # steps between the SWA snapshots
+from .configs.fedbe import FedBEConfig
+from .feddf import ServerDistillation
 
 
 def gaussian_samples(
@@ -64,17 +51,7 @@ def gaussian_samples(
     return out
 
 
-@METHODS.register("fedbe")
 class FedBE(ServerDistillation[FedBEConfig]):
-    name = "fedbe"
-
-    @classmethod
-    def check_run(cls, config: FedBEConfig, run: dict[str, Any]) -> None:
-        super().check_run(config, run)  # the server's images (ServerDistillation's)
-        positive_fields(config, ("distill_steps", "distill_batch_size", "distill_lr", "swa_every"))
-        if config.samples < 0:
-            raise ConfigError(f"method.samples must be >= 0 (got {config.samples})")
-
     def distil(
         self, mean: StateDict, sent: Sequence[ClientUpdate], ctx: ServerContext, x: torch.Tensor
     ) -> tuple[StateDict, Metrics]:

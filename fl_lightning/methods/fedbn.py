@@ -16,7 +16,7 @@ from ..core.errors import ConfigError
 from ..core.messages import Broadcast
 from ..core.objective import ClientObjective
 from ..core.strategy import FedAvgStrategy
-from . import METHODS
+from .configs.fedbn import FedBNConfig
 
 
 def batchnorm_prefixes(model: nn.Module) -> tuple[str, ...]:
@@ -36,8 +36,5 @@ class FedBNObjective(ClientObjective[Broadcast]):
         return key.startswith(self._bn)
 
 
-@METHODS.register("fedbn")
-class FedBN(FedAvgStrategy):
-    name = "fedbn"
+class FedBN(FedAvgStrategy[FedBNConfig]):
     objective_cls = FedBNObjective
-    personalised = True

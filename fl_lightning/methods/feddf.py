@@ -18,54 +18,24 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientUpdate, ServerState
 from ..core.params import to_cpu
-from ..core.strategy import MethodConfig, ServerContext, Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import Metrics, StateDict
 from ..server_steps.distill import batch_indices, distill, ensemble_mean, model_from
-from . import METHODS
+from .configs.feddf import DistillConfig, FedDFConfig
 
-
-@dataclass
-class FedDFConfig(MethodConfig):
-    name: str = "feddf"
-    distill_steps: int = 500  # server steps per round (the paper: <= 1e4 with early stopping)
-    distill_batch_size: int = 128
-    distill_lr: float = 1e-3  # Adam (the paper's)
-    temperature: float = 1.0  # T of the softened KL
-
-
-DistillConfigT = TypeVar("DistillConfigT", bound=MethodConfig)
-
-
-def require_server_subset(method: str, run: dict[str, Any]) -> None:
-    if not run["data"].get("server_subset"):
-        raise ConfigError(
-            f"method {method} distils on unlabeled server images: set data.server_subset=N "
-            "(N training images taken out of every client's data)"
-        )
-
-
-def positive_fields(config: MethodConfig, names: Sequence[str]) -> None:
-    for name in names:
-        if getattr(config, name) <= 0:
-            raise ConfigError(f"method.{name} must be > 0 (got {getattr(config, name)})")
+DistillConfigT = TypeVar("DistillConfigT", bound=DistillConfig)
 
 
 class ServerDistillation(Strategy[DistillConfigT, ServerState, Broadcast]):
     """FedAvg on the clients, then a distillation on the server's unlabeled images (FedDF,
     FedBE): `distil` gets the round's FedAvg mean (`state.global_params`) and client models."""
-
-    @classmethod
-    def check_run(cls, config: DistillConfigT, run: dict[str, Any]) -> None:
-        require_server_subset(cls.name, run)
 
     def server_update(
         self, state: ServerState, updates: Sequence[ClientUpdate], ctx: ServerContext
@@ -82,14 +52,7 @@ class ServerDistillation(Strategy[DistillConfigT, ServerState, Broadcast]):
         raise NotImplementedError
 
 
-@METHODS.register("feddf")
 class FedDF(ServerDistillation[FedDFConfig]):
-    name = "feddf"
-
-    def __init__(self, config: FedDFConfig, *args: Any, **kwargs: Any) -> None:
-        positive_fields(config, ("distill_steps", "distill_batch_size", "distill_lr", "temperature"))
-        super().__init__(config, *args, **kwargs)
-
     def distil(
         self, mean: StateDict, sent: Sequence[ClientUpdate], ctx: ServerContext, x: torch.Tensor
     ) -> tuple[StateDict, Metrics]:

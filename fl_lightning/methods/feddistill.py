@@ -18,12 +18,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..core.checks import single_label
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
-from ..core.strategy import MethodConfig, Strategy
+from ..core.strategy import Strategy
 from ..core.types import StateDict
 from ..server_steps.prototypes import aggregate_class_means
-from . import METHODS
+from .configs.feddistill import FedDistillConfig
 from .fedproto import LocalClassMeans
 
 
@@ -84,22 +83,8 @@ class FedDistillObjective(LocalClassMeans[LogitBroadcast]):
         return extend(update, LogitUpdate, logits=means, counts=counts)
 
 
-@dataclass
-class FedDistillConfig(MethodConfig):
-    name: str = "feddistill"
-    gamma: float = 1.0  # weight of the distillation term (γ = 1 in FedTSP's baselines)
-    weighting: str = "count"  # count | uniform (the HtFLlib code)
-
-
-@METHODS.register("feddistill")
 class FedDistill(Strategy[FedDistillConfig, DistillState, LogitBroadcast]):
-    name = "feddistill"
     objective_cls = FedDistillObjective
-    personalised = True
-
-    @classmethod
-    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
-        single_label(cls.name, run, "per-class mean logits, one class per example")
 
     def objective_kwargs(self) -> dict[str, Any]:
         return {"gamma": self.config.gamma, "num_classes": self.task.num_classes}
@@ -111,7 +96,7 @@ class FedDistill(Strategy[FedDistillConfig, DistillState, LogitBroadcast]):
         return LogitBroadcast(round=rnd, logits=state.logits, counts=state.counts)
 
     def aggregate(self, state: DistillState, updates: Sequence[ClientUpdate]) -> DistillState:
-        new = super().aggregate(state, updates)
+        new = self.average(state, updates)
         ups = [(u.logits, u.counts) for u in updates if isinstance(u, LogitUpdate)]
         pairs = [(lg, n) for lg, n in ups if lg is not None and n is not None]
         if not pairs:

@@ -34,14 +34,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.checks import positive
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
 from ..core.params import to_cpu
-from ..core.strategy import MethodConfig, Strategy
+from ..core.strategy import Strategy
 from ..core.types import StateDict
-from ..text.targets import check_targets, class_targets
-from . import METHODS
+from ..text.targets import class_targets
+from .configs.feddtr import FedDTRConfig
 from .fedper import HEAD, PersonalHead
 
 #: the state-dict prefix of the text encoder θ
@@ -75,8 +74,6 @@ class FedDTRObjective(PersonalHead[DTRBroadcast]):
         global_head: bool = True,
         **kwargs: Any,
     ) -> None:
-        if prior and not text:
-            raise ConfigError("feddtr: method.prior=true needs method.text=true (P_i is built from text)")
         if text:
             model.add_module("text", nn.Linear(text_dim, int(cast(int, model.feature_dim))))
         super().__init__(model, **kwargs)
@@ -160,34 +157,8 @@ class FedDTRObjective(PersonalHead[DTRBroadcast]):
         return {"": self.forward}
 
 
-@dataclass
-class FedDTRConfig(MethodConfig):
-    name: str = "feddtr"
-    tau: float = 0.01  # [code] ×100 cosine logits; the paper states no temperature
-    template: str = "This is a {}"  # paper §3.1
-    text: bool = True  # Table 7 "w.o. Text" = false
-    #: the anchors: text | permuted | orthogonal | uniform | centred (text/targets.py); the
-    #: paper's Table 6 "nonsensical labels" is `template` with made-up words instead
-    targets: str = "text"
-    prior: bool = True  # Table 7 "w.o. IP" = false
-    freeze_text: bool = True  # Table 7 "w.o. Freeze" = false (Eq. 1 instead of Eq. 2)
-    global_head: bool = True  # the frozen global head h_f
-
-
-@METHODS.register("feddtr")
 class FedDTR(Strategy[FedDTRConfig, ServerState, DTRBroadcast]):
-    name = "feddtr"
     objective_cls = FedDTRObjective
-    personalised = True
-
-    @classmethod
-    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
-        positive(config, "tau")  # divides the cosine logits
-        check_targets(config.targets)
-        if config.targets != "text" and not config.text:
-            raise ConfigError(f"feddtr: method.targets={config.targets} needs method.text=true (no anchors)")
-        if config.prior and not config.text:
-            raise ConfigError("feddtr: method.prior=true needs method.text=true (P_i is built from text)")
 
     def __init__(self, config: FedDTRConfig, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)

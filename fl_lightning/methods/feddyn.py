@@ -20,26 +20,15 @@ from typing import Any
 
 import torch
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
 from ..core.objective import ClientObjective, is_weight
 from ..core.params import to_cpu
-from ..core.strategy import MethodConfig, Strategy
+from ..core.strategy import Strategy
 from ..core.types import StateDict
-from . import METHODS
+from .configs.feddyn import FedDynConfig
 
 #: the client-state component holding g_k
 GRAD = "feddyn/grad"
-
-
-@dataclass
-class FedDynConfig(MethodConfig):
-    name: str = "feddyn"
-    alpha: float = 0.01  # α (the paper's experiments use 1e-1, 1e-2 and 1e-3)
-
-    def __post_init__(self) -> None:
-        if not self.alpha > 0:
-            raise ConfigError(f"method.alpha must be > 0 (got {self.alpha})")
 
 
 @dataclass
@@ -75,13 +64,11 @@ class FedDynObjective(ClientObjective[Broadcast]):
         return super().end_round(payload, num_examples)
 
 
-@METHODS.register("feddyn")
 class FedDyn(Strategy[FedDynConfig, FedDynState, Broadcast]):
-    name = "feddyn"
     objective_cls = FedDynObjective
 
     def aggregate(self, state: FedDynState, updates: Sequence[ClientUpdate]) -> FedDynState:
-        avg = super().aggregate(state, updates)  # FedAvg's average: what BN statistics keep
+        avg = self.average(state, updates)  # FedAvg's average: what BN statistics keep
         theta, sent = state.global_params, [u.params for u in updates if u.params]
         if theta is None or avg.global_params is None or not sent:
             return avg

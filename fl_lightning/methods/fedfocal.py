@@ -8,18 +8,15 @@ already classifies well (on long-tailed data: mostly head classes). γ = 0 is Fe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ..core.checks import single_label
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ServerState
 from ..core.objective import ClientObjective
-from ..core.strategy import MethodConfig, Strategy
-from . import METHODS
+from ..core.strategy import Strategy
+from .configs.fedfocal import FedFocalConfig
 
 
 def focal_loss(logits: torch.Tensor, y: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -39,22 +36,8 @@ class FedFocalObjective(ClientObjective[Broadcast]):
         return focal_loss(logits, y, self.gamma)
 
 
-@dataclass
-class FedFocalConfig(MethodConfig):
-    name: str = "fedfocal"
-    gamma: float = 2.0  # focusing parameter γ (Lin et al.'s default, used by Fed-Focal)
-
-
-@METHODS.register("fedfocal")
 class FedFocal(Strategy[FedFocalConfig, ServerState, Broadcast]):
-    name = "fedfocal"
     objective_cls = FedFocalObjective
-
-    @classmethod
-    def check_run(cls, config: FedFocalConfig, run: dict[str, Any]) -> None:
-        if config.gamma < 0:
-            raise ConfigError(f"method.gamma must be >= 0 (got {config.gamma})")
-        single_label(cls.name, run, "the focal loss weighs p_y")  # multi-hot targets have no single p_y
 
     def warnings(self) -> list[str]:
         return ["fedfocal with method.gamma=0 is FedAvg"] if self.config.gamma == 0 else []

@@ -33,13 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
 from ..core.params import to_cpu
-from ..core.strategy import MethodConfig, Strategy
+from ..core.strategy import Strategy
 from ..core.types import ClientId, StateDict
-from . import METHODS
+from .configs.fedfomo import FedFomoConfig
 
 PERSONAL_MODEL = "fedfomo/personal"
 OLD_MODEL = "fedfomo/old"  # θ_old: the model after the client's previous weighting step
@@ -126,24 +125,9 @@ class FedFomoObjective(ClientObjective[Broadcast]):
         return extend(update, FedFomoUpdate, ids=[c for c, _ in self._received], weights=self._weights)
 
 
-@dataclass
-class FedFomoConfig(MethodConfig):
-    name: str = "fedfomo"
-    m: int = 5  # models sent to each client (PFLlib -M)
-    val_fraction: float = 0.2  # the last part of the local data used to weigh them (PFLlib)
-
-
-@METHODS.register("fedfomo")
 class FedFomo(Strategy[FedFomoConfig, FedFomoServerState, Broadcast]):
-    name = "fedfomo"
     objective_cls = FedFomoObjective
-    personalised = True
     plain_eval_payloads = True  # evaluation scores each client's own model: no models to send
-
-    @classmethod
-    def check_run(cls, config: FedFomoConfig, run: dict[str, Any]) -> None:
-        if config.m < 1 or not 0 < config.val_fraction < 1:
-            raise ConfigError("fedfomo needs method.m >= 1 and 0 < method.val_fraction < 1")
 
     def objective_kwargs(self) -> dict[str, Any]:
         return {"val_fraction": self.config.val_fraction}

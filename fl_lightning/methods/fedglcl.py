@@ -30,19 +30,18 @@ comparison to FedAvg & co. on the same backbone fair either way. `final_relu` (b
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.checks import nonnegative, positive
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ServerState
-from ..core.strategy import MethodConfig, Strategy
-from ..text.targets import check_targets, class_targets
-from . import METHODS
+from ..core.strategy import Strategy
+from ..text.targets import class_targets
+from .configs.fedglcl import CLASS_EMBEDDINGS, FedGLCLConfig, projector_kind
 from .fedprox import ProximalTerm
 from .moon import ModelContrastive
 
@@ -54,9 +53,6 @@ class GLCLBroadcast(Broadcast):
     class_features: torch.Tensor | None = None  # [C, d] L2-normalised, sent once per round
 
 
-PROJECTORS = ("auto", "linear", "bn", "bn_relu")
-
-
 def has_batch_norm(model: nn.Module, skip: str = "head") -> bool:
     """Whether `model` has batch norm outside its submodule `skip` (the classifier FedGLCL replaces)."""
     return any(
@@ -64,24 +60,6 @@ def has_batch_norm(model: nn.Module, skip: str = "head") -> bool:
         for name, m in model.named_modules()
         if name != skip and not name.startswith(f"{skip}.")
     )
-
-
-def projector_kind(projector: str = "auto", final_relu: bool | None = None, backbone_bn: bool = False) -> str:
-    """The projector actually built: `projector`, with `auto` resolved by the backbone
-    (`bn_relu` with batch norm, `linear` without) and the legacy `final_relu` honoured."""
-    if projector not in PROJECTORS:
-        raise ConfigError(f"method.projector={projector!r} is not one of: {', '.join(PROJECTORS)}")
-    if final_relu is not None:
-        legacy = "bn_relu" if final_relu else "bn"
-        if projector not in ("auto", legacy):
-            raise ConfigError(
-                f"method.final_relu={str(final_relu).lower()} means method.projector={legacy}, "
-                f"not {projector}; set only method.projector"
-            )
-        return legacy
-    if projector == "auto":
-        return "bn_relu" if backbone_bn else "linear"
-    return projector
 
 
 def build_projector(in_dim: int, out_dim: int, kind: str = "bn_relu") -> nn.Sequential:
@@ -135,31 +113,6 @@ class GLCLObjective(ModelContrastive[GLCLBroadcast], ProximalTerm[GLCLBroadcast]
         return z @ F.normalize(self.class_features, dim=-1).T / self.tau
 
 
-@dataclass
-class FedGLCLConfig(MethodConfig):
-    name: str = "fedglcl"
-    tau: float = 0.07
-    templates: list[str] = field(default_factory=lambda: ["a photo of a {}"])  # or ["imagenet80"]
-    class_embedding: str = "text"  # text | random | orthogonal (Table 10; legacy: see `targets`)
-    targets: str = "text"  # text | permuted | orthogonal | uniform | centred (text/targets.py)
-    #: the projector to the text dimension: linear | bn (Linear -> BN1d) | bn_relu (Linear ->
-    #: BN1d -> ReLU, the authors' AlexNet head) | auto: bn_relu when the backbone has batch norm,
-    #: linear when it has none. The paper gives every method the same AlexNet-BN, so its BN
-    #: projector is like for like; on a BN-free backbone (model=cnn) a BN projector is the only
-    #: batch norm in the comparison, and under extreme label skew its averaged running
-    #: statistics misdescribe the averaged model (measured: ~5x the real variance, -10 points).
-    #: On cnn_bn with MiniLM texts, `bn` beat `bn_relu` by ~5 points at 2 classes per client
-    #: (docs/results.md, 3 seeds).
-    projector: str = "auto"
-    final_relu: bool | None = None  # legacy: true = projector bn_relu, false = bn
-    prox_mu: float = 0.0  # > 0: FedGLCL + FedProx
-    moon_mu: float = 0.0  # > 0: FedGLCL + MOON
-    moon_temperature: float = 0.5
-
-
-CLASS_EMBEDDINGS = ("text", "random", "orthogonal")
-
-
 def class_vectors(kind: str, text: torch.Tensor, seed: int) -> torch.Tensor:
     """Text features, or random / random-orthogonal vectors of the same shape (Table 10)."""
     if kind == "text":
@@ -176,25 +129,8 @@ def class_vectors(kind: str, text: torch.Tensor, seed: int) -> torch.Tensor:
     raise ConfigError(f"method.class_embedding={kind!r} is not one of: {', '.join(CLASS_EMBEDDINGS)}")
 
 
-@METHODS.register("fedglcl")
 class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
-    name = "fedglcl"
     objective_cls = GLCLObjective
-
-    @classmethod
-    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
-        positive(config, "tau", "moon_temperature")  # they divide the logits
-        nonnegative(config, "prox_mu", "moon_mu")
-        projector_kind(config.projector, config.final_relu)  # a bad value: ConfigError
-        if config.class_embedding not in CLASS_EMBEDDINGS:
-            valid = ", ".join(CLASS_EMBEDDINGS)
-            raise ConfigError(f"method.class_embedding={config.class_embedding!r} is not one of: {valid}")
-        check_targets(config.targets)
-        if config.class_embedding != "text" and config.targets != "text":
-            raise ConfigError(
-                f"method.class_embedding={config.class_embedding} and method.targets={config.targets}: "
-                "set only method.targets (class_embedding is the older switch)"
-            )
 
     def __init__(self, config: FedGLCLConfig, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)

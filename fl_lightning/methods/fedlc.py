@@ -8,7 +8,6 @@ the softmax, as n^{−1/4} = ∞ does in the authors' code).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,8 +15,8 @@ import torch.nn.functional as F
 
 from ..core.messages import Broadcast, ServerState
 from ..core.objective import ClientObjective
-from ..core.strategy import MethodConfig, Strategy
-from . import METHODS
+from ..core.strategy import Strategy
+from .configs.fedlc import FedLCConfig
 
 
 def calibrated_logits(logits: torch.Tensor, counts: torch.Tensor, tau: float) -> torch.Tensor:
@@ -36,13 +35,5 @@ class FedLCObjective(ClientObjective[Broadcast]):
         return F.cross_entropy(calibrated_logits(logits, self.class_counts, self.tau), y)
 
 
-@dataclass
-class FedLCConfig(MethodConfig):
-    name: str = "fedlc"
-    tau: float = 1.0
-
-
-@METHODS.register("fedlc")
 class FedLC(Strategy[FedLCConfig, ServerState, Broadcast]):
-    name = "fedlc"
     objective_cls = FedLCObjective

@@ -27,24 +27,19 @@ every weight. Evaluation: the global model with every state unknown.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.checks import within
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ServerState
 from ..core.objective import ClientObjective
-from ..core.strategy import MethodConfig, Strategy
+from ..core.strategy import Strategy
 from ..models.ctran import UNKNOWN, CTran
-from ..text.targets import check_targets, class_targets
-from . import METHODS
-
-LABEL_EMBEDDINGS = ("text", "learned", "frozen_random")
-STATE_EMBEDDINGS = ("text", "learned")
+from ..text.targets import class_targets
+from .configs.fedlgt import FedCTranConfig, FedLGTConfig
 
 
 def label_mask_training(y: torch.Tensor, known_fraction: float) -> torch.Tensor:
@@ -117,76 +112,8 @@ class LGTObjective(ClientObjective[Broadcast]):
         return {"bce": bce}
 
 
-@dataclass
-class FedLGTConfig(MethodConfig):
-    name: str = "fedlgt"
-    label_embedding: str = "text"  # text (ULE) | learned (FedC-Tran) | frozen_random
-    #: text: frozen features of state_words (random ones with label_embedding=frozen_random) |
-    #: learned (the paper's FedC-Tran; the authors' code freezes them for FedC-Tran too)
-    state_embedding: str = "text"
-    #: controls of the frozen text tables (text/targets.py: text | permuted | orthogonal |
-    #: uniform | centred), one switch per table so label meaning and state-token geometry are
-    #: told apart (MiniLM's "positive"/"negative" have cosine 0.71); `frozen_random` above
-    #: replaces both tables at once (kept for the committed reports)
-    targets: str = "text"  # the label table (with label_embedding=text)
-    state_targets: str = "text"  # the state table (with state_embedding=text)
-    prompt: str = "The photo contains {}."  # [paper] "The photo contains [CLASS]"; [code] adds the "."
-    #: [paper] the state embeddings' words; unknown is the zero vector
-    state_words: list[str] = field(default_factory=lambda: ["positive", "negative"])
-    lmt: bool = True  # [code] --use_lmt: C-Tran's random label mask
-    known_fraction: float = 0.75  # [code] known labels per sample ~ U{0..floor(0.75 C)}
-    ca_mle: bool = True  # [paper] client-aware masked label embedding (--use_global_guide)
-    epsilon: float = 0.02  # [paper] uncertainty margin around the threshold
-    threshold: float = 0.5  # [paper] τ
-    reduction: str = "sum"  # sum (authors' code) | mean over the unknown positions
-
-
-@METHODS.register("fedlgt")
 class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
-    name = "fedlgt"
     objective_cls = LGTObjective
-
-    @classmethod
-    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
-        c: FedLGTConfig = config
-        within(c, "threshold", 0, 1, open_lo=True, open_hi=True)  # on sigmoid scores
-        within(c, "epsilon", 0, 0.5, open_hi=True)  # |p - threshold| <= epsilon: 0.5 makes all unknown
-        if c.label_embedding not in LABEL_EMBEDDINGS:
-            raise ConfigError(
-                f"method.label_embedding={c.label_embedding!r} is not one of: {', '.join(LABEL_EMBEDDINGS)}"
-            )
-        if c.state_embedding not in STATE_EMBEDDINGS:
-            raise ConfigError(
-                f"method.state_embedding={c.state_embedding!r} is not one of: {', '.join(STATE_EMBEDDINGS)}"
-            )
-        check_targets(c.targets)
-        check_targets(c.state_targets, "method.state_targets")
-        if c.targets != "text" and c.label_embedding != "text":
-            raise ConfigError(
-                f"method.targets={c.targets} needs method.label_embedding=text (a frozen text table)"
-            )
-        if c.state_targets != "text" and c.state_embedding != "text":
-            raise ConfigError(
-                f"method.state_targets={c.state_targets} needs method.state_embedding=text "
-                "(a frozen text table)"
-            )
-        if c.reduction not in ("sum", "mean"):
-            raise ConfigError(f"method.reduction={c.reduction!r} is not one of: sum, mean")
-        if not 0.0 <= c.known_fraction <= 1.0 or c.epsilon < 0:
-            raise ConfigError("method.known_fraction must lie in [0, 1] and method.epsilon be >= 0")
-        if "{}" not in c.prompt:
-            raise ConfigError(f"method.prompt={c.prompt!r} needs a {{}} where the class name goes")
-        if len(c.state_words) != 2:
-            raise ConfigError("method.state_words needs two words: the positive and the negative state")
-        data = run.get("data") or {}
-        if not (run.get("dataset") or {}).get("multilabel"):
-            raise ConfigError(
-                f"{c.name} is multi-label classification; data={data.get('name')} is single-label "
-                "(use data=fmnist_multilabel, voc2007, coco or flair)"
-            )
-        model = (run.get("model") or {}).get("name")
-        if model != "ctran":
-            raise ConfigError(f"{c.name} trains a C-Tran: model=ctran (got model={model})")
 
     def __init__(self, config: FedLGTConfig, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
@@ -241,17 +168,8 @@ class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
         return super().summary() | {"text_encoder": self.text_encoder, "text_dim": self.width}
 
 
-@dataclass
-class FedCTranConfig(FedLGTConfig):
-    name: str = "fedctran"
-    label_embedding: str = "learned"
-    ca_mle: bool = False
-
-
-@METHODS.register("fedctran")
 class FedCTran(FedLGT):
     """C-Tran with learned label embeddings and frozen text state embeddings (the authors'
     code; `method.state_embedding=learned` learns them too, as the paper describes), FedAvg."""
 
-    name = "fedctran"
     config_cls = FedCTranConfig

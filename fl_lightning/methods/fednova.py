@@ -20,7 +20,7 @@ import torch
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
 from ..core.strategy import FedAvgStrategy
-from . import METHODS
+from .configs.fednova import FedNovaConfig
 
 _STAT_KEYS = ("running_mean", "running_var", "num_batches_tracked")
 
@@ -53,13 +53,11 @@ class FedNovaObjective(ClientObjective[Broadcast]):
         )
 
 
-@METHODS.register("fednova")
-class FedNova(FedAvgStrategy):
-    name = "fednova"
+class FedNova(FedAvgStrategy[FedNovaConfig]):
     objective_cls = FedNovaObjective
 
     def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
-        new = super().aggregate(state, updates)  # buffers as in FedAvg
+        new = self.average(state, updates)  # buffers as in FedAvg
         x = state.global_params
         ups = [u for u in updates if isinstance(u, FedNovaUpdate) and u.params]
         if x is None or not ups:

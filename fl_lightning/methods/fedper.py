@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..core.messages import Broadcast
 from ..core.objective import BroadcastT, ClientObjective
 from ..core.strategy import FedAvgStrategy
-from . import METHODS
+from .configs.fedper import FedPerConfig
 
 #: the state-dict prefix of the personal classifier
 HEAD = "head."
@@ -33,8 +33,5 @@ class FedPerObjective(PersonalHead[Broadcast]):
     pass
 
 
-@METHODS.register("fedper")
-class FedPer(FedAvgStrategy):
-    name = "fedper"
+class FedPer(FedAvgStrategy[FedPerConfig]):
     objective_cls = FedPerObjective
-    personalised = True

@@ -19,18 +19,16 @@ and the inheritance altogether; FedDTR does not give its settings).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload
 from ..core.objective import OwnModelObjective
-from ..core.strategy import FedAvgStrategy, MethodConfig
-from . import METHODS
+from ..core.strategy import FedAvgStrategy
+from .configs.fedphp import FedPHPConfig
 
 LOCAL_MODEL = "fedphp/local"
 BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
@@ -93,24 +91,8 @@ class FedPHPObjective(OwnModelObjective[Broadcast]):
         }
 
 
-@dataclass
-class FedPHPConfig(MethodConfig):
-    name: str = "fedphp"
-    mu: float = 0.9  # the inherited model's largest weight (reached at round T)
-    lam: float = 0.5  # weight of the MMD term (1 - lam: cross-entropy)
-
-
-@METHODS.register("fedphp")
-class FedPHP(FedAvgStrategy):
-    name = "fedphp"
-    config_cls = FedPHPConfig
+class FedPHP(FedAvgStrategy[FedPHPConfig]):
     objective_cls = FedPHPObjective
-    personalised = True
-
-    @classmethod
-    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
-        if not 0.0 <= config.mu <= 1.0 or not 0.0 <= config.lam <= 1.0:
-            raise ConfigError(f"fedphp needs 0 <= method.mu, method.lam <= 1 (got {config.mu}, {config.lam})")
 
     def objective_kwargs(self) -> dict[str, Any]:
         return super().objective_kwargs() | {"rounds": max(1, self.task.rounds)}

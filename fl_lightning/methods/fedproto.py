@@ -21,11 +21,10 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from ..core.batched import MaskedStep
-from ..core.checks import single_label
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import BroadcastT, ClientObjective
-from ..core.strategy import MethodConfig, Strategy
-from . import METHODS
+from ..core.strategy import Strategy
+from .configs.fedproto import FedProtoConfig
 
 
 @dataclass
@@ -169,21 +168,8 @@ class FedProtoObjective(ClientObjective[BroadcastT]):
         return extend(update, PrototypeUpdate, prototypes=protos, proto_counts=n.long())
 
 
-@dataclass
-class FedProtoConfig(MethodConfig):
-    name: str = "fedproto"
-    lam: float = 1.0  # weight of the prototype term (FedGLCL used mu = 1)
-    share_weights: bool = False
-
-
-@METHODS.register("fedproto")
 class FedProto(Strategy[FedProtoConfig, PrototypeState, PrototypeBroadcast]):
-    name = "fedproto"
     objective_cls = FedProtoObjective
-
-    @classmethod
-    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
-        single_label(cls.name, run, "class prototypes, one class per example")
 
     def __init__(self, config: FedProtoConfig, *args: Any, **kwargs: Any) -> None:
         self.personalised = not config.share_weights  # one global model only when weights are shared
@@ -201,7 +187,7 @@ class FedProto(Strategy[FedProtoConfig, PrototypeState, PrototypeBroadcast]):
         )
 
     def aggregate(self, state: PrototypeState, updates: Sequence[ClientUpdate]) -> PrototypeState:
-        new = super().aggregate(state, updates)
+        new = self.average(state, updates)
         ups = [(u.prototypes, u.proto_counts) for u in updates if isinstance(u, PrototypeUpdate)]
         pairs = [(p, c) for p, c in ups if p is not None and c is not None]
         if not pairs:

@@ -7,7 +7,6 @@ models near the round's global model. mu = 0 is FedAvg exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,8 +14,8 @@ import torch
 from ..core.batched import MaskedStep
 from ..core.messages import Broadcast, ServerState
 from ..core.objective import BroadcastT, ClientObjective
-from ..core.strategy import MethodConfig, Strategy
-from . import METHODS
+from ..core.strategy import Strategy
+from .configs.fedprox import FedProxConfig
 
 
 class ProximalTerm(ClientObjective[BroadcastT]):
@@ -58,15 +57,7 @@ class FedProxObjective(ProximalTerm[Broadcast]):
         self.prox_mu = mu
 
 
-@dataclass
-class FedProxConfig(MethodConfig):
-    name: str = "fedprox"
-    mu: float = 0.001  # FedGLCL tuned mu in {1e-4, 1e-3, 1e-2, 1e-1}: 1e-3 for FMNIST/CIFAR-100
-
-
-@METHODS.register("fedprox")
 class FedProx(Strategy[FedProxConfig, ServerState, Broadcast]):
-    name = "fedprox"
     objective_cls = FedProxObjective
 
     def warnings(self) -> list[str]:

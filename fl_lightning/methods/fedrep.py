@@ -15,16 +15,14 @@ plocal_epochs` = 1 head epoch and `-ls local_epochs` = 1 body epoch (`body_epoch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ServerState
 from ..core.objective import Phase
-from ..core.strategy import MethodConfig, Strategy
-from . import METHODS
+from ..core.strategy import Strategy
+from .configs.fedrep import FedRepConfig
 from .fedper import PersonalHead, is_head
 
 
@@ -46,20 +44,5 @@ class FedRepObjective(PersonalHead[Broadcast]):
         ]
 
 
-@dataclass
-class FedRepConfig(MethodConfig):
-    name: str = "fedrep"
-    head_epochs: int = 1  # PFLlib -pls (plocal_epochs) default; the FedRep paper used 10
-    body_epochs: int | None = None  # None: fl.local_epochs (PFLlib -ls, default 1)
-
-
-@METHODS.register("fedrep")
 class FedRep(Strategy[FedRepConfig, ServerState, Broadcast]):
-    name = "fedrep"
     objective_cls = FedRepObjective
-    personalised = True
-
-    @classmethod
-    def check_run(cls, config: FedRepConfig, run: dict[str, Any]) -> None:
-        if config.head_epochs < 1 or (config.body_epochs is not None and config.body_epochs < 1):
-            raise ConfigError("fedrep needs method.head_epochs >= 1 and method.body_epochs >= 1 (or null)")

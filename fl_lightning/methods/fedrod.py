@@ -25,11 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast
 from ..core.objective import ClientObjective
 from ..core.strategy import FedAvgStrategy
-from . import METHODS
+from .configs.fedrod import FedRoDConfig
 
 #: the state-dict prefix of the personal head
 PHEAD = "phead."
@@ -56,8 +55,7 @@ class FedRoDObjective(ClientObjective[Broadcast]):
 
     def loss_terms(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         x, y = batch
-        if y.dim() != 1 or self.class_counts is None:
-            raise ConfigError("fedrod needs single-label data (balanced softmax on class counts)")
+        assert self.class_counts is not None  # single-label data: FedRoDConfig.single_label
         z = self.represent(x)
         self.batch_features = z
         out_g = self.classify(z)
@@ -76,8 +74,5 @@ class FedRoDObjective(ClientObjective[Broadcast]):
         return {"": self.forward, "generic": lambda x: self.classify(self.represent(x))}
 
 
-@METHODS.register("fedrod")
-class FedRoD(FedAvgStrategy):
-    name = "fedrod"
+class FedRoD(FedAvgStrategy[FedRoDConfig]):
     objective_cls = FedRoDObjective
-    personalised = True

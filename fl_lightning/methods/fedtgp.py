@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.checks import single_label
 from ..core.messages import ClientPayload, ClientUpdate, ServerState, extend
-from ..core.strategy import MethodConfig, ServerContext, Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import Metrics, StateDict
 from ..server_steps.prototypes import (
     aggregate_class_means,
@@ -32,7 +31,7 @@ from ..server_steps.prototypes import (
     init_prototype_generator,
     train_global_prototypes,
 )
-from . import METHODS
+from .configs.fedtgp import FedTGPConfig
 from .fedproto import FedProtoObjective, LocalClassMeans, PrototypeBroadcast, PrototypeUpdate
 
 
@@ -52,25 +51,8 @@ class FedTGPObjective(LocalClassMeans[PrototypeBroadcast], FedProtoObjective[Pro
         return extend(update, PrototypeUpdate, prototypes=means, proto_counts=counts)
 
 
-@dataclass
-class FedTGPConfig(MethodConfig):
-    name: str = "fedtgp"
-    lam: float = 1.0  # λ of the client's prototype term
-    margin_threshold: float = 100.0  # cap of the adaptive margin
-    server_epochs: int = 100  # passes over the uploaded prototypes per round
-    server_batch_size: int = 100
-    server_lr: float = 0.01  # SGD, rebuilt every round
-
-
-@METHODS.register("fedtgp")
 class FedTGP(Strategy[FedTGPConfig, FedTGPState, PrototypeBroadcast]):
-    name = "fedtgp"
     objective_cls = FedTGPObjective
-    personalised = True
-
-    @classmethod
-    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
-        single_label(cls.name, run, "class prototypes, one class per example")
 
     def objective_kwargs(self) -> dict[str, Any]:
         return {"lam": self.config.lam, "num_classes": self.task.num_classes}

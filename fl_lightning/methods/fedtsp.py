@@ -32,16 +32,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..core.checks import nonnegative, positive, single_label, within
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
-from ..core.strategy import MethodConfig, ServerContext, Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import Metrics, StateDict
-from ..server_steps.prompt_tuning import LN_100, LN_1000, PromptTuner
+from ..server_steps.prompt_tuning import LN_100, PromptTuner
 from ..server_steps.prototypes import aggregate_class_means
-from ..text.targets import check_targets
-from . import METHODS
+from .configs.fedtsp import FedTSPConfig
 from .fedproto import LocalClassMeans, PrototypeUpdate
 
 log = logging.getLogger(__name__)
@@ -124,82 +122,13 @@ class FedTSPObjective(LocalClassMeans[TSPBroadcast]):
         means, counts = self.class_means()
         return extend(update, PrototypeUpdate, prototypes=means, proto_counts=counts)
 
-
-@dataclass
-class FedTSPConfig(MethodConfig):
-    name: str = "fedtsp"
-    lam: float = 7.0  # λ: 7 cross-silo, 1 cross-device (paper)
-    descriptions: bool = True  # false: handcrafted "a photo of a {class}." (Table 4, IDs 2 and 4)
-    tune_prompts: bool = True  # false: frozen prompts (Table 4, IDs 2 and 3)
-    #: the text prototypes' control (text/targets.py): text | permuted | centred (a fixed map
-    #: on the prompts' output: tuning works through it) | orthogonal | uniform (fixed vectors:
-    #: tune_prompts=false)
-    targets: str = "text"
-    ctx_init: str | None = (
-        "a photo of a"  # the soft prompts start as these token embeddings (m = their count)
-    )
-    n_ctx: int | None = None  # with ctx_init=null: m random N(0, 0.02²) vectors (the authors' code)
-    #: E_s, full-batch prompt steps per round: the paper's default ("we set E_s = 20 by default",
-    #: Sec. 4.5; FedTSP-BERT improves with E_s, CLIP barely moves). MiniLM, like BERT, never saw
-    #: images, so the BERT setting applies; 1 step at lr 0.01 moved the prototypes by < 1e-4.
-    server_epochs: int = 20
-    prompt_lr: float = 0.01  # the authors' code (SGD)
-    prompt_momentum: float = 0.0  # > 0 keeps momentum buffers in the server state (the code has none)
-    learn_logit_scale: bool = True
-    logit_scale_init: float = LN_100  # s with τ = 1/exp(s) = 0.01 (the authors' code)
-    logit_scale_lr: float = 0.01
-    #: clamp on s after each server step (a guard against a runaway scale, τ >= 0.001: the
-    #: authors' code has none; null: none). Must lie above `logit_scale_init`, so that s can
-    #: rise as well as fall (a clamp at ln 100 pinned it: it could only fall).
-    logit_scale_max: float | None = LN_1000
-    direction: str = "image_to_text"  # image_to_text (code) | text_to_image (Eq. 7) | symmetric
-    weighting: str = "count"  # image-prototype aggregation: count (Eq. 6) | uniform (the code)
-    share_weights: bool = False  # model-homogeneous extension: FedAvg of all weights too
-    finetune_after: int | None = None  # with share_weights: rounds after this one fine-tune only
     #   each client's classifier on the global extractor (the PFL protocol "-FT"), personal heads
 
 
-@METHODS.register("fedtsp")
 class FedTSP(Strategy[FedTSPConfig, FedTSPState, TSPBroadcast]):
-    name = "fedtsp"
     objective_cls = FedTSPObjective
 
-    @classmethod
-    def check_run(cls, config: Any, run: dict[str, Any]) -> None:
-        single_label(cls.name, run, "one text prototype per example's class")
-        nonnegative(config, "lam", "server_epochs", "prompt_momentum", "finetune_after")
-        positive(config, "prompt_lr", "logit_scale_lr")
-        within(config, "n_ctx", 1, 64)  # prompt tokens: CLIP's whole context is 77 (CoOp: 4 to 16)
-        if config.direction not in ("image_to_text", "text_to_image", "symmetric"):
-            raise ConfigError(
-                f"method.direction={config.direction!r}: expected image_to_text, text_to_image or symmetric"
-            )
-        check_targets(config.targets)
-        if config.targets in ("orthogonal", "uniform") and config.tune_prompts and config.server_epochs > 0:
-            raise ConfigError(
-                f"method.targets={config.targets} are fixed vectors with no prompt to tune: "
-                "add method.tune_prompts=false"
-            )
-        if config.weighting not in ("count", "uniform"):
-            raise ConfigError(f"method.weighting={config.weighting!r}: expected count or uniform")
-        top = config.logit_scale_max
-        if config.learn_logit_scale and top is not None and config.logit_scale_init >= top:
-            raise ConfigError(
-                f"method.logit_scale_init={config.logit_scale_init:g} must lie below "
-                f"method.logit_scale_max={top:g}: started at its clamp, the logit scale could only fall"
-            )
-        if config.finetune_after is not None and not config.share_weights:
-            raise ConfigError(
-                "method.finetune_after (-FT) needs method.share_weights=true (a global model to fine-tune)"
-            )
-
-    @classmethod
-    def keeps_personal_models(cls, config: Any) -> bool:
-        # personal models unless weights are shared (and then again in the -FT rounds)
-        return not config.share_weights or config.finetune_after is not None
-
     def __init__(self, config: FedTSPConfig, *args: Any, **kwargs: Any) -> None:
-        self.personalised = self.keeps_personal_models(config)
         super().__init__(config, *args, **kwargs)
         from ..text.prompts import descriptions
 
@@ -255,7 +184,7 @@ class FedTSP(Strategy[FedTSPConfig, FedTSPState, TSPBroadcast]):
         )
 
     def aggregate(self, state: FedTSPState, updates: Sequence[ClientUpdate]) -> FedTSPState:
-        new = super().aggregate(state, updates)
+        new = self.average(state, updates)
         ups = [(u.prototypes, u.proto_counts) for u in updates if isinstance(u, PrototypeUpdate)]
         pairs = [(p, n) for p, n in ups if p is not None and n is not None]
         if not pairs:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..core.messages import Broadcast
 from ..core.objective import ClientObjective
 from ..core.strategy import FedAvgStrategy
-from . import METHODS
+from .configs.lg_fedavg import LGFedAvgConfig
 
 
 class LGFedAvgObjective(ClientObjective[Broadcast]):
@@ -20,8 +20,5 @@ class LGFedAvgObjective(ClientObjective[Broadcast]):
         return not key.startswith("head.")
 
 
-@METHODS.register("lg_fedavg")
-class LGFedAvg(FedAvgStrategy):
-    name = "lg_fedavg"
+class LGFedAvg(FedAvgStrategy[LGFedAvgConfig]):
     objective_cls = LGFedAvgObjective
-    personalised = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..core.messages import Broadcast
 from ..core.objective import ClientObjective
 from ..core.strategy import FedAvgStrategy
-from . import METHODS
+from .configs.local import LocalConfig
 
 
 class LocalObjective(ClientObjective[Broadcast]):
@@ -16,8 +16,5 @@ class LocalObjective(ClientObjective[Broadcast]):
         return True
 
 
-@METHODS.register("local")
-class Local(FedAvgStrategy):
-    name = "local"
+class Local(FedAvgStrategy[LocalConfig]):
     objective_cls = LocalObjective
-    personalised = True

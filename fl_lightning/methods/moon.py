@@ -11,7 +11,6 @@ client (first round: the global).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,8 +20,8 @@ from torch import nn
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
 from ..core.objective import BroadcastT, ClientObjective
 from ..core.params import to_cpu
-from ..core.strategy import MethodConfig, Strategy
-from . import METHODS
+from ..core.strategy import Strategy
+from .configs.moon import MoonConfig
 
 #: the client-state component holding the client's previous local model
 PREV = "moon/prev"
@@ -78,14 +77,5 @@ class MoonObjective(ModelContrastive[Broadcast]):
         self.moon_mu, self.moon_temperature = mu, temperature
 
 
-@dataclass
-class MoonConfig(MethodConfig):
-    name: str = "moon"
-    mu: float = 1.0
-    temperature: float = 0.5
-
-
-@METHODS.register("moon")
 class Moon(Strategy[MoonConfig, ServerState, Broadcast]):
-    name = "moon"
     objective_cls = MoonObjective

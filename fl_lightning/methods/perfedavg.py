@@ -24,19 +24,17 @@ is plain SGD, hence `optim.momentum: 0` in `conf/method/perfedavg.yaml`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ServerState
 from ..core.objective import ClientObjective, with_params
-from ..core.strategy import MethodConfig, Strategy
+from ..core.strategy import Strategy
 from ..core.types import StateDict
-from . import METHODS
+from .configs.perfedavg import PerFedAvgConfig
 
 #: the client-state component holding the batch the evaluation adapts on
 ADAPT_BATCH = "perfedavg/adapt_batch"
@@ -58,8 +56,6 @@ class PerFedAvgObjective(ClientObjective[Broadcast]):
 
     def loss_terms(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         x, y = batch
-        if y.dim() != 1:
-            raise ConfigError("perfedavg needs single-label data")
         h = (len(y) + 1) // 2
         if len(y) == 1:  # a one-example client: both steps on it
             x, y = torch.cat([x, x]), torch.cat([y, y])
@@ -98,20 +94,5 @@ class PerFedAvgObjective(ClientObjective[Broadcast]):
         return {"": self.forward, "global": with_params(self.model, glob)}
 
 
-@dataclass
-class PerFedAvgConfig(MethodConfig):
-    name: str = "perfedavg"
-    alpha: float | None = None  # inner / personalisation step; None: optim.lr (PFLlib)
-    first_order: bool = True  # PFLlib's FO variant; false: exact second-order MAML
-
-
-@METHODS.register("perfedavg")
 class PerFedAvg(Strategy[PerFedAvgConfig, ServerState, Broadcast]):
-    name = "perfedavg"
     objective_cls = PerFedAvgObjective
-    personalised = True
-
-    @classmethod
-    def check_run(cls, config: PerFedAvgConfig, run: dict[str, Any]) -> None:
-        if config.alpha is not None and config.alpha <= 0:
-            raise ConfigError("perfedavg needs method.alpha > 0 (or null: optim.lr)")

@@ -25,19 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
 from ..core.objective import ClientObjective, is_weight, with_params
 from ..core.params import to_cpu
-from ..core.strategy import MethodConfig, Strategy
+from ..core.strategy import Strategy
 from ..core.types import StateDict
-from . import METHODS
+from .configs.pfedme import PFedMeConfig
 
 #: the client-state component holding the personalised model θ̂
 PERSONAL_MODEL = "pfedme/personal"
@@ -96,29 +94,8 @@ class PFedMeObjective(ClientObjective[Broadcast]):
         return {"": self.forward, "global": with_params(self.model, self._w_global)}
 
 
-@dataclass
-class PFedMeConfig(MethodConfig):
-    name: str = "pfedme"
-    lam: float = 15.0  # λ of the Moreau envelope (paper; PFLlib -lam defaults to 1)
-    personal_lr: float = 0.01  # η_p of the inner steps (PFLlib -lrp)
-    inner_steps: int = 5  # K (paper, PFLlib -K)
-    mu: float = 0.001  # L2 on θ in the inner steps (PFLlib pFedMeOptimizer's default)
-    beta: float = 1.0  # server mixing (paper: 1 or 2; PFLlib -bt defaults to 0 = no update)
-
-
-@METHODS.register("pfedme")
 class PFedMe(Strategy[PFedMeConfig, ServerState, Broadcast]):
-    name = "pfedme"
     objective_cls = PFedMeObjective
-    personalised = True
-
-    @classmethod
-    def check_run(cls, config: PFedMeConfig, run: dict[str, Any]) -> None:
-        c = config
-        if c.lam <= 0 or c.personal_lr <= 0 or c.inner_steps < 1 or c.mu < 0 or c.beta <= 0:
-            raise ConfigError(
-                "pfedme needs method.lam > 0, personal_lr > 0, inner_steps >= 1, mu >= 0 and beta > 0"
-            )
 
     def objective_kwargs(self) -> dict[str, Any]:
         kwargs = super().objective_kwargs()
@@ -126,7 +103,7 @@ class PFedMe(Strategy[PFedMeConfig, ServerState, Broadcast]):
         return kwargs
 
     def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
-        prev, new = state.global_params, super().aggregate(state, updates)
+        prev, new = state.global_params, self.average(state, updates)
         if prev is None or new.global_params is None or self.config.beta == 1.0:
             return new
         b = self.config.beta

@@ -23,46 +23,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
-from ..core.optim import OptimConfig
 from ..core.params import to_cpu
-from ..core.strategy import MethodConfig, Strategy
+from ..core.strategy import Strategy
 from ..core.types import StateDict
-from . import METHODS
+from .configs.scaffold import ScaffoldConfig
 
 #: the client-state component holding c_i
 C_LOCAL = "scaffold/c_local"
-
-
-@dataclass
-class ScaffoldConfig(MethodConfig):
-    name: str = "scaffold"
-    #: run with momentum > 0 or adam/adamw anyway (option II's variates then overestimate
-    #: the mean gradient)
-    allow_momentum: bool = False
-
-
-def check_plain_sgd(optim: OptimConfig, allow_momentum: bool) -> None:
-    """ConfigError unless `optim` is plain SGD (or `allow_momentum`): one line saying why."""
-    if allow_momentum:
-        return
-    if optim.name != "sgd":
-        raise ConfigError(
-            f"scaffold with optim.name={optim.name}: option-II control variates assume plain SGD "
-            "steps (an adaptive step makes them misestimate the mean gradient); use optim.name=sgd "
-            "optim.momentum=0, or method.allow_momentum=true to run it anyway"
-        )
-    if optim.momentum > 0:
-        raise ConfigError(
-            f"scaffold with optim.momentum={optim.momentum:g}: option-II control variates assume "
-            f"plain SGD (with momentum they overestimate the mean gradient, up to "
-            f"{1 / (1 - min(optim.momentum, 0.999)):.3g}x); set optim.momentum=0, or "
-            "method.allow_momentum=true to run it anyway"
-        )
 
 
 @dataclass
@@ -81,10 +51,6 @@ class ScaffoldUpdate(ClientUpdate):
 
 
 class ScaffoldObjective(ClientObjective[ScaffoldBroadcast]):
-    def __init__(self, model: nn.Module, allow_momentum: bool = False, **kwargs: Any) -> None:
-        super().__init__(model, **kwargs)
-        check_plain_sgd(self.optim, allow_momentum)  # also where no config was validated
-
     def begin_round(self, broadcast: ScaffoldBroadcast, payload: ClientPayload | None) -> None:
         super().begin_round(broadcast, payload)
         zeros = {k: torch.zeros_like(p) for k, p in self.model.named_parameters()}
@@ -115,21 +81,17 @@ class ScaffoldObjective(ClientObjective[ScaffoldBroadcast]):
         return extend(base, ScaffoldUpdate, c_delta={k: c_new[k] - self._ci[k].cpu() for k in c_new})
 
 
-@METHODS.register("scaffold")
 class Scaffold(Strategy[ScaffoldConfig, ScaffoldServerState, ScaffoldBroadcast]):
-    name = "scaffold"
     objective_cls = ScaffoldObjective
 
-    @classmethod
-    def check_optim(cls, config: ScaffoldConfig, optim: OptimConfig) -> None:
-        """Called by `config.validate_registered` before the run is built (data, Ray)."""
-        check_plain_sgd(optim, config.allow_momentum)
+    def objective_kwargs(self) -> dict[str, Any]:
+        return {}  # allow_momentum is the config's check (`ScaffoldConfig.check`)
 
     def broadcast(self, state: ScaffoldServerState, rnd: int) -> ScaffoldBroadcast:
         return ScaffoldBroadcast(round=rnd, global_params=state.global_params, c_global=state.c_global)
 
     def aggregate(self, state: ScaffoldServerState, updates: Sequence[ClientUpdate]) -> ScaffoldServerState:
-        new = super().aggregate(state, updates)
+        new = self.average(state, updates)
         deltas = [u.c_delta for u in updates if isinstance(u, ScaffoldUpdate)]
         if deltas:
             frac = len(deltas) / self.num_clients

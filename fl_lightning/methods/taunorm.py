@@ -12,7 +12,6 @@ FedAvg; the plain FedAvg head is logged beside it as `fedavg_head/*`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,8 +20,8 @@ from torch import nn
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ServerState
 from ..core.objective import ClientObjective
-from ..core.strategy import MethodConfig, Strategy
-from . import METHODS
+from ..core.strategy import Strategy
+from .configs.taunorm import TauNormConfig
 
 
 def last_linear(head: nn.Module) -> str:
@@ -55,21 +54,8 @@ class TauNormObjective(ClientObjective[Broadcast]):
         return {"": self.tau_forward, "fedavg_head": self.forward}
 
 
-@dataclass
-class TauNormConfig(MethodConfig):
-    name: str = "taunorm"
-    tau: float = 1.0  # τ: Kang et al. pick it on validation data in [0, 1]; 1 = unit-norm classes
-
-
-@METHODS.register("taunorm")
 class TauNorm(Strategy[TauNormConfig, ServerState, Broadcast]):
-    name = "taunorm"
     objective_cls = TauNormObjective
-
-    @classmethod
-    def check_run(cls, config: TauNormConfig, run: dict[str, Any]) -> None:
-        if config.tau < 0:
-            raise ConfigError(f"method.tau must be >= 0 (got {config.tau})")
 
     def warnings(self) -> list[str]:
         return ["taunorm with method.tau=0 is FedAvg"] if self.config.tau == 0 else []

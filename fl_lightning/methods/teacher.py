@@ -37,10 +37,10 @@ from ..core.errors import ConfigError
 from ..core.files import cache_dir, write_cache
 from ..core.objective import Backbone
 from ..core.types import StateDict
+from .configs.clip2fl import TEACHERS
 
 log = logging.getLogger(__name__)
 
-TEACHERS = ("aligned", "clip")
 TEACHER_CACHE_VERSION = 1
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # open_clip's OPENAI_DATASET_MEAN / STD
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

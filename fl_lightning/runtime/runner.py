@@ -29,7 +29,7 @@ from ..config import RootConfig, to_yaml
 from ..core.errors import DivergedError
 from ..core.files import open_new
 from ..core.messages import ServerState
-from ..core.strategy import ServerContext, Strategy, round_rng, server_rng
+from ..core.strategy import ServerContext, Strategy, aggregated, round_rng, server_rng
 from ..core.types import ClientId
 from ..data.federated import partition_cache_dir
 from ..data.stats import save_partition_plot
@@ -90,8 +90,9 @@ def run_rounds(
         callbacks.on_updates(record, updates)
         t1 = time.perf_counter()
         # 3. aggregate, 4. server update
-        state = strategy.aggregate(state, updates)
-        state, record.server = strategy.server_update(state, updates, context(rnd))
+        state, aggregate_metrics = aggregated(strategy.aggregate(state, updates))
+        state, server_metrics = strategy.server_update(state, updates, context(rnd))
+        record.server = {**aggregate_metrics, **server_metrics}
         state = callbacks.on_server_state(dataclasses.replace(state, round=rnd), plan, updates, record)
         t2 = time.perf_counter()
         # then evaluation, and the round's line (at once, or when its overlapped evaluation ends)

@@ -16,15 +16,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..core.checks import TARGETS, check_targets
 from ..core.errors import ConfigError
 
-TARGETS = ("text", "permuted", "orthogonal", "uniform", "centred")
-
-
-def check_targets(kind: str, key: str = "method.targets") -> None:
-    """A bad value: one ConfigError line naming the key and the choices."""
-    if kind not in TARGETS:
-        raise ConfigError(f"{key}={kind!r} is not one of: {', '.join(TARGETS)}")
+__all__ = ["TARGETS", "check_targets", "class_targets", "derangement"]
 
 
 def derangement(n: int, seed: int) -> torch.Tensor:

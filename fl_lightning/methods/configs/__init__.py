@@ -1,0 +1,17 @@
+"""The configs of this package's methods, one module per method file, torch-free: the
+command line checks a run's method against them before torch, Ray or any data start. The
+strategy and objective of `configs/<file>.py` are in `methods/<file>.py`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ...config import RootConfig
+
+
+def multilabel(run: RootConfig) -> bool:
+    """Whether the run's dataset is multi-label, from its registry entry (before loading it)."""
+    from ...data.registry import DATASETS
+
+    return bool(DATASETS.get(run.data.name).multilabel)

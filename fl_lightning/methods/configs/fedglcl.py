@@ -1,0 +1,69 @@
+"""FedGLCL's config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ...core.checks import check_targets, nonnegative, one_of, positive
+from ...core.errors import ConfigError
+from ...core.method import METHODS, MethodConfig
+
+if TYPE_CHECKING:
+    from ...config import RootConfig
+
+
+PROJECTORS = ("auto", "linear", "bn", "bn_relu")
+CLASS_EMBEDDINGS = ("text", "random", "orthogonal")
+
+
+def projector_kind(projector: str = "auto", final_relu: bool | None = None, backbone_bn: bool = False) -> str:
+    """The projector actually built: `projector`, with `auto` resolved by the backbone
+    (`bn_relu` with batch norm, `linear` without) and the legacy `final_relu` honoured."""
+    if projector not in PROJECTORS:
+        raise ConfigError(f"method.projector={projector!r} is not one of: {', '.join(PROJECTORS)}")
+    if final_relu is not None:
+        legacy = "bn_relu" if final_relu else "bn"
+        if projector not in ("auto", legacy):
+            raise ConfigError(
+                f"method.final_relu={str(final_relu).lower()} means method.projector={legacy}, "
+                f"not {projector}; set only method.projector"
+            )
+        return legacy
+    if projector == "auto":
+        return "bn_relu" if backbone_bn else "linear"
+    return projector
+
+
+@METHODS.register("fedglcl")
+@dataclass
+class FedGLCLConfig(MethodConfig):
+    tau: float = 0.07
+    templates: list[str] = field(default_factory=lambda: ["a photo of a {}"])  # or ["imagenet80"]
+    class_embedding: str = "text"  # text | random | orthogonal (Table 10; legacy: see `targets`)
+    targets: str = "text"  # text | permuted | orthogonal | uniform | centred (text/targets.py)
+    #: the projector to the text dimension: linear | bn (Linear -> BN1d) | bn_relu (Linear ->
+    #: BN1d -> ReLU, the authors' AlexNet head) | auto: bn_relu when the backbone has batch norm,
+    #: linear when it has none. The paper gives every method the same AlexNet-BN, so its BN
+    #: projector is like for like; on a BN-free backbone (model=cnn) a BN projector is the only
+    #: batch norm in the comparison, and under extreme label skew its averaged running
+    #: statistics misdescribe the averaged model (measured: ~5x the real variance, -10 points).
+    #: On cnn_bn with MiniLM texts, `bn` beat `bn_relu` by ~5 points at 2 classes per client
+    #: (docs/results.md, 3 seeds).
+    projector: str = "auto"
+    final_relu: bool | None = None  # legacy: true = projector bn_relu, false = bn
+    prox_mu: float = 0.0  # > 0: FedGLCL + FedProx
+    moon_mu: float = 0.0  # > 0: FedGLCL + MOON
+    moon_temperature: float = 0.5
+
+    def check(self, run: RootConfig) -> None:
+        positive(self, "tau", "moon_temperature")  # they divide the logits
+        nonnegative(self, "prox_mu", "moon_mu")
+        projector_kind(self.projector, self.final_relu)  # a bad value: ConfigError
+        one_of(self, "class_embedding", CLASS_EMBEDDINGS)
+        check_targets(self.targets)
+        if self.class_embedding != "text" and self.targets != "text":
+            raise ConfigError(
+                f"method.class_embedding={self.class_embedding} and method.targets={self.targets}: "
+                "set only method.targets (class_embedding is the older switch)"
+            )

@@ -1,8 +1,9 @@
 """How long a refused `fl-lightning run` takes to say why (issue 40: configuration errors before
 the work starts), on `runtime=ray` and `runtime=serial`.
 
-Cases: an unknown method, an unknown key, a bad value, and a method's own check (FedTSP keeps
-personal models, so it needs `data.client_test_fraction`; its default is 0). Each is a fresh
+Cases: an unknown method, an unknown key, a bad value, and the method's own checks: FedTSP keeps
+personal models, so it needs `data.client_test_fraction` (its default is 0); a key FedProx's
+config lacks; SCAFFOLD refusing momentum (its config's `check` reads the run's `optim`). Each is a fresh
 process (`python -m fl_lightning run ...`), `--reps` times, alternating the runtimes; per run the
 wall time from process start to exit, the exit code, the error line, and whether a Ray session
 folder appeared (Ray started before the error). `--repo` measures another checkout (e.g. main,
@@ -30,6 +31,8 @@ CASES = {
     "unknown_key": ["fl.roundz=3"],
     "bad_value": ["fl.rounds=-1"],
     "fedtsp_no_test_split": ["method=fedtsp"],
+    "unknown_method_key": ["method=fedprox", "method.muu=1"],
+    "scaffold_momentum": ["method=scaffold", "optim.momentum=0.9"],
 }
 
 

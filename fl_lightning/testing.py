@@ -41,7 +41,7 @@ from .models import MODELS
 from .runtime.host import ClientHost, ClientSpec, torch_threads
 
 __all__ = [
-    "BS", "EPS32", "LR", "MOM", "SIZES3", "Toy", "cast", "ce", "client_data", "ctx", "example_mean",
+    "BS", "EPS32", "LR", "MOM", "SIZES3", "Toy", "cast", "ce", "check", "client_data", "ctx", "example_mean",
     "f32_tolerances", "manual_fit", "match", "sd", "three_clients", "toy_spec", "train", "twin",
     "two_clients", "two_rounds", "written_mean",
 ]  # fmt: skip

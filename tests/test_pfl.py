@@ -24,6 +24,7 @@ from fl_lightning.core.strategy import OptimConfig, TaskInfo, round_rng
 from fl_lightning.methods import METHODS
 from fl_lightning.runtime.host import ClientHost
 from fl_lightning.runtime.runner import start_run
+from fl_lightning.testing import check as check_config
 
 from .conftest import small
 from .test_methods import BS, LR, MOM, Toy, ctx, match, toy_spec, twin
@@ -463,8 +464,10 @@ def test_feddtr_never_uploads_the_prior(clients3):
 def test_feddtr_ablation_switches(clients3):
     from fl_lightning.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="prior"):
-        run("feddtr", clients3, rounds=1, text=False)  # prior defaults to true
+    with pytest.raises(ConfigError, match="prior"):  # the config's check, before anything runs
+        check_config(
+            "feddtr", "method.text=false", "data.client_test_fraction=0.25"
+        )  # prior defaults to true
     naive = run("feddtr", clients3, rounds=1, freeze_text=False, prior=False)
     assert "client/loss/cl" not in naive.updates[0][0].metrics
     assert {"loss/ce", "loss/cl"} <= set(naive.updates[0][0].metrics)

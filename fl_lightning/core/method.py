@@ -105,6 +105,10 @@ class MethodRegistry:
 
         return deco
 
+    def is_registered(self, config_cls: type) -> bool:
+        """Whether `config_cls` itself is registered (not a base class of one)."""
+        return self._configs.get(getattr(config_cls, "name", "")) is config_cls
+
     def add_strategy(self, config_cls: type[MethodConfig], strategy: type[Strategy[Any, Any, Any]]) -> None:
         """Record `strategy` as the one for `config_cls` (`Strategy.__init_subclass__`)."""
         self._strategies[config_cls] = strategy

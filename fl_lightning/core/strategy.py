@@ -166,7 +166,7 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         config = cls.__dict__.get("config_cls")
         if config is not None:
             cls.name = config.name  # the registered name (one place)
-            if "name" in vars(config):  # registered: this is its method's strategy
+            if METHODS.is_registered(config):  # this is its method's strategy
                 METHODS.add_strategy(config, cls)
 
     #: no global model (personal weights): evaluated on each client's own test split. From

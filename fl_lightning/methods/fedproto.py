@@ -171,10 +171,6 @@ class FedProtoObjective(ClientObjective[BroadcastT]):
 class FedProto(Strategy[FedProtoConfig, PrototypeState, PrototypeBroadcast]):
     objective_cls = FedProtoObjective
 
-    def __init__(self, config: FedProtoConfig, *args: Any, **kwargs: Any) -> None:
-        self.personalised = not config.share_weights  # one global model only when weights are shared
-        super().__init__(config, *args, **kwargs)
-
     def objective_kwargs(self) -> dict[str, Any]:
         return super().objective_kwargs() | {"num_classes": self.task.num_classes}
 

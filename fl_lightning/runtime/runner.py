@@ -360,7 +360,7 @@ def resume_run(
     directory's lock from before anything is read or written. A finished run returns at once,
     with one line on stderr, before any data is loaded or Ray started."""
     from ..config import method_modules
-    from ..methods import import_methods
+    from ..methods import METHODS, import_methods
     from .lock import RunLock
 
     t0 = time.perf_counter()
@@ -369,6 +369,7 @@ def resume_run(
         # the run's own modules (`methods=`, given again on resume) first: their methods'
         # state classes are what its checkpoints may rebuild, and `recover` reads them
         import_methods(method_modules(cfg.methods))
+        METHODS.get(cfg.method.name)  # its strategy: declares the state classes checkpoints rebuild
         done = checkpoint.recover(run_dir)  # newer broken checkpoints are set aside, with a warning
         if done >= int(cfg.fl.rounds) and _last_line_round(run_dir) >= done:
             print(finished_message(run_dir, done), file=sys.stderr)

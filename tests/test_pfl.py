@@ -67,6 +67,8 @@ def run(
         num_classes=10, class_names=tuple(ds.class_names), dataset="digits", has_client_test_split=True,
         rounds=rounds,
     )  # fmt: skip
+    keys = [f"method.{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in method_kwargs.items()]
+    check_config(name, "data.client_test_fraction=0.25", *keys)  # as a run's, before anything starts
     config = cls.config_cls(**method_kwargs)
     strategy = cls(config, num_clients=3, clients_per_round=per_round, seed=0, task=task)
     torch.manual_seed(0)

@@ -94,6 +94,7 @@ def test_split_file_datasets_read_coops_layout(
     line = str(missing.value)
     assert "\n" not in line and str(root / folder / split_file) in line and "DATASETS.md" in line
     assert source in line and title in line
+    assert compose([f"data={name}"]).data.name == name  # conf/data/<name>.yaml
     items = split_tree(root, folder, split_file, image_dir, images)
     ds = load_dataset(name, str(root), image_size=SIZE)
     check(ds, items, NAMES)

@@ -40,20 +40,25 @@ def images() -> list[Image.Image]:
     return [Image.fromarray(a.transpose(1, 2, 0)) for a in x]
 
 
+ASPECTS = [(32, 32), (40, 24), (24, 44), (37, 29)]  # wide, tall, odd: the crop's arithmetic
+
+
 def _write(path: Path, im: Image.Image) -> None:
+    """A real photograph as JPEG, at one of several aspect ratios (by its name)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    im.save(path, quality=95)
+    im.resize(ASPECTS[sum(path.name.encode()) % len(ASPECTS)]).save(path, quality=95)
 
 
 def expected(paths: list[Path]) -> np.ndarray:
-    """The decode every folder dataset uses, done here with PIL directly: JPEG draft mode, RGB,
-    bilinear, squashed to a square."""
+    """CLIP's preprocessing before normalisation, by torchvision (as CLIP's `_transform`):
+    Resize(SIZE, bicubic) of the short side, CenterCrop(SIZE)."""
+    from torchvision import transforms as T
+
+    clip = T.Compose([T.Resize(SIZE, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(SIZE)])
     out = []
     for p in paths:
         with Image.open(p) as im:
-            im.draft("RGB", (SIZE, SIZE))
-            rgb = im.convert("RGB").resize((SIZE, SIZE), Image.Resampling.BILINEAR)
-            out.append(np.asarray(rgb).transpose(2, 0, 1))
+            out.append(np.asarray(clip(im.convert("RGB"))).transpose(2, 0, 1))
     return np.stack(out) if out else np.zeros((0, 3, SIZE, SIZE), np.uint8)
 
 

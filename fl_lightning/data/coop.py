@@ -29,9 +29,11 @@ training set is empty (evaluate a model trained on `imagenet` on them); -A and -
 the 1,000 classes, labelled 0..199 in sorted-wnid order, as in CoOp.
 
 `data.shots` is drawn here, from the split's training list, before any image is decoded (see
-`protocols.py`); images are decoded at `data.image_size` (default 224, squashed to a square like
-every folder dataset here, not CLIP's resize-and-centre-crop) and cached in `<root>/.cache/`.
-Normalisation is CLIP's (CoOp's configs). Nothing is downloaded: a missing dataset stops the run
+`protocols.py`); images are decoded as CLIP's preprocessing (and CoOp's test transform) does, at
+`data.image_size` (default 224): the short side resized (bicubic), the centre cropped; cached in
+`<root>/.cache/`. Normalisation is CLIP's (CoOp's configs). No training augmentation (CoOp's
+random resized crop and flip): the images are fixed arrays, so a frozen tower's features can be
+computed once. Nothing is downloaded: a missing dataset stops the run
 with one line naming the folder and where to get it.
 """
 
@@ -92,7 +94,7 @@ def _decode(root: str, s: Suite, split: str, items: list[Item], size: int) -> np
     missing = next((p for p, _ in items if not p.is_file()), None)
     if missing is not None:
         raise _bad(s, root, f"image {missing} (listed in its {split} split) is missing")
-    return cached_images(root, f"{s.name}-{split}", [p for p, _ in items], size)
+    return cached_images(root, f"{s.name}-{split}", [p for p, _ in items], size, crop=True)
 
 
 def _dataset(

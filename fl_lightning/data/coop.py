@@ -59,6 +59,7 @@ DEFAULT_SIZE = 224
 GUIDE = "CoOp's DATASETS.md (github.com/KaiyangZhou/CoOp)"
 
 Item = tuple[Path, int]  # image file, label
+Listing = tuple[list[Item], list[Item], list[str]]  # train, test, class names by label
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,19 @@ def _names(s: Suite, root: str, rows: list[tuple[str, int, str]]) -> list[str]:
     return [by_label[c] for c in range(n)]
 
 
-def _split_loader(s: Suite, split_file: str, image_dir: str) -> Callable[..., ArrayDataset]:
+def _read_split_set(s: Suite, split_file: str, image_dir: str, root: str) -> Listing:
+    """CoOp's `OxfordPets.read_split`: paths relative to the images folder."""
+    split = _read_json_split(s, root, split_file)
+    base = Path(root) / s.folder / image_dir
+    names = _names(s, root, split["train"] + split["val"] + split["test"])
+    train, test = ([(base / r, lab) for r, lab, _ in split[k]] for k in ("train", "test"))
+    return train, test, names
+
+
+def _register(s: Suite, read: Callable[[str], Listing]) -> None:
+    """One registry entry: `read` lists the items; the protocol's draw, decoding and assembly
+    are the same for every dataset of the suite."""
+
     def load(
         root: str,
         image_size: int | None = None,
@@ -152,17 +165,9 @@ def _split_loader(s: Suite, split_file: str, image_dir: str) -> Callable[..., Ar
         shots_seed: int = 1,
         personal_shots: int | None = None,
     ) -> ArrayDataset:
-        split = _read_json_split(s, root, split_file)
-        base = Path(root) / s.folder / image_dir
-        names = _names(s, root, split["train"] + split["val"] + split["test"])
-        items = {k: [(base / r, lab) for r, lab, _ in rows] for k, rows in split.items()}
-        protocol = (shots, shots_seed, personal_shots)
-        return _dataset(s, root, items["train"], items["test"], names, image_size, *protocol)
+        train, test, names = read(root)
+        return _dataset(s, root, train, test, names, image_size, shots, shots_seed, personal_shots)
 
-    return load
-
-
-def _register(s: Suite, load: Callable[..., ArrayDataset]) -> None:
     DATASETS.register(s.name)(DatasetEntry(load=load, present=partial(_present, s), where=partial(_where, s)))
 
 
@@ -190,7 +195,7 @@ SPLIT_FILE_SETS = (
 
 for _name, _title, _folder, _file, _images, _source in SPLIT_FILE_SETS:
     _suite = Suite(_name, _title, _folder, f"{_file} + {_images}" if _images else _file, _source)
-    _register(_suite, _split_loader(_suite, _file, _images))
+    _register(_suite, partial(_read_split_set, _suite, _file, _images))
 
 
 # --- FGVCAircraft (no split file: the dataset's own variant lists) ----------------------------
@@ -201,13 +206,7 @@ AIRCRAFT = Suite(
 )  # fmt: skip
 
 
-def _load_aircraft(
-    root: str,
-    image_size: int | None = None,
-    shots: int | None = None,
-    shots_seed: int = 1,
-    personal_shots: int | None = None,
-) -> ArrayDataset:
+def _read_aircraft(root: str) -> Listing:
     """CoOp's FGVCAircraft: labels in `variants.txt` order; lines `<image id> <variant name>`."""
     d = Path(root) / AIRCRAFT.folder
     names = [line.strip() for line in (d / "variants.txt").read_text().splitlines() if line.strip()]
@@ -225,11 +224,10 @@ def _load_aircraft(
             items.append((d / "images" / f"{image}.jpg", label[variant]))
         return items
 
-    protocol = (shots, shots_seed, personal_shots)
-    return _dataset(AIRCRAFT, root, read("train"), read("test"), names, image_size, *protocol)
+    return read("train"), read("test"), names
 
 
-_register(AIRCRAFT, _load_aircraft)
+_register(AIRCRAFT, _read_aircraft)
 
 
 # --- ImageNet and its variants (class folders + CoOp's classnames.txt) ------------------------
@@ -267,13 +265,7 @@ IMAGENET = Suite(
 )  # fmt: skip
 
 
-def _load_imagenet(
-    root: str,
-    image_size: int | None = None,
-    shots: int | None = None,
-    shots_seed: int = 1,
-    personal_shots: int | None = None,
-) -> ArrayDataset:
+def _read_imagenet(root: str) -> Listing:
     """CoOp's ImageNet: labels = sorted wnid folders of images/train; the val folder is the test
     set. (CoOp lists each folder's files in `os.listdir` order; sorted here, so a k-shot draw is
     the same on every file system.)"""
@@ -283,10 +275,10 @@ def _load_imagenet(
     class_names = _named(IMAGENET, root, names, wnids)
     train = _folder_items(d / "train", wnids)
     test = _folder_items(d / "val", [w for w in wnids if (d / "val" / w).is_dir()])
-    return _dataset(IMAGENET, root, train, test, class_names, image_size, shots, shots_seed, personal_shots)
+    return train, test, class_names
 
 
-_register(IMAGENET, _load_imagenet)
+_register(IMAGENET, _read_imagenet)
 
 #: (name, DATASETS.md section, folder, images folder inside it, where from)
 VARIANTS = (
@@ -298,27 +290,16 @@ VARIANTS = (
 )  # fmt: skip
 
 
-def _variant_loader(s: Suite, images: str) -> Callable[..., ArrayDataset]:
-    def load(
-        root: str,
-        image_size: int | None = None,
-        shots: int | None = None,
-        shots_seed: int = 1,
-        personal_shots: int | None = None,
-    ) -> ArrayDataset:
-        """The class folders present (sorted wnids; 200 for -A and -R) labelled in that order."""
-        d = Path(root) / s.folder / images
-        wnids = sorted(p.name for p in d.iterdir() if p.is_dir())
-        names = _named(s, root, _classnames(s, root), wnids)
-        test = _folder_items(d, wnids)
-        return _dataset(s, root, [], test, names, image_size, shots, shots_seed, personal_shots)
-
-    return load
+def _read_variant(s: Suite, images: str, root: str) -> Listing:
+    """The class folders present (sorted wnids; 200 for -A and -R) labelled in that order."""
+    d = Path(root) / s.folder / images
+    wnids = sorted(p.name for p in d.iterdir() if p.is_dir())
+    return [], _folder_items(d, wnids), _named(s, root, _classnames(s, root), wnids)
 
 
 for _name, _title, _folder, _images, _source in VARIANTS:
     _suite = Suite(_name, _title, _folder, f"classnames.txt + {_images}", _source, test_only=True)
-    _register(_suite, _variant_loader(_suite, _images))
+    _register(_suite, partial(_read_variant, _suite, _images))
 
 V2 = Suite(
     "imagenet_v2", "ImageNetV2", "imagenetv2", "classnames.txt + imagenetv2-matched-frequency-format-val",
@@ -326,13 +307,7 @@ V2 = Suite(
 )  # fmt: skip
 
 
-def _load_v2(
-    root: str,
-    image_size: int | None = None,
-    shots: int | None = None,
-    shots_seed: int = 1,
-    personal_shots: int | None = None,
-) -> ArrayDataset:
+def _read_v2(root: str) -> Listing:
     """CoOp's ImageNetV2: folder `<label>` holds class `label` (label = line of classnames.txt)."""
     d = Path(root) / V2.folder / "imagenetv2-matched-frequency-format-val"
     names = list(_classnames(V2, root).values())
@@ -340,7 +315,7 @@ def _load_v2(
     for y in range(len(names)):
         if (d / str(y)).is_dir():
             test += [(p, y) for p in _images_in(d / str(y))]
-    return _dataset(V2, root, [], test, names, image_size, shots, shots_seed, personal_shots)
+    return [], test, names
 
 
-_register(V2, _load_v2)
+_register(V2, _read_v2)

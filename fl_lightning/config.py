@@ -118,6 +118,8 @@ class DataConfig:
     #: p further training images per class held out as the clients' own test splits, each client
     #: testing on those of its own classes (FLiP's personal split, p = shots); needs shots
     personal_shots: int | None = None
+    #: instead, the test split's images of the classes each client trains on (PromptFL / FedOTP)
+    personal_from_test: bool = False
     #: base-to-new: train on the base half of the classes (the first ceil(C/2) labels), test on
     #: all; evaluations add base_accuracy, new_accuracy, base_new_hm
     base_new: bool = False
@@ -652,8 +654,10 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"fl.max_client_failures must be >= 0 (got {fl.max_client_failures})")
     if data.personal_shots and not data.shots:
         raise ConfigError("data.personal_shots needs data.shots (the held-out images follow the k-shot draw)")
-    if data.personal_shots and data.client_test_fraction > 0:
-        raise ConfigError("set data.personal_shots or data.client_test_fraction, not both")
+    if sum(map(bool, (data.personal_shots, data.personal_from_test, data.client_test_fraction > 0))) > 1:
+        raise ConfigError(
+            "set one of data.personal_shots, data.personal_from_test and data.client_test_fraction"
+        )
     if fl.bn_stats == "local" and not client_tests(data):
         raise ConfigError(
             "fl.bn_stats=local keeps each client's batch-norm statistics, so models are evaluated on "
@@ -689,9 +693,9 @@ def validate(cfg: DictConfig) -> None:
 
 
 def client_tests(data: Any) -> bool:
-    """Whether clients hold their own test splits: a fraction of their images, or the personal
-    images held out per class (`data.personal_shots`)."""
-    return bool(data.client_test_fraction > 0 or data.get("personal_shots"))
+    """Whether clients hold their own test splits: a fraction of their images, the personal
+    images held out per class (`data.personal_shots`) or the test images of their classes."""
+    return bool(data.client_test_fraction > 0 or data.get("personal_shots") or data.get("personal_from_test"))
 
 
 def check_augment(cfg: DictConfig) -> None:

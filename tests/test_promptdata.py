@@ -279,9 +279,17 @@ def test_protocols_on_a_coop_tree_with_personal_splits(images, tmp_path):
     given = [f"data.{k}={v}" for k, v in data.items() if v is not None and k != "augment"]
     base = load_from_config(compose([*given, "data.base_new=true"]).data)
     assert set(base.train_y.tolist()) == {0, 1} and set(base.test_y.tolist()) == {0, 1, 2}
+    # PromptFL / FedOTP: each client tests on the test split's images of its own classes
+    fed = load_from_config(compose([*given, "data.personal_shots=null", "data.personal_from_test=true"]).data)
+    split = make_split(fed, "class_blocks", 3, seed=0, classes_per_client=1)
+    for k in range(3):
+        assert set(fed.train_y[split.train[k]].tolist()) == {k} and len(split.train[k]) == 2
+        assert np.array_equal(fed.train_x[split.test[k]], fed.test_x[fed.test_y == k])
+    with pytest.raises(ConfigError, match="set one of"):
+        compose(["data.shots=2", "data.personal_shots=2", "data.personal_from_test=true"])
     with pytest.raises(ConfigError, match="data.personal_shots needs data.shots"):
         compose(["data.personal_shots=2"])
-    with pytest.raises(ConfigError, match="not both"):
+    with pytest.raises(ConfigError, match="set one of"):
         compose(["data.shots=2", "data.personal_shots=2", "data.client_test_fraction=0.2"])
 
 

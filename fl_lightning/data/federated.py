@@ -175,10 +175,10 @@ def make_split(
     if num_clients > len(dataset.train_y):
         raise ConfigError(f"fl.num_clients={num_clients} exceeds the {len(dataset.train_y)} training samples")
     fn = PARTITIONERS.get(partition)
-    personal = dataset.train_personal  # the clients' own test pool (data.personal_shots)
+    personal = dataset.train_personal  # the clients' own test pool (data.personal_*)
     if personal is not None and client_test_fraction > 0:
         raise ConfigError(
-            "data.personal_shots holds out the clients' own test images already; "
+            "data.personal_shots / personal_from_test give the clients their own test images already; "
             "set data.client_test_fraction=0"
         )
     # the partitioner sees the training images only; its indices are mapped back below

@@ -5,6 +5,8 @@ on them: PromptFL, FedOTP, FedPGP, FedTPG, FLiP), on any single-label dataset:
 * `data.personal_shots=p`: p further training images per class held out as the clients' own
   test splits, each client testing on those of the classes it trains on (FLiP's `personal`
   split, where p = k; `personal_indices`, `federated.make_split`);
+* `data.personal_from_test=true`: instead, the test split's images of each client's own classes
+  (PromptFL / FedOTP's `federated_test_x`, by class);
 * `data.base_new=true`: training on the base half of the classes only (CoOp's
   `subsample_classes`: the first ceil(C/2) labels), testing on all, with base, new and
   harmonic-mean accuracy (`core.metrics.EvalSpec.base_classes`).
@@ -87,13 +89,21 @@ def select(
 
 
 def apply(
-    ds: ArrayDataset, shots: int | None, shots_seed: int, personal_shots: int | None, base_new: bool
+    ds: ArrayDataset,
+    shots: int | None,
+    shots_seed: int,
+    personal_shots: int | None,
+    base_new: bool,
+    personal_from_test: bool = False,
 ) -> ArrayDataset:
-    """`select` on a loaded dataset's training set (the test set is left whole)."""
-    if not (shots or personal_shots or base_new):
+    """`select` on a loaded dataset's training set (the test set is left whole); with
+    `personal_from_test`, the test images are appended to the training arrays as the personal
+    pool (PromptFL/FedOTP: each client tests on the test split's images of its own classes; the
+    global test set is unchanged, so those images are held twice)."""
+    if not (shots or personal_shots or base_new or personal_from_test):
         return ds
     if ds.multilabel:
-        raise ConfigError("data.shots, data.personal_shots and data.base_new need single-label data")
+        raise ConfigError("data.shots, data.personal_* and data.base_new need single-label data")
     keep, pool = select(ds.train_y, ds.num_classes, shots, shots_seed, personal_shots, base_new)
     if ds.train_personal is not None:  # a loader's own pool, selected along
         pool = pool | ds.train_personal[keep]
@@ -101,9 +111,23 @@ def apply(
     def take(a: np.ndarray | None) -> np.ndarray | None:
         return None if a is None else a[keep]
 
-    return replace(
+    ds = replace(
         ds, train_x=ds.train_x[keep], train_y=ds.train_y[keep], train_domains=take(ds.train_domains),
         train_groups=take(ds.train_groups), train_personal=pool if pool.any() else None,
+    )  # fmt: skip
+    if not personal_from_test:
+        return ds
+    if pool.any() or ds.train_groups is not None:
+        raise ConfigError(
+            "data.personal_from_test takes the clients' own test images from the test split: leave "
+            "data.personal_shots unset (and it needs a dataset without natural users)"
+        )
+    domains = None
+    if ds.train_domains is not None and ds.test_domains is not None:
+        domains = np.concatenate([ds.train_domains, ds.test_domains])
+    return replace(
+        ds, train_x=np.concatenate([ds.train_x, ds.test_x]), train_y=np.concatenate([ds.train_y, ds.test_y]),
+        train_domains=domains, train_personal=np.arange(len(ds.train_y) + len(ds.test_y)) >= len(ds.train_y),
     )  # fmt: skip
 
 

@@ -215,7 +215,8 @@ def load_from_config(data: Any) -> ArrayDataset:
     size = None if takes_size else options.pop("image_size")
     ds = load_dataset(data.name, data.root, bool(data.download), **options, **(proto if by_loader else {}))
     rest = {"shots": None, "personal_shots": None} if by_loader else {}
-    ds = apply(ds, **{**proto, **rest, "base_new": bool(data.get("base_new", False))})
+    flags = {k: bool(data.get(k, False)) for k in ("base_new", "personal_from_test")}
+    ds = apply(ds, **{**proto, **rest, **flags})
     ds = ds.subset(data.get("train_subset"), data.get("test_subset"))
     from .resize import resized
 

@@ -160,10 +160,12 @@ def test_c_tran_on_a_cpu_says_how_long_its_rounds_take_before_they_start(
 ):
     """Before round 1 (in `prepare`), a C-Tran run on the CPU times a step and an evaluation
     and says how long its rounds will take and what shortens them; the timing works on a copy
-    (the run's weights and torch's random stream stay as they were); `--quiet` times
-    nothing. Also: the count the first-run budgets use (the base client draw, one phase) is
-    `plan_of` a prepared run, here with 2 of 3 clients a round and local steps."""
+    (the run's weights and torch's random stream stay as they were); `--quiet`, or a run too
+    small to pass 30 s (the tests' own), times nothing. Also: the count the first-run budgets
+    use (the base client draw, one phase) is `plan_of` a prepared run, here with 2 of 3
+    clients a round and local steps."""
     from fl_lightning.core import centralized, progress
+    from fl_lightning.runtime import plan as plan_module
     from fl_lightning.runtime.build import prepare
 
     args = small(tmp_path, "data=fmnist_multilabel", "model=ctran", "data.train_subset=120",
@@ -171,6 +173,7 @@ def test_c_tran_on_a_cpu_says_how_long_its_rounds_take_before_they_start(
                  "fl.batch_size=16", "model.layers=1", "data.image_size=28", "method=fedlgt",
                  "runtime=serial")  # fmt: skip
     monkeypatch.setattr(centralized, "ANNOUNCE_ABOVE_S", -1.0)  # every estimate is announced
+    monkeypatch.setattr(plan_module, "MIN_TIMED_IMAGES", 0)  # however small the run
     announced = prepare(compose(args))
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("client training (C-Tran")]
     plan = plan_of(announced)
@@ -190,4 +193,8 @@ def test_c_tran_on_a_cpu_says_how_long_its_rounds_take_before_they_start(
     assert all(torch.equal(v, before[k]) for k, v in announced.objective.state_dict().items())
     monkeypatch.setattr(progress, "_enabled", False)  # --quiet: nothing timed, nothing said
     announce_client_training(announced)
+    assert "C-Tran" not in capsys.readouterr().err
+    monkeypatch.setattr(progress, "_enabled", True)
+    monkeypatch.setattr(plan_module, "MIN_TIMED_IMAGES", plan.client_images + plan.eval_images + 1)
+    announce_client_training(announced)  # too small to be long
     assert "C-Tran" not in capsys.readouterr().err

@@ -4,6 +4,7 @@ divergence and total client failure as one line, build errors that name their pa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -173,7 +174,6 @@ def test_every_client_failing_is_one_clear_error(tmp_path, data_root, ray_sessio
     p = prepare(
         compose(small(tmp_path, "fl.num_clients=2", "data.train_subset=400", "fl.max_client_failures=2"))
     )
-    p.spec.threads = 1
     ex = RayExecutor(
         p.spec,
         p.dataset,
@@ -208,12 +208,10 @@ def test_every_client_failing_is_one_clear_error(tmp_path, data_root, ray_sessio
 
 def test_build_errors_name_the_part(tmp_path, data_root):
     p = prepare(compose(small(tmp_path, "runtime=serial")))
-    spec = p.spec
-    spec.model_kwargs = {**spec.model_kwargs, "bogus": 1}
+    spec = dataclasses.replace(p.spec, model_kwargs={**p.spec.model_kwargs, "bogus": 1})
     with pytest.raises(ConfigError, match=r"model 'cnn' takes no argument 'bogus'"):
         build_objective(spec)
-    spec.model_kwargs.pop("bogus")
-    spec.objective_kwargs = {"mu": 1.0}
+    spec = dataclasses.replace(p.spec, objective_kwargs={"mu": 1.0})
     with pytest.raises(ConfigError, match=r"method 'fedavg' takes no argument 'mu'"):
         build_objective(spec)
 

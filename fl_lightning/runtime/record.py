@@ -1,7 +1,7 @@
 """`RoundRecord`: one round's line of `metrics.jsonl`, typed, and the metrics that fill it.
 
-The loop fills the training part (clients, their metrics, bytes, times), callbacks add
-theirs (`server/*` from the strategy, the global evaluation, the clients' evaluation), and
+The loop fills the training part (clients, their metrics, bytes, times), then `server/*`
+(from the strategy), the global evaluation and the clients' evaluation, and
 `line()` gives the JSON object written, in this order:
 
     round, train_loss, clients, clients_failed, clients_retried, [client_failures],
@@ -61,8 +61,6 @@ class RoundRecord:
     diverged: bool = False
     #: perf_counter when the round's own work ended (not written)
     done: float = 0.0
-    #: its global evaluation still runs (eval.overlap): the line waits for it (not written)
-    awaiting_evaluation: bool = False
 
     @classmethod
     def of_fit(

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..core.errors import ClientFailure
 from ..core.messages import ClientEval, ClientUpdate, RoundPlan
+from ..core.metrics import dual_metrics
 
 #: record fields written as they are, in this order (the dicts go in between, see `line`)
 _HEAD = ("train_loss", "clients", "clients_failed", "clients_retried")
@@ -110,6 +111,7 @@ class RoundRecord:
         out.update({f"server/{k}": v for k, v in self.server.items()})
         out.update(self.evaluation)
         out.update(self.client_evaluation)
+        out.update(dual_metrics(out))  # FLiP's dual: global and personal accuracy's harmonic mean
         out.update((k, getattr(self, k)) for k in _TAIL if getattr(self, k) is not None)
         out.update(self.memory)
         if self.wall_time_s is not None:

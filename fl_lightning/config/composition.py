@@ -46,6 +46,11 @@ from .schema import RootConfig
 
 GROUPS = ("method", "data", "model", "text", "runtime", "logger")
 
+#: the composed tree (`compose`, `load_run_config`, `rerun_config`): the other modules read it by
+#: attribute only and hand it back to this package, which alone turns it into the typed
+#: `RootConfig` (`typed`, `sections`) or writes it out (`to_yaml`, `tree`)
+Composed = DictConfig
+
 
 def conf_dir() -> Path:
     """`$FL_LIGHTNING_CONF`, else the `conf/` folder next to the package."""

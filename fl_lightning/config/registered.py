@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ..core.errors import ConfigError
 from ..core.optim import OptimConfig
 from .composition import _bool_keys, _nonfinite, _schema_errors, check_bools, method_modules, sections
-from .schema import RootConfig
+from .schema import RootConfig, variant_of
 
 
 def check_kwargs(kind: str, name: str, fn: Any, given: dict) -> None:
@@ -168,3 +169,36 @@ def tree(cfg: DictConfig | RootConfig) -> dict[str, Any]:
 def to_yaml(cfg: DictConfig | RootConfig) -> str:
     node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
     return OmegaConf.to_yaml(node, resolve=True)
+
+
+def resolved_config(
+    cfg: DictConfig, chosen: dict[str, Any], model: str, model_kwargs: dict[str, Any]
+) -> RootConfig:
+    """The typed config with the choices made while building written in as values, so that
+    config.yaml and W&B hold what runs and a run from config.yaml builds the same: the method's
+    (`chosen`: `Strategy.resolved`, e.g. FedGLCL's projector, the text encoder a text method
+    fell back to), the backbone's keyword arguments as built (`model_kwargs`: FedTSP and CLIP2FL
+    set the feature dimension to the text's), the W&B group (the experiment when unset) and the
+    variant (`variant_of`). The run id and the placement are written when they are known
+    (`runtime/runner.py`)."""
+    from ..text.encoders import resolved_text
+
+    out = copy.deepcopy(with_method_defaults(cfg))  # every method key, its dataclass's defaults too
+    OmegaConf.set_struct(out, False)
+    OmegaConf.set_struct(out.method, False)  # a key the method file leaves to its schema
+    if "text" in chosen:  # the whole group: an encoder's keys are not `none`'s
+        out.text = OmegaConf.create(chosen["text"])
+    out.merge_with({k: v for k, v in chosen.items() if k != "text"})
+    # the builder's arguments as built, and the pretrained trunk the initial weights came from
+    out.model = OmegaConf.create({"name": model, **model_kwargs, "weights": cfg.model.get("weights")})
+    if out.logger.group is None:
+        out.logger.group = out.experiment
+    out.variant = variant_of(out)
+    out.data.root = os.path.expanduser(out.data.root)  # the folder read, not `~/...`
+    if out.text.name != "none":  # the encoder's files and device as used (path null, device auto)
+        text = OmegaConf.to_container(out.text, resolve=True)
+        assert isinstance(text, dict)
+        out.text = OmegaConf.create(resolved_text({str(k): v for k, v in text.items()}))
+    for node in (out, out.method, out.model, out.text):
+        OmegaConf.set_struct(node, True)
+    return typed(out)

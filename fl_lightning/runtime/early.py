@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .placement import end_workers  # light: neither torch nor Ray
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    from ..config import Composed
 
 #: the driver's heavy modules, imported by a thread while Ray starts
 DRIVER_MODULES = ("fl_lightning.runtime.runner",)
@@ -64,7 +64,7 @@ class EarlyWorkers:
         end_workers(actors, pg, quiet=True)
 
 
-def create_workers(cfg: DictConfig, check_cuda: bool = True) -> EarlyWorkers:
+def create_workers(cfg: Composed, check_cuda: bool = True) -> EarlyWorkers:
     """The workers `RayExecutor` would create for `cfg` (`check_cuda` as its; off only for
     tests on declared GPUs), and on GPUs their placement group."""
     import ray

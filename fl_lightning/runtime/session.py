@@ -22,8 +22,7 @@ from .local_ray import RayConnection, cluster_address, init_ray
 from .placement import Placement, placement_for
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
+    from ..config import Composed
     from ..core.types import ClientId, ClientState
     from .build import Prepared
     from .executor import Executor
@@ -84,7 +83,7 @@ class Session:
             conn.shutdown()
 
     @contextlib.contextmanager
-    def early_start(self, cfg: DictConfig) -> Iterator[None]:
+    def early_start(self, cfg: Composed) -> Iterator[None]:
         """Around a `start_run` of `cfg` in this session: Ray and the run's workers start while
         the driver imports (`early.py`). A serial run, one that joins a cluster, or
         `runtime.early_start=false` is left as it was."""

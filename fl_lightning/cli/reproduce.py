@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import RESUMABLE, compose, conf_dir, method_modules, resumable_keys
+from ..config import RESUMABLE, compose, conf_dir, method_modules, resumable_keys, tree
 from ..core.errors import ConfigError
 from ..runtime.paths import resolve_output_dir
 from ..tracking.reproduce import (
@@ -135,7 +135,6 @@ def config_changes(run: SweepRun, folder: Path) -> list[str]:
     or `auto`: config.yaml records the run's choice, e.g. MiniLM's folder, the device) are not
     compared."""
     import yaml
-    from omegaconf import OmegaConf
 
     from ..core.safe_json import UnsafeInput, read_text
 
@@ -149,7 +148,7 @@ def config_changes(run: SweepRun, folder: Path) -> list[str]:
     if not isinstance(stored, dict):
         return ["its config.yaml is not a run config"]
     then_out = str(stored.get("output_dir", ""))
-    planned = _flat(OmegaConf.to_container(run.cfg, resolve=True))
+    planned = _flat(tree(run.cfg))
     changes = []
     for key, then in _flat(stored).items():
         if key not in planned or any(

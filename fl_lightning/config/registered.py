@@ -17,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ..core.errors import ConfigError
 from ..core.optim import OptimConfig
 from .composition import _bool_keys, _nonfinite, _schema_errors, check_bools, method_modules, sections
-from .schema import RootConfig, variant_of
+from .schema import RootConfig, client_tests, variant_of
 
 
 def check_kwargs(kind: str, name: str, fn: Any, given: dict) -> None:
@@ -63,9 +63,9 @@ def validate_registered(cfg: DictConfig, trunk: str | None = None) -> Any:
             raise ConfigError(f"runtime.batched={cfg.runtime.batched}: {why}; use runtime.batched=0")
     entry = DATASETS.get(cfg.data.name)  # what is known of the data before loading it
     # clients' own test splits come from data.client_test_fraction alone (data/federated.py)
-    if strategy.keeps_personal_models(method_cfg) and not cfg.data.client_test_fraction > 0:
+    if strategy.keeps_personal_models(method_cfg) and not client_tests(cfg.data):
         raise ConfigError(strategy.needs_test_split_error())
-    if cfg.eval.timing == "trained" and not (cfg.data.client_test_fraction > 0 and cfg.eval.clients):
+    if cfg.eval.timing == "trained" and not (client_tests(cfg.data) and cfg.eval.clients):
         raise ConfigError(
             "eval.timing=trained evaluates each client's trained model on its own test split: "
             "set data.client_test_fraction (and eval.clients=true)"

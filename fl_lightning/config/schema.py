@@ -77,7 +77,7 @@ class DataConfig:
     partition: str = "dirichlet"  # iid | dirichlet | dirichlet_balanced | shards | longtail | domain | ...
     alpha: float = 0.5  # Dirichlet concentration (dirichlet[_balanced], longtail, multilabel_dirichlet)
     min_size: int = 10  # dirichlet: every client gets at least this many samples
-    classes_per_client: int = 2  # shards: exactly this many classes per client
+    classes_per_client: int = 2  # shards: exactly this many classes per client; class_blocks: C per block
     imbalance_factor: float = 1.0  # long tail: max/min class count (cifar*_lt datasets, longtail partition)
     client_test_fraction: float = 0.0
     train_subset: int | None = None  # first N training samples (quick runs, tests)
@@ -100,15 +100,36 @@ class DataConfig:
     #: images N.. stay out of every client (`fl-lightning pretrain` learns from them)
     source_subset: int | None = None
     cache_partitions: bool = True  # cache splits in <root>/.partitions/<hash>.npz
+    #: few-shot protocols (data/protocols.py). shots: k training images per class, CoOp's draw
+    #: (random.Random(shots_seed), random.sample per class); CoOp draws with the run seed, 1-3
+    shots: int | None = None
+    shots_seed: int = 1
+    #: p further training images per class held out as the clients' own test splits, each client
+    #: testing on those of its own classes (FLiP's personal split, p = shots); needs shots
+    personal_shots: int | None = None
+    #: instead, the test split's images of the classes each client trains on (PromptFL / FedOTP)
+    personal_from_test: bool = False
+    #: base-to-new: train on the base half of the classes (the first ceil(C/2) labels), test on
+    #: all; evaluations add base_accuracy, new_accuracy, base_new_hm
+    base_new: bool = False
 
     def check(self) -> None:
         _positive("data", self, "alpha", "train_subset", "test_subset", "server_subset")
+        if self.personal_shots and not self.shots:
+            raise ConfigError(
+                "data.personal_shots needs data.shots (the held-out images follow the k-shot draw)"
+            )
+        sources = (self.personal_shots, self.personal_from_test, self.client_test_fraction > 0)
+        if sum(map(bool, sources)) > 1:
+            raise ConfigError(
+                "set one of data.personal_shots, data.personal_from_test and data.client_test_fraction"
+            )
         if not 0 <= self.client_test_fraction < 1:
             raise ConfigError(
                 f"data.client_test_fraction must be in [0, 1) (got {self.client_test_fraction})"
             )
         _at_least_zero("data", self, "min_size")
-        _positive("data", self, "classes_per_client", "image_size", "max_users")
+        _positive("data", self, "classes_per_client", "image_size", "max_users", "shots", "personal_shots")
         for name in self.augment:
             if name not in AUGMENTATIONS:
                 valid = ", ".join(AUGMENTATIONS)
@@ -266,7 +287,7 @@ class RootConfig:
 def cross_check(run: RootConfig) -> None:
     """The checks that read two sections: the one place for them."""
     fl, data, ev = run.fl, run.data, run.eval
-    if fl.bn_stats == "local" and data.client_test_fraction == 0:
+    if fl.bn_stats == "local" and not client_tests(data):
         raise ConfigError(
             "fl.bn_stats=local keeps each client's batch-norm statistics, so models are evaluated on "
             "each client's own test split: set data.client_test_fraction (e.g. 0.25)"
@@ -312,3 +333,9 @@ def _span(fl: Any) -> tuple[int, int] | None:
         return None
     lo, hi = (float(v) for v in fl.fraction_range)
     return max(1, int(lo * fl.num_clients)), max(1, int(hi * fl.num_clients))
+
+
+def client_tests(data: Any) -> bool:
+    """Whether clients hold their own test splits: a fraction of their images, the personal
+    images held out per class (`data.personal_shots`) or the test images of their classes."""
+    return bool(data.client_test_fraction > 0 or data.personal_shots or data.personal_from_test)

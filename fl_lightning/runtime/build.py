@@ -1,6 +1,7 @@
 """Building a run before its first round: validate against the registries, load and
-partition the data, build the strategy, the client spec and the initial model, plan the
-placement. Nothing here starts Ray or writes a file (`runner.py` runs what this builds).
+partition the data, build the strategy, the client spec and the initial model (the run's
+placement is the session's: `Session.placement`). Nothing here starts Ray or writes a file
+(`runner.py` runs what this builds).
 """
 
 from __future__ import annotations
@@ -157,17 +158,22 @@ def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
         weights_info = load_trunk(objective.model, trunk or str(cfg.model.weights))
         weights_info["path"] = str(Path(str(cfg.model.weights)).expanduser())  # the file named, as it started
     if family(spec.model) is None:
-        spec.init_params = to_cpu(objective.model.state_dict())
-        init_params: dict[str, torch.Tensor] | None = spec.init_params
+        init_params: dict[str, torch.Tensor] | None = to_cpu(objective.model.state_dict())
+        spec = dataclasses.replace(spec, init_params=init_params)
     else:
         # Heterogeneous clients: each starts from its own seeded model; only weights every
         # architecture has alike (e.g. LG-FedAvg's head) can be global.
         init_params = _family_shared_params(spec, objective) or None
-        spec.init_seed = int(cfg.seed)
+        spec = dataclasses.replace(spec, init_seed=int(cfg.seed))
     run = typed(resolved_config(cfg, strategy.resolved(objective.model), spec))
-    return Prepared(
+    prepared = Prepared(
         run, dataset, split, strategy, spec, init_params, objective, eval_spec, server_x, weights_info
     )
+    if on_cpu(cfg):  # a slow step (C-Tran) says how long the rounds will take, before they start
+        from .plan import announce_client_training
+
+        announce_client_training(prepared)
+    return prepared
 
 
 def resolved_config(cfg: DictConfig, chosen: dict[str, Any], spec: ClientSpec) -> DictConfig:
@@ -227,3 +233,13 @@ def _family_shared_params(spec: ClientSpec, objective: ClientObjective[Any]) -> 
 def local_resources(cfg: DictConfig | RootConfig) -> tuple[float, float]:
     gpus = cfg.runtime.num_gpus if cfg.runtime.num_gpus is not None else torch.cuda.device_count()
     return float(cfg.runtime.num_cpus or os.cpu_count() or 1), float(gpus)
+
+
+def on_cpu(cfg: DictConfig | RootConfig) -> bool:
+    """The clients will train on this machine's CPU (not a GPU, not a cluster's nodes)."""
+    from .local_ray import cluster_address
+
+    rt = cfg.runtime
+    if rt.executor != "serial" and cluster_address(getattr(rt, "address", None)):
+        return False  # a cluster's nodes: not this machine's speed
+    return rt.accelerator == "cpu" or (rt.accelerator == "auto" and local_resources(cfg)[1] == 0)

@@ -157,9 +157,14 @@ def prepare(cfg: Composed, trunk: str | None = None) -> Prepared:
     if spec.model == "ctran" and "pretrained" in kwargs:  # a flag only its efficientnet trunk reads
         kwargs["pretrained"] = pretrained_loaded(kwargs)
     resolved = resolved_config(cfg, strategy.resolved(objective.model), spec.model, kwargs)
-    return Prepared(
+    prepared = Prepared(
         resolved, dataset, split, strategy, spec, init_params, objective, eval_spec, server_x, weights_info
     )
+    if on_cpu(cfg):  # a slow step (C-Tran) says how long the rounds will take, before they start
+        from .plan import announce_client_training
+
+        announce_client_training(prepared)
+    return prepared
 
 
 def _family_shared_params(spec: ClientSpec, objective: ClientObjective[Any]) -> dict[str, torch.Tensor]:
@@ -186,3 +191,13 @@ def _family_shared_params(spec: ClientSpec, objective: ClientObjective[Any]) -> 
 def local_resources(cfg: Composed | RootConfig) -> tuple[float, float]:
     gpus = cfg.runtime.num_gpus if cfg.runtime.num_gpus is not None else torch.cuda.device_count()
     return float(cfg.runtime.num_cpus or os.cpu_count() or 1), float(gpus)
+
+
+def on_cpu(cfg: Composed | RootConfig) -> bool:
+    """The clients will train on this machine's CPU (not a GPU, not a cluster's nodes)."""
+    from .local_ray import cluster_address
+
+    rt = cfg.runtime
+    if rt.executor != "serial" and cluster_address(getattr(rt, "address", None)):
+        return False  # a cluster's nodes: not this machine's speed
+    return rt.accelerator == "cpu" or (rt.accelerator == "auto" and local_resources(cfg)[1] == 0)

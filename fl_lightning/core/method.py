@@ -44,6 +44,9 @@ class MethodConfig:
     #: why the method needs one class per example ("class prototypes"); empty: any labels.
     #: Multi-label data is then refused in one line, from the dataset's registry entry.
     single_label: ClassVar[str] = ""
+    #: keys a resume may change (`method.<key>=...`), none by default: only what does not change
+    #: the numbers, or what lets an older run go on (SCAFFOLD's `allow_momentum`)
+    resumable: ClassVar[tuple[str, ...]] = ()
 
     def check(self, run: RootConfig) -> None:
         """Refuse a run this method cannot do (a bad value, a dataset, model, optimiser or text

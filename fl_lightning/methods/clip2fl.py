@@ -41,6 +41,7 @@ def aligned_config(c: CLIP2FLConfig) -> AlignedTeacherConfig:
         model_kwargs=teacher_model_kwargs(c), epochs=c.teacher_epochs, lr=c.teacher_lr,
         logit_scale=c.teacher_scale, templates=tuple(c.templates), seed=c.teacher_seed,
         targets=c.targets,
+        classes=tuple(int(k) for k in c.teacher_classes) if c.teacher_classes is not None else None,
     )  # fmt: skip
 
 
@@ -185,7 +186,7 @@ class CLIP2FL(CReFF):
         return {
             "teacher_held_out_accuracy": info["held_out_accuracy"],
             "teacher_train_images": info["train_images"],
-        }
+        } | {f"teacher_{k}": info[k] for k in ("unseen_accuracy", "unseen_within_accuracy") if k in info}
 
     def contrastive(self) -> tuple[Tensor | None, float, float]:
         if self.config.pcl_weight <= 0:

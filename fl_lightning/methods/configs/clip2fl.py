@@ -47,6 +47,9 @@ class CLIP2FLConfig(CReFFConfig):
     #: teacher's training) use. Drawn with teacher_seed, so the cached teacher and the
     #: prototypes agree.
     targets: str = "text"
+    #: the aligned teacher learns only from held-out images of these classes (null: all); the
+    #: rest it knows only through their class text, zero-shot (issue 37's E2)
+    teacher_classes: list[int] | None = None
 
     def check(self, run: RootConfig) -> None:
         """CReFF's, and the teacher must be buildable: `clip` needs CLIP weights, `aligned` its
@@ -54,6 +57,10 @@ class CLIP2FLConfig(CReFFConfig):
         super().check(run)
         positive(self, "kd_temperature", "pcl_temperature")  # they divide the logits
         check_targets(self.targets)
+        if self.teacher_classes is not None and (not self.teacher_classes or min(self.teacher_classes) < 0):
+            raise ConfigError(
+                f"method.teacher_classes={self.teacher_classes}: expected class ids >= 0 (null: every class)"
+            )
         if self.teacher not in TEACHERS:
             raise ConfigError(f"method.teacher={self.teacher!r}: expected one of {', '.join(TEACHERS)}")
         if self.beta <= 0 and self.pcl_weight <= 0:

@@ -101,6 +101,8 @@ def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
         train_class_counts=train_counts,
         data=_mapping(OmegaConf.to_container(cfg.data, resolve=True)),
         rounds=int(cfg.fl.rounds),
+        image_mean=tuple(np.atleast_1d(np.asarray(dataset.mean, np.float64)).tolist()),
+        image_std=tuple(np.atleast_1d(np.asarray(dataset.std, np.float64)).tolist()),
     )
     strategy = strategy_cls(method_cfg, cfg.fl.num_clients, clients_per_round(cfg), cfg.seed, task)
     strategy.participation = participation(cfg)

@@ -8,9 +8,9 @@ The updates are the same either way (tests/test_prompt.py); only the time differ
 pays for the features; later rounds reuse them. The tower is random (pretrained=None): its
 cost, not its weights, is what is measured.
 
-Run: `python benchmarks/prompt_features.py --arch clip-tiny-random --out benchmarks/results/prompt_features.json`
-(`--arch RN50` or `ViT-B-16` for a CLIP-sized tower; no other work on the machine for numbers
-worth comparing).
+Run: `python benchmarks/prompt_features.py --out benchmarks/results/prompt_features.json`
+(the tiny test architecture, `clip-tiny-random`; `--arch RN50` or `ViT-B-16` for a CLIP-sized
+tower; no other work on the machine for numbers worth comparing).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def rounds_s(args: argparse.Namespace, cache: bool) -> list[float]:
         args.clients * args.per_client, 10
     )
     shards = {c: np.arange(c * args.per_client, (c + 1) * args.per_client) for c in range(args.clients)}
-    task = TaskInfo(num_classes=10, class_names=tuple(ds.class_names), image_mean=(0.286,), image_std=(0.353,))
+    names = tuple(ds.class_names)
+    task = TaskInfo(num_classes=10, class_names=names, image_mean=(0.286,), image_std=(0.353,))
     cls = METHODS.get("promptfl")
     strategy = cls(cls.config_cls(), args.clients, args.clients, 0, task)
     given = {"arch": args.arch, "pretrained": None, "n_ctx": 16, "cache_features": cache}

@@ -88,7 +88,10 @@ def _two_rounds(name: str, clip_file: str, data, **model_kw):
     """Two rounds of `name` through its strategy and a real host: 3 clients, 2 a round
     (round 1: clients 0, 1; round 2: clients 0, 2), plain SGD at the kit's rate."""
     ds, shards = data
-    task = TaskInfo(num_classes=10, class_names=tuple(DIGIT_NAMES), image_mean=(0.3,), image_std=(0.4,))
+    task = TaskInfo(
+        num_classes=10, class_names=tuple(DIGIT_NAMES), image_mean=(0.3,), image_std=(0.4,),
+        has_client_test_split=True,
+    )  # fmt: skip
     cls = METHODS.get(name)
     strategy = cls(cls.config_cls(name=name), num_clients=3, clients_per_round=2, seed=0, task=task)
     kwargs = strategy.model_kwargs(
@@ -163,6 +166,84 @@ def test_zeroshot_trains_nothing_and_scores_the_handwritten_prompt(clip_file):
     assert torch.equal(model(x).argmax(1), want)
 
 
+def _cot_written_out(sim: torch.Tensor, top: float, eps: float, thresh: float, iters: int) -> torch.Tensor:
+    """FedOTP's `entropic_COT_fast` as its authors wrote it (diagonal matrices, one batch of
+    [B*C, M, N] problems), for the reference."""
+    bc, m, n = sim.shape
+    a, b = torch.full((bc, m), 1.0 / m, dtype=sim.dtype), torch.full((bc, n), top / n, dtype=sim.dtype)
+    k = torch.exp(-(1.0 - sim) / eps)
+    kp = torch.matmul(torch.diag_embed(1 / a, dim1=1), k)
+    kq = torch.matmul(torch.diag_embed(1 / b, dim1=1), k.permute(0, 2, 1))
+    u, v = torch.ones_like(a), torch.ones_like(b)
+    for _ in range(iters):
+        v0 = v
+        u = torch.minimum(
+            torch.ones_like(a) / torch.matmul(kp, v.unsqueeze(-1)).squeeze(-1), torch.ones_like(a)
+        )
+        v = torch.ones_like(b) / torch.matmul(kq, u.unsqueeze(-1)).squeeze(-1)
+        if (v - v0).abs().mean().item() < thresh:
+            break
+    return torch.matmul(torch.matmul(torch.diag_embed(u, dim1=1), k), torch.diag_embed(v, dim1=1))
+
+
+def test_fedotp_golden_two_rounds_global_averaged_local_kept(clip_file):
+    data = three_clients()
+    init, plans, states, host = _two_rounds("fedotp", clip_file, data)
+    sizes = {0: 70, 1: 50, 2: 40}
+    assert set(init) == {"prompt.ctx", "local_prompt.ctx"}
+    assert all(set(s.global_params) == set(init) for s in states)  # the local context stays put
+
+    def reference(dt: torch.dtype) -> tuple[list[dict], dict[int, torch.Tensor]]:
+        model = prompt_model(clip_file, cache_features=False, local_prompt=True, image_tokens=True).to(dt)
+        vis = model.visual
+
+        def logits(m, xb, yb):
+            vis.output_tokens = True  # open_clip's own token path, not the model's
+            try:
+                view = (xb * 0.4 + 0.3).clamp(0, 1).expand(-1, 3, -1, -1)
+                view = F.interpolate(view, size=(32, 32), mode="bicubic", align_corners=False)
+                mean = torch.tensor([0.48145466, 0.4578275, 0.40821073], dtype=dt).view(1, 3, 1, 1)
+                std = torch.tensor([0.26862954, 0.26130258, 0.27577711], dtype=dt).view(1, 3, 1, 1)
+                with torch.no_grad():
+                    _, tokens = vis((view - mean) / std)
+                    img = F.normalize(tokens @ vis.proj, dim=-1)  # [B, M, d]
+            finally:
+                vis.output_tokens = False
+            text = F.normalize(torch.stack([m.prompt()[:, 0], m.local_prompt()[:, 0]]), dim=-1)  # [N, C, d]
+            sim = torch.einsum("mbd,ncd->mnbc", img.permute(1, 0, 2), text)  # the authors' layout
+            b, c = img.shape[0], text.shape[1]
+            sim = sim.reshape(img.shape[1], 2, b * c).permute(2, 0, 1)
+            plan = _cot_written_out(sim.detach(), 0.8, 0.1, 1e-3, 100)
+            return F.cross_entropy(model.logit_scale * (plan * sim).sum(dim=(1, 2)).view(b, c), yb)
+
+        locals_, out = {}, []
+        glob = init["prompt.ctx"].to(dt)
+        for plan in plans:
+            trained = []
+            for p in plan.payloads:
+                start = {
+                    "prompt.ctx": glob,
+                    "local_prompt.ctx": locals_.get(p.client_id, init["local_prompt.ctx"].to(dt)),
+                }
+                model.load_state_dict(start)
+                x, y = client_data(data, p.client_id)
+                manual_fit(model, x.to(dt), y, p.seed, logits, momentum=0.0)
+                trained.append({"prompt.ctx": model.prompt.ctx.detach().clone()})
+                locals_[p.client_id] = model.local_prompt.ctx.detach().clone()
+            glob = written_mean(trained, [sizes[p.client_id] for p in plan.payloads])["prompt.ctx"]
+            out.append({"prompt.ctx": glob})
+        return out, locals_
+
+    (r32, l32), (r64, l64) = twin(reference)
+    for rnd in range(2):
+        got = {"prompt.ctx": states[rnd].global_params["prompt.ctx"]}
+        match(got, (r32[rnd], r64[rnd]))
+    for cid in (0, 1, 2):  # each client's own local context, as its last round left it
+        got = {"local_prompt.ctx": host.states[cid]["personal"]["local_prompt.ctx"]}
+        match(got, ({"local_prompt.ctx": l32[cid]}, {"local_prompt.ctx": l64[cid]}))
+        assert not torch.equal(got["local_prompt.ctx"], init["local_prompt.ctx"])
+
+
 TINY = ["data=fmnist", "data.train_subset=120", "data.test_subset=60", "fl.num_clients=3",
         "fl.clients_per_round=2", "fl.local_epochs=1", "fl.batch_size=16", "logger=none",
         f"model.arch={ARCH}", "model.n_ctx=4", "runtime.threads_per_client=1"]  # fmt: skip
@@ -194,12 +275,27 @@ def test_promptfl_runs_resumes_exactly_and_ray_matches_serial(clip_file, tmp_pat
     _same(_lines(ray_dir), lines[:1])
 
 
+@pytest.mark.slow
+def test_fedotp_resumes_with_each_clients_local_prompt_exactly(clip_file, tmp_path, data_root):
+    args = [*TINY, "method=fedotp", f"model.pretrained={clip_file}", "data.client_test_fraction=0.25",
+            f"output_dir={tmp_path}", "runtime=serial"]  # fmt: skip
+    full, full_dir = start_run(compose([*args, "fl.rounds=3", "run_id=full"]), console=False)
+    assert full["accuracy_metric"] == "client_accuracy"
+    lines = _lines(full_dir)
+    assert all(r["bytes_up"] == 2 * 4 * 64 * 4 for r in lines)  # the global context only
+    _, part_dir = start_run(compose([*args, "fl.rounds=2", "run_id=part"]), console=False)
+    assert main(["resume", str(part_dir), "fl.rounds=3", "--quiet"]) == 0
+    keys = ("round", "train_loss", "client_accuracy", "bytes_up")
+    assert [[r[k] for k in keys] for r in _lines(part_dir)] == [[r[k] for k in keys] for r in lines]
+
+
 def test_the_prompt_model_and_methods_refuse_each_other_in_one_line(capsys):
     for args, says in (
         (["method=fedavg", "model=clip_prompt"], "model=clip_prompt is trained by method="),
         (["method=promptfl", "model=cnn"], "method=promptfl trains CLIP prompts: use model=clip_prompt"),
         (["method=promptfl", "model.align_holdout_from=55000"], "set data.train_subset<=55000"),
         (["method=zeroshot", "method.template=a {} photo."], "expected words then '{}.'"),
+        (["method=fedotp", "data.client_test_fraction=0.25"], "model.arch=RN50 is not an open_clip ViT"),
     ):
         assert main(["run", "data=fmnist", "runtime=serial", "logger=none", *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()

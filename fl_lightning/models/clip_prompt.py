@@ -51,6 +51,10 @@ def clip_view(x: Tensor, data_mean: Tensor, data_std: Tensor, size: int) -> Tens
     return (img - mean) / std
 
 
+def _at_least_32(t: Tensor) -> Tensor:
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t  # float64 stays (references)
+
+
 def _channels(v: float | Sequence[float]) -> Tensor:
     return torch.tensor([float(v)] if isinstance(v, (int, float)) else [float(t) for t in v]).view(
         1, -1, 1, 1
@@ -84,6 +88,8 @@ class CLIPPrompt(nn.Module):
         data_mean: float | Sequence[float] = 0.5,
         data_std: float | Sequence[float] = 0.5,
         cache_features: bool = True,
+        local_prompt: bool = False,
+        image_tokens: bool = False,
         aligned: str | None = None,
         align_holdout_from: int | None = None,
         align_holdout_size: int | None = None,
@@ -91,7 +97,10 @@ class CLIPPrompt(nn.Module):
     ) -> None:
         """`aligned`: a file of the whole model's weights loaded over `pretrained`'s (the mini
         scale's towers aligned on held-out images, built by the prompt methods from the
-        `align_*` keys on the driver; see methods/prompting.py)."""
+        `align_*` keys on the driver; see methods/prompting.py). `local_prompt`: a second
+        context of the same shape (`local_prompt.ctx`, FedOTP's local prompt); `image_tokens`:
+        the image side is the tower's projected patch tokens [B, M, d] (a ViT tower), not its
+        pooled feature. Both are set by the methods that use them."""
         super().__init__()
         if torch.empty(()).is_meta:  # `check_image_size`'s probe: any size is resized to the tower's
             raise NotImplementedError("clip_prompt is not built on the meta device")
@@ -118,10 +127,17 @@ class CLIPPrompt(nn.Module):
         text = OpenCLIPTextEncoder.of_model(clip, name)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # a random context is the same wherever the model is built
-            self.prompt = ClassSoftPrompts(
-                text, class_names, ctx_init=ctx_init or None, n_ctx=None if ctx_init else n_ctx,
-                class_specific=class_specific, init_std=init_std, class_token_position=class_token_position,
+            settings = dict(
+                ctx_init=ctx_init or None, n_ctx=None if ctx_init else n_ctx, class_specific=class_specific,
+                init_std=init_std, class_token_position=class_token_position,
             )  # fmt: skip
+            self.prompt = ClassSoftPrompts(text, class_names, **settings)  # type: ignore[arg-type]
+            self.local_prompt = (
+                ClassSoftPrompts(text, class_names, **settings) if local_prompt else None  # type: ignore[arg-type]
+            )
+        if image_tokens and not hasattr(clip.visual, "_embeds"):
+            raise ValueError(f"model.arch={arch}: patch tokens need a ViT image tower")
+        self.image_tokens = image_tokens
         self.register_buffer("data_mean", _channels(data_mean), persistent=False)
         self.register_buffer("data_std", _channels(data_std), persistent=False)
         #: hosts compute each image's features once and train on them (`encode_images`)
@@ -137,15 +153,20 @@ class CLIPPrompt(nn.Module):
     def encode_images(self, x: Tensor, batch_size: int = 256) -> Tensor:
         """L2-normalised image features [N, d] of images in the dataset's normalisation."""
         out = [self._image_features(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
-        return torch.cat(out) if out else torch.zeros(0, self.feature_dim, device=x.device)
+        return torch.cat(out) if out else torch.zeros(0, self.feature_dim, device=x.device)  # (pooled)
 
     def _image_features(self, x: Tensor) -> Tensor:
         v = clip_view(x, self.data_mean, self.data_std, self.image_size)
-        return F.normalize(self.visual(v).float(), dim=-1)
+        if self.image_tokens:  # open_clip's VisionTransformer.forward, all tokens projected
+            visual: Any = self.visual
+            _, tokens = visual._pool(visual.transformer(visual._embeds(v)))
+            return F.normalize(_at_least_32(tokens @ visual.proj), dim=-1)
+        return F.normalize(_at_least_32(self.visual(v)), dim=-1)
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """The normalised image feature; a 2-d `x` is one already (`encode_images`)."""
-        if x.dim() == 2:
+        """The normalised image feature [B, d] (patch tokens [B, M, d] with `image_tokens`); an
+        `x` of that shape is one already (`encode_images`)."""
+        if x.dim() == (3 if self.image_tokens else 2):
             return x
         with torch.no_grad():  # the tower is frozen: no graph through it
             return self._image_features(x)

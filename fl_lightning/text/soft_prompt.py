@@ -142,7 +142,8 @@ class ClassSoftPrompts(nn.Module):
         """Features [C, k, d] (`reduce="none"`) or [C, d] (`"mean"`, re-normalised); with
         `classes`, only those classes (sorted), e.g. the labels present in a batch."""
         x, mask = self.embeddings(classes)
-        feats = self.encoder.forward_embeddings(x, mask).float()
+        feats = self.encoder.forward_embeddings(x, mask)
+        feats = feats.float() if feats.dtype in (torch.float16, torch.bfloat16) else feats  # float64 stays
         feats = feats.view(-1, self.k, feats.shape[-1])
         if reduce == "mean":
             return F.normalize(feats.mean(1), dim=-1)

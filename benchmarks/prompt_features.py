@@ -16,13 +16,13 @@ tower; no other work on the machine for numbers worth comparing).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
 
 import numpy as np
 import torch
+from bench_workload import emit  # benchmarks/bench_workload.py
 
 from fl_lightning.core.optim import OptimConfig
 from fl_lightning.core.strategy import TaskInfo, round_rng
@@ -85,11 +85,7 @@ def main() -> None:
     out["speedup_later_rounds"] = round(sum(un[1:]) / max(sum(ca[1:]), 1e-9), 2)
     out["speedup_whole_run"] = round(sum(un) / max(sum(ca), 1e-9), 2)
     out["load_average_after"] = os.getloadavg()[0]  # other work on the machine inflates the times
-    text = json.dumps(out, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit(out, args.out)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from fl_lightning.cli.main import main
 from fl_lightning.config import compose
 from fl_lightning.core.optim import OptimConfig
-from fl_lightning.core.strategy import TaskInfo, round_rng
+from fl_lightning.core.strategy import TaskInfo
 from fl_lightning.data.datasets import DIGIT_NAMES
 from fl_lightning.methods import METHODS
 from fl_lightning.models.clip_prompt import CLIPPrompt
@@ -28,9 +28,9 @@ from fl_lightning.testing import (
     BS,
     LR,
     client_data,
-    ctx,
     manual_fit,
     match,
+    rounds_1_and_2,
     three_clients,
     twin,
     written_mean,
@@ -102,14 +102,7 @@ def _two_rounds(name: str, clip_file: str, data, **model_kw):
                       model_kwargs=kwargs, optim=OptimConfig(lr=LR, momentum=0.0), num_classes=10,
                       in_channels=1, image_size=8, batch_size=BS, threads=1, init_params=init)  # fmt: skip
     host = ClientHost(spec, ds, shards)
-    state, plans, states = strategy.init_state(init), [], []
-    for rnd in (1, 2):
-        plan = strategy.configure_round(state, rnd, round_rng(0, rnd))
-        updates = sorted((host.fit(plan.broadcast, p) for p in plan.payloads), key=lambda u: u.client_id)
-        state, _ = strategy.server_update(strategy.aggregate(state, updates), updates, ctx(strategy, rnd))
-        plans.append(plan)
-        states.append(state)
-    assert [p.client_ids for p in plans] == [[0, 1], [0, 2]]  # partial: client 1 sits out round 2
+    plans, states = rounds_1_and_2(strategy, host, init)
     return init, plans, states, host
 
 

@@ -1,6 +1,7 @@
 """Building a run before its first round: validate against the registries, load and
-partition the data, build the strategy, the client spec and the initial model, plan the
-placement. Nothing here starts Ray or writes a file (`runner.py` runs what this builds).
+partition the data, build the strategy, the client spec and the initial model (the run's
+placement is the session's: `Session.placement`). Nothing here starts Ray or writes a file
+(`runner.py` runs what this builds).
 """
 
 from __future__ import annotations
@@ -159,13 +160,13 @@ def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
         weights_info = load_trunk(objective.model, trunk or str(cfg.model.weights))
         weights_info["path"] = str(Path(str(cfg.model.weights)).expanduser())  # the file named, as it started
     if family(spec.model) is None:
-        spec.init_params = to_cpu(objective.model.state_dict())
-        init_params: dict[str, torch.Tensor] | None = spec.init_params
+        init_params: dict[str, torch.Tensor] | None = to_cpu(objective.model.state_dict())
+        spec = dataclasses.replace(spec, init_params=init_params)
     else:
         # Heterogeneous clients: each starts from its own seeded model; only weights every
         # architecture has alike (e.g. LG-FedAvg's head) can be global.
         init_params = _family_shared_params(spec, objective) or None
-        spec.init_seed = int(cfg.seed)
+        spec = dataclasses.replace(spec, init_seed=int(cfg.seed))
     run = typed(resolved_config(cfg, strategy.resolved(objective.model), spec))
     return Prepared(
         run, dataset, split, strategy, spec, init_params, objective, eval_spec, server_x, weights_info

@@ -54,9 +54,10 @@ def precision_of(value: object) -> Precision:
     return _PRECISIONS[str(value)]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClientSpec:
-    """Everything a host needs to build a client's objective and trainer (picklable)."""
+    """Everything a host needs to build a client's objective and trainer (picklable, immutable;
+    `threads` and `accelerator` are the placement's: `Placement.place`)."""
 
     method: str
     objective_kwargs: dict[str, Any]

@@ -128,7 +128,8 @@ class CLIPPrompt(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # a random context is the same wherever the model is built
             settings = dict(
-                ctx_init=ctx_init.replace("_", " ") if ctx_init else None,  # CoOp's: "a_photo_of_a" n_ctx=None if ctx_init else n_ctx, class_specific=class_specific,
+                ctx_init=ctx_init.replace("_", " ") if ctx_init else None,  # CoOp reads "_" as " "
+                n_ctx=None if ctx_init else n_ctx, class_specific=class_specific,
                 init_std=init_std, class_token_position=class_token_position,
             )  # fmt: skip
             self.prompt = ClassSoftPrompts(text, class_names, **settings)  # type: ignore[arg-type]

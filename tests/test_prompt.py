@@ -288,7 +288,7 @@ def test_the_prompt_model_and_methods_refuse_each_other_in_one_line(capsys):
         (["method=promptfl", "model=cnn"], "method=promptfl trains CLIP prompts: use model=clip_prompt"),
         (["method=promptfl", "model.align_holdout_from=55000"], "set data.train_subset<=55000"),
         (["method=zeroshot", "method.template=a {} photo."], "expected words then '{}.'"),
-        (["method=fedotp", "data.client_test_fraction=0.25"], "model.arch=RN50 is not an open_clip ViT"),
+        (["method=fedotp", "data.client_test_fraction=0.25"], "model.arch=RN50 is no open_clip ViT"),
     ):
         assert main(["run", "data=fmnist", "runtime=serial", "logger=none", *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -102,7 +102,8 @@ class FedOTP(PromptStrategy[FedOTPConfig, ServerState, Broadcast]):
         vision = (open_clip.get_model_config(_register_open_clip_configs(arch)) or {}).get("vision_cfg", {})
         if isinstance(vision.get("layers"), (list, tuple)) or vision.get("timm_model_name"):
             raise ConfigError(
-                f"method=fedotp matches ViT patch tokens: model.arch={arch} is not an open_clip ViT"
+                f"method=fedotp matches ViT patch tokens: model.arch={arch} is no open_clip ViT "
+                "(use e.g. model.arch=ViT-B-16)"
             )
 
     def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:

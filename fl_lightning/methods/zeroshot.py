@@ -1,7 +1,8 @@
-"""Zero-shot CLIP (Radford et al., "Learning Transferable Visual Models From Natural Language
-Supervision", ICML 2021, https://arxiv.org/abs/2103.00020): the handwritten prompt
-"a photo of a {class}." classifies by scale · cos(image, text), nothing trained. The row every
-federated prompt method is measured against (FLiP's `-palg CLIP`).
+"""Zero-shot CLIP: Radford et al., "Learning Transferable Visual Models From Natural Language
+Supervision", ICML 2021, https://arxiv.org/abs/2103.00020.
+
+The handwritten prompt "a photo of a {class}." classifies by scale · cos(image, text), nothing
+trained. The row every federated prompt method is measured against (FLiP's `-palg CLIP`).
 
 It runs as a prompt method so that it is evaluated by the same code on the same data: the
 model is `clip_prompt` with its context set to the token embeddings of `method.template`'s

@@ -62,7 +62,8 @@ def _channels(v: float | Sequence[float]) -> Tensor:
 
 
 class CLIPPrompt(nn.Module):
-    """See the module docstring. `class_names` are set by the prompt methods from the dataset."""
+    """CoOp's prompt learner on frozen open_clip towers (only the context trains; the prompt
+    methods set `class_names` from the dataset)."""
 
     #: only a method whose strategy has this flag trains it (config.validate_registered)
     method_flag = "prompt_learner"

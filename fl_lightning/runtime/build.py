@@ -168,9 +168,14 @@ def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
         init_params = _family_shared_params(spec, objective) or None
         spec = dataclasses.replace(spec, init_seed=int(cfg.seed))
     run = typed(resolved_config(cfg, strategy.resolved(objective.model), spec))
-    return Prepared(
+    prepared = Prepared(
         run, dataset, split, strategy, spec, init_params, objective, eval_spec, server_x, weights_info
     )
+    if on_cpu(cfg):  # a slow step (C-Tran) says how long the rounds will take, before they start
+        from .plan import announce_client_training
+
+        announce_client_training(prepared)
+    return prepared
 
 
 def resolved_config(cfg: DictConfig, chosen: dict[str, Any], spec: ClientSpec) -> DictConfig:
@@ -230,3 +235,13 @@ def _family_shared_params(spec: ClientSpec, objective: ClientObjective[Any]) -> 
 def local_resources(cfg: DictConfig | RootConfig) -> tuple[float, float]:
     gpus = cfg.runtime.num_gpus if cfg.runtime.num_gpus is not None else torch.cuda.device_count()
     return float(cfg.runtime.num_cpus or os.cpu_count() or 1), float(gpus)
+
+
+def on_cpu(cfg: DictConfig | RootConfig) -> bool:
+    """The clients will train on this machine's CPU (not a GPU, not a cluster's nodes)."""
+    from .local_ray import cluster_address
+
+    rt = cfg.runtime
+    if rt.executor != "serial" and cluster_address(getattr(rt, "address", None)):
+        return False  # a cluster's nodes: not this machine's speed
+    return rt.accelerator == "cpu" or (rt.accelerator == "auto" and local_resources(cfg)[1] == 0)

@@ -165,6 +165,19 @@ def drop_last(n: int, batch_size: int) -> bool:
     return n % batch_size == 1 and n > 1
 
 
+def fit_batches(n: int, batch_size: int, epochs: int | None, steps: int | None = None) -> list[int]:
+    """The size of every batch of a fit over `n` examples, in order: what `batch_indices`
+    draws (and a Lightning fit with `max_epochs` / `max_steps` runs), without the draws;
+    `steps` (max_steps) wins over `epochs`."""
+    whole, rest = divmod(n, batch_size)
+    epoch = [batch_size] * whole + ([rest] if rest and not drop_last(n, batch_size) else [])
+    if not epoch:
+        return []
+    if steps is None:
+        return epoch * int(epochs or 0)
+    return (epoch * -(-steps // len(epoch)))[:steps]
+
+
 def batch_indices(
     n: int, batch_size: int, seed: int, epochs: int, steps: int | None = None
 ) -> list[tuple[int, torch.Tensor]]:

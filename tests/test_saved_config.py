@@ -102,9 +102,9 @@ def test_from_takes_values_not_groups_and_needs_a_run(tmp_path, capsys):
 
 
 def test_experiment_naming_a_preset_without_plus_gets_a_hint(capsys, monkeypatch):
-    from fl_lightning import config
+    from fl_lightning.config import composition
 
-    monkeypatch.setattr(config, "_HINTED", set())  # once per name and process
+    monkeypatch.setattr(composition, "_HINTED", set())  # once per name and process
     assert compose(["experiment=demo"]).experiment == "demo"
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "+experiment=demo" in err and "only names the run folder" in err

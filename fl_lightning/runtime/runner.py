@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
-from ..config import RootConfig, to_yaml
+from ..config import Composed, RootConfig, to_yaml
 from ..core.errors import DivergedError
 from ..core.files import open_new
 from ..core.messages import ServerState
@@ -316,7 +315,7 @@ def _in(session: Session | None) -> Iterator[Session]:
 
 
 def start_run(
-    cfg: DictConfig,
+    cfg: Composed,
     console: bool = True,
     run_dir: Path | None = None,
     started_at: float | None = None,
@@ -377,7 +376,7 @@ def _last_line_round(run_dir: Path) -> int:
 
 
 def resume_run(
-    run_dir: Path, cfg: DictConfig, console: bool = True, session: Session | None = None
+    run_dir: Path, cfg: Composed, console: bool = True, session: Session | None = None
 ) -> dict[str, Any]:
     """Continue a run from its newest intact checkpoint (`checkpoint.recover`), holding the run
     directory's lock from before anything is read or written. A finished run returns at once,

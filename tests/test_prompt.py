@@ -93,7 +93,7 @@ def _two_rounds(name: str, clip_file: str, data, **model_kw):
         has_client_test_split=True,
     )  # fmt: skip
     cls = METHODS.get(name)
-    strategy = cls(cls.config_cls(name=name), num_clients=3, clients_per_round=2, seed=0, task=task)
+    strategy = cls(cls.config_cls(), num_clients=3, clients_per_round=2, seed=0, task=task)
     kwargs = strategy.model_kwargs(
         "clip_prompt", {"arch": ARCH, "pretrained": clip_file, "n_ctx": 4, **model_kw}
     )

@@ -22,30 +22,14 @@ schedule are left out, as for PromptFL. Needs a ViT image tower (its patch token
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ServerState
-from ..core.strategy import MethodConfig
-from . import METHODS
+from .configs.fedotp import FedOTPConfig
 from .prompting import PromptObjective, PromptStrategy
-
-
-@dataclass
-class FedOTPConfig(MethodConfig):
-    name: str = "fedotp"
-    top_percent: float = 0.8  # mass the prompts' side of the plan carries (COT)
-    eps: float = 0.1  # entropic regularisation
-    thresh: float = 1e-3  # stop when the mean change of v falls below
-    max_iter: int = 100
-
-    def __post_init__(self) -> None:
-        if not 0 < self.top_percent <= 1 or self.eps <= 0 or self.max_iter < 1:
-            raise ConfigError("method.top_percent must be in (0, 1], method.eps > 0, method.max_iter >= 1")
 
 
 @torch.no_grad()
@@ -85,26 +69,8 @@ class FedOTPObjective(PromptObjective[Broadcast]):
         return m.logit_scale * (plan * sim).sum(dim=(-2, -1))
 
 
-@METHODS.register("fedotp")
 class FedOTP(PromptStrategy[FedOTPConfig, ServerState, Broadcast]):
-    name = "fedotp"
     objective_cls = FedOTPObjective
-    personalised = True  # each client's (global, local) pair, on its own test split
-
-    @classmethod
-    def check_run(cls, config: FedOTPConfig, run: dict[str, Any]) -> None:
-        super().check_run(config, run)
-        import open_clip
-
-        from ..text.encoders import _register_open_clip_configs
-
-        arch = str((run.get("model") or {}).get("arch"))
-        vision = (open_clip.get_model_config(_register_open_clip_configs(arch)) or {}).get("vision_cfg", {})
-        if isinstance(vision.get("layers"), (list, tuple)) or vision.get("timm_model_name"):
-            raise ConfigError(
-                f"method=fedotp matches ViT patch tokens: model.arch={arch} is no open_clip ViT "
-                "(use e.g. model.arch=ViT-B-16)"
-            )
 
     def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         return super().model_kwargs(model, {**kwargs, "local_prompt": True, "image_tokens": True})

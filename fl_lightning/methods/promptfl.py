@@ -21,25 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..core.messages import Broadcast, ClientUpdate, ServerState
 from ..core.params import weighted_mean
-from ..core.strategy import MethodConfig
-from . import METHODS
+from .configs.promptfl import PromptFLConfig
 from .prompting import PromptObjective, PromptStrategy
 
 
-@dataclass
-class PromptFLConfig(MethodConfig):
-    name: str = "promptfl"
-    weighted: bool = False  # false: the authors' plain mean of the contexts; true: example-weighted
-
-
-@METHODS.register("promptfl")
 class PromptFL(PromptStrategy[PromptFLConfig, ServerState, Broadcast]):
-    name = "promptfl"
     objective_cls = PromptObjective
 
     def objective_kwargs(self) -> dict[str, Any]:
@@ -47,7 +37,7 @@ class PromptFL(PromptStrategy[PromptFLConfig, ServerState, Broadcast]):
 
     def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
         if self.config.weighted:
-            return super().aggregate(state, updates)
+            return self.average(state, updates)
         uploads = [u.params for u in updates if u.params]
         if not uploads or state.global_params is None:
             return state

@@ -34,7 +34,6 @@ from .teacher import _data_identity, _load_data, default_cache_dir
 
 log = logging.getLogger(__name__)
 
-PROMPT_MODEL = "clip_prompt"
 ALIGN_TEMPLATE = "a photo of a {}."
 ALIGN_SCALE = 100.0  # CLIP's logit scale, written into the aligned model
 ALIGN_CACHE_VERSION = 1
@@ -54,22 +53,6 @@ class PromptStrategy(Strategy[ConfigT, StateT, BroadcastT]):
 
     prompt_learner: ClassVar[bool] = True  # models/clip_prompt.py accepts only such methods
     aligned_info: dict[str, Any] | None = None
-
-    @classmethod
-    def check_run(cls, config: ConfigT, run: dict[str, Any]) -> None:
-        model = run.get("model") or {}
-        if model.get("name") != PROMPT_MODEL:
-            raise ConfigError(
-                f"method={cls.name} trains CLIP prompts: use model={PROMPT_MODEL} (got {model.get('name')})"
-            )
-        if model.get("align_holdout_from") is not None:
-            data = run.get("data") or {}
-            hi = data.get("train_subset")
-            if hi is None or int(hi) > int(model["align_holdout_from"]):
-                raise ConfigError(
-                    f"model.align_holdout_from={model['align_holdout_from']}: clients would hold those "
-                    f"images too; set data.train_subset<={model['align_holdout_from']}"
-                )
 
     def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         out = dict(kwargs, class_names=list(self.task.class_names))

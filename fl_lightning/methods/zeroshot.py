@@ -14,27 +14,12 @@ One round is enough (`fl.rounds=1`); every round scores the same.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientUpdate, ServerState
 from ..core.objective import Phase
-from ..core.strategy import MethodConfig
-from . import METHODS
+from .configs.zeroshot import ZeroShotConfig
 from .prompting import PromptObjective, PromptStrategy
-
-
-@dataclass
-class ZeroShotConfig(MethodConfig):
-    name: str = "zeroshot"
-    template: str = "a photo of a {}."  # CLIP's ImageNet template; the class name must come last
-
-    def __post_init__(self) -> None:
-        if not self.template.endswith("{}.") or self.template.count("{}") != 1:
-            raise ConfigError(
-                f"method.template={self.template!r}: expected words then '{{}}.' (e.g. 'a photo of a {{}}.')"
-            )
 
 
 class ZeroShotObjective(PromptObjective[Broadcast]):
@@ -42,9 +27,7 @@ class ZeroShotObjective(PromptObjective[Broadcast]):
         return []  # nothing trains
 
 
-@METHODS.register("zeroshot")
 class ZeroShot(PromptStrategy[ZeroShotConfig, ServerState, Broadcast]):
-    name = "zeroshot"
     objective_cls = ZeroShotObjective
 
     def objective_kwargs(self) -> dict[str, Any]:

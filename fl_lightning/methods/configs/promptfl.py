@@ -1,0 +1,14 @@
+"""PromptFL's config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...core.method import METHODS
+from .prompting import PromptConfig
+
+
+@METHODS.register("promptfl")
+@dataclass
+class PromptFLConfig(PromptConfig):
+    weighted: bool = False  # false: the authors' plain mean of the contexts; true: example-weighted

@@ -65,7 +65,7 @@ def run_summary(
         "startup_s": None if startup_s is None else round(startup_s, 3),
         "threads_per_client": placement.threads if placement else None,
         "machine": machine(),  # where it ran: a report of its runs says so, not where it is written
-        "code": code_version(),  # the commit it ran at: a report checks its claims are older
+        "code": this_code(),  # the commit it ran at: a report checks its claims are older
     }
     out["variant"] = variant_of(cfg)  # what sets it apart in its experiment: `compare --by variant`
     if cfg.row:
@@ -110,13 +110,16 @@ CODE_PATHS = ("fl_lightning", "conf", "pyproject.toml")
 
 
 @functools.cache  # once per process: the code it imported, not what changed since
-def code_version(root: Path | None = None) -> dict[str, Any] | None:
-    """`{"commit": sha, "dirty": bool}` of the git checkout holding this package (dirty:
-    `CODE_PATHS` differ from the commit, untracked files included); None outside a checkout
-    or without git."""
-    import subprocess
+def this_code() -> dict[str, Any] | None:
+    """`code_version` of the checkout holding this package."""
+    return code_version(Path(__file__).resolve().parents[2])
 
-    root = root or Path(__file__).resolve().parents[2]
+
+def code_version(root: Path) -> dict[str, Any] | None:
+    """`{"commit": sha, "dirty": bool}` of the git checkout at `root` (dirty: `CODE_PATHS`
+    differ from the commit, untracked files included); None where `root` is not the top of a
+    checkout (an installed copy) or git is missing."""
+    import subprocess
 
     def git(*args: str) -> str:
         return subprocess.run(
@@ -124,7 +127,7 @@ def code_version(root: Path | None = None) -> dict[str, Any] | None:
         ).stdout.strip()
 
     try:
-        if git("rev-parse", "--show-toplevel") != str(root):
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != root.resolve():
             return None  # an installed copy inside some other repository
         commit = git("rev-parse", "HEAD")
         dirty = git("status", "--porcelain", "--", *CODE_PATHS) != ""

@@ -88,7 +88,7 @@ class DataConfig:
     partition: str = "dirichlet"  # iid | dirichlet | dirichlet_balanced | shards | longtail | domain | ...
     alpha: float = 0.5  # Dirichlet concentration (dirichlet[_balanced], longtail, multilabel_dirichlet)
     min_size: int = 10  # dirichlet: every client gets at least this many samples
-    classes_per_client: int = 2  # shards: exactly this many classes per client
+    classes_per_client: int = 2  # shards: exactly this many classes per client; class_blocks: C per block
     imbalance_factor: float = 1.0  # long tail: max/min class count (cifar*_lt datasets, longtail partition)
     client_test_fraction: float = 0.0
     train_subset: int | None = None  # first N training samples (quick runs, tests)
@@ -111,6 +111,18 @@ class DataConfig:
     #: images N.. stay out of every client (`fl-lightning pretrain` learns from them)
     source_subset: int | None = None
     cache_partitions: bool = True  # cache splits in <root>/.partitions/<hash>.npz
+    #: few-shot protocols (data/protocols.py). shots: k training images per class, CoOp's draw
+    #: (random.Random(shots_seed), random.sample per class); CoOp draws with the run seed, 1-3
+    shots: int | None = None
+    shots_seed: int = 1
+    #: p further training images per class held out as the clients' own test splits, each client
+    #: testing on those of its own classes (FLiP's personal split, p = shots); needs shots
+    personal_shots: int | None = None
+    #: instead, the test split's images of the classes each client trains on (PromptFL / FedOTP)
+    personal_from_test: bool = False
+    #: base-to-new: train on the base half of the classes (the first ceil(C/2) labels), test on
+    #: all; evaluations add base_accuracy, new_accuracy, base_new_hm
+    base_new: bool = False
 
 
 @dataclass
@@ -640,7 +652,13 @@ def validate(cfg: DictConfig) -> None:
         )
     if fl.max_client_failures < 0:
         raise ConfigError(f"fl.max_client_failures must be >= 0 (got {fl.max_client_failures})")
-    if fl.bn_stats == "local" and data.client_test_fraction == 0:
+    if data.personal_shots and not data.shots:
+        raise ConfigError("data.personal_shots needs data.shots (the held-out images follow the k-shot draw)")
+    if sum(map(bool, (data.personal_shots, data.personal_from_test, data.client_test_fraction > 0))) > 1:
+        raise ConfigError(
+            "set one of data.personal_shots, data.personal_from_test and data.client_test_fraction"
+        )
+    if fl.bn_stats == "local" and not client_tests(data):
         raise ConfigError(
             "fl.bn_stats=local keeps each client's batch-norm statistics, so models are evaluated on "
             "each client's own test split: set data.client_test_fraction (e.g. 0.25)"
@@ -649,7 +667,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"data.client_test_fraction must be in [0, 1) (got {data.client_test_fraction})")
     if data.min_size < 0:
         raise ConfigError(f"data.min_size must be >= 0 (got {data.min_size})")
-    for key in ("classes_per_client", "image_size", "max_users"):
+    for key in ("classes_per_client", "image_size", "max_users", "shots", "personal_shots"):
         positive(f"data.{key}", data[key])
     check_augment(cfg)
     if data.imbalance_factor < 1:
@@ -672,6 +690,12 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"runtime.num_gpus must be >= 0 (got {rt.num_gpus})")
     if rt.batched < 0:
         raise ConfigError(f"runtime.batched must be >= 0 (got {rt.batched})")
+
+
+def client_tests(data: Any) -> bool:
+    """Whether clients hold their own test splits: a fraction of their images, the personal
+    images held out per class (`data.personal_shots`) or the test images of their classes."""
+    return bool(data.client_test_fraction > 0 or data.get("personal_shots") or data.get("personal_from_test"))
 
 
 def check_augment(cfg: DictConfig) -> None:
@@ -737,9 +761,9 @@ def validate_registered(cfg: DictConfig, trunk: str | None = None) -> Any:
     known = {"multilabel": entry.multilabel, "class_names": entry.class_names}
     strategy.check_run(method_cfg, {str(k): v for k, v in run.items()} | {"dataset": known})
     # clients' own test splits come from data.client_test_fraction alone (data/federated.py)
-    if strategy.keeps_personal_models(method_cfg) and not cfg.data.client_test_fraction > 0:
+    if strategy.keeps_personal_models(method_cfg) and not client_tests(cfg.data):
         raise ConfigError(strategy.needs_test_split_error())
-    if cfg.eval.timing == "trained" and not (cfg.data.client_test_fraction > 0 and cfg.eval.clients):
+    if cfg.eval.timing == "trained" and not (client_tests(cfg.data) and cfg.eval.clients):
         raise ConfigError(
             "eval.timing=trained evaluates each client's trained model on its own test split: "
             "set data.client_test_fraction (and eval.clients=true)"

@@ -394,3 +394,18 @@ def test_resnet8_shapes_and_feature_dim():
     convs = [p for n, p in m.named_parameters() if p.dim() == 4]
     assert [c.shape[0] for c in convs] == [64, 64, 64, 128, 128, 128, 256, 256, 256]
     assert np.isclose(sum(p.numel() for p in m.trunk.parameters()), 1_227_840, rtol=0.05)
+
+
+def test_data_keys_added_later_keep_cached_teachers_unless_set():
+    """A data key added after teachers were cached (the few-shot protocols) leaves the cache key
+    of every run that does not set it unchanged, and changes it when set."""
+    from fl_lightning.config import compose
+    from fl_lightning.methods.teacher import AlignedTeacherConfig, teacher_key
+
+    data = dict(compose(["method=clip2fl", "data=fmnist"]).data)
+    before = {k: v for k, v in data.items() if k not in ("shots", "shots_seed", "personal_shots",
+                                                         "personal_from_test", "base_new")}  # fmt: skip
+    cfg = AlignedTeacherConfig()
+    key = teacher_key(data, "minilm", ["a", "b"], cfg)
+    assert key == teacher_key(before, "minilm", ["a", "b"], cfg)
+    assert key != teacher_key({**data, "shots": 16}, "minilm", ["a", "b"], cfg)

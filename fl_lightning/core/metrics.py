@@ -48,6 +48,13 @@ class EvalSpec:
     #: `within_group_errors`, the share of wrong predictions that stay in the true class's
     #: group (the signature of semantic targets when top-1 does not move)
     coarse_groups: tuple[int, ...] | None = None
+    #: base-to-new (`data.base_new`), single-label: classes [0, m) are base, [m, C) new. Adds
+    #: base_accuracy (base-class images, argmax over the base classes' scores), new_accuracy
+    #: (new-class images, argmax over the new classes') and base_new_hm, their harmonic mean:
+    #: CoOp's separate base and new evaluations, for a model whose score of a class does not
+    #: depend on which other classes are scored (CoOp's); one whose does (FedTPG's generator)
+    #: scores the base columns with the base names only and the new ones with the new names
+    base_classes: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_classes < 1:
@@ -63,6 +70,33 @@ class EvalSpec:
             raise ConfigError(f"coarse_groups needs one group per class ({self.num_classes}), single-label")
         if self.per_class and self.multilabel:
             raise ConfigError("per_class applies to single-label evaluation only")
+        if self.base_classes is not None and (
+            self.multilabel or not 0 < self.base_classes < self.num_classes
+        ):
+            raise ConfigError(
+                f"base_classes needs single-label data and 0 < base_classes < {self.num_classes} classes"
+            )
+
+
+def harmonic_mean(a: float, b: float) -> float:
+    """2ab / (a + b); 0 when either is 0 (Python's statistics.harmonic_mean, which FLiP uses)."""
+    return 2 * a * b / (a + b) if a > 0 and b > 0 else 0.0
+
+
+def base_class_count(num_classes: int) -> int:
+    """How many classes are base: ceil(C/2) (CoOp's `subsample_classes`, FedTPG's
+    `TestDataManager`); labels [0, m) are base, [m, C) new."""
+    return (int(num_classes) + 1) // 2
+
+
+def dual_metrics(line: dict[str, float]) -> dict[str, float]:
+    """FLiP's `dual` protocol from one round's metrics: `dual_hm`, the harmonic mean of the
+    global model's accuracy on the whole test set (`accuracy`, FLiP's global) and the clients'
+    accuracy on their own test splits (`client_accuracy`, sample-weighted: FLiP's personal);
+    empty unless both are there."""
+    if "accuracy" not in line or "client_accuracy" not in line:
+        return {}
+    return {"dual_hm": harmonic_mean(float(line["accuracy"]), float(line["client_accuracy"]))}
 
 
 def longtail_groups(train_counts: Sequence[int], many_above: int, few_below: int) -> tuple[int, ...]:
@@ -134,6 +168,10 @@ class TaskMetrics:
         # Positive iff score > logit(threshold), i.e. sigmoid(score) > threshold, decided on the logit.
         self._logit_threshold = math.log(spec.threshold / (1.0 - spec.threshold))
         self._samples = 0
+        m = spec.base_classes
+        #: base-to-new: [correct, total] of base-class images among the base scores, and of new
+        #: ones among the new scores (integer counts: independent of batching)
+        self._halves = None if m is None else torch.zeros(2, 2, dtype=torch.int64)
 
     def update(self, scores: torch.Tensor, target: torch.Tensor) -> None:
         """scores: logits [B, C]; target: class indices long [B], or float multi-hot [B, C]."""
@@ -145,6 +183,8 @@ class TaskMetrics:
         self._samples += int(scores.shape[0])
         if not self.spec.multilabel:
             self._counts.update(scores, target)
+            if self._halves is not None:
+                self._update_halves(scores, target)
             return
         # torchmetrics' AP wants integer targets; refuse soft labels rather than truncate them.
         hard = target.long()
@@ -161,6 +201,15 @@ class TaskMetrics:
         squashed = 0.5 + 0.5 * (scores / (1.0 + scores.abs()))
         self._ranking.update(squashed, hard)
 
+    def _update_halves(self, scores: torch.Tensor, target: torch.Tensor) -> None:
+        assert self._halves is not None and self.spec.base_classes is not None
+        m = self.spec.base_classes
+        base = target < m
+        for half, rows, cols, offset in ((0, base, slice(0, m), 0), (1, ~base, slice(m, None), m)):
+            pred = scores[rows][:, cols].argmax(dim=1) + offset
+            self._halves[half, 0] += int((pred == target[rows]).sum())
+            self._halves[half, 1] += int(rows.sum())
+
     def compute(self) -> dict[str, float]:
         if self._samples == 0:
             raise ValueError("TaskMetrics.compute() before any update: nothing was evaluated")
@@ -173,6 +222,14 @@ class TaskMetrics:
         if self.spec.multilabel:
             return self._multilabel(res)
         out = self._single_label(res["stats"])
+        if self._halves is not None:
+            (bc, bn), (nc, nn) = self._halves.tolist()
+            if bn:
+                out["base_accuracy"] = bc / bn
+            if nn:
+                out["new_accuracy"] = nc / nn
+            if bn and nn:
+                out["base_new_hm"] = harmonic_mean(bc / bn, nc / nn)
         if "confusion" in res:
             out.update(within_group_errors(res["confusion"], self.spec.coarse_groups or ()))
         return out

@@ -248,14 +248,16 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         self, per_class: bool = False, longtail: Sequence[int] | None = None, threshold: float = 0.5
     ) -> EvalSpec:
         """What evaluations measure for this task (the `eval.*` options applied)."""
-        from .metrics import longtail_groups
+        from .metrics import base_class_count, longtail_groups
 
         groups = None
         if longtail is not None and self.task.train_class_counts:
             groups = longtail_groups(self.task.train_class_counts, int(longtail[0]), int(longtail[1]))
+        # data.base_new: trained on the base half, scored on base, new and their harmonic mean
+        base = base_class_count(self.task.num_classes) if self.task.data.get("base_new") else None
         return EvalSpec(
             num_classes=self.task.num_classes, multilabel=self.task.multilabel, threshold=threshold,
-            per_class=per_class, class_groups=groups,
+            per_class=per_class, class_groups=groups, base_classes=base,
         )  # fmt: skip
 
     def primary_metric(self) -> str:

@@ -29,26 +29,44 @@ log = logging.getLogger("fl_lightning")
 CACHE_VERSION = 1
 
 
-def decode_image(path: Path, size: int) -> np.ndarray:
-    """One image as uint8 [3, size, size] (RGB, bilinear resize)."""
+def decode_image(path: Path, size: int, crop: bool = False) -> np.ndarray:
+    """One image as uint8 [3, size, size] (RGB): squashed to the square (bilinear), or with
+    `crop` CLIP's preprocessing (bicubic resize of the short side to `size`, centre crop)."""
     from PIL import Image
 
     with Image.open(path) as im:
-        im.draft("RGB", (size, size))  # JPEG: decode at reduced scale when much larger
+        if not crop:  # JPEG: decode at reduced scale; CLIP's preprocessing decodes in full
+            im.draft("RGB", (size, size))
         rgb = im.convert("RGB")
-        if rgb.size != (size, size):
+        if crop:
+            rgb = center_crop(rgb, size)
+        elif rgb.size != (size, size):
             rgb = rgb.resize((size, size), Image.Resampling.BILINEAR)
         return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
 
 
-def decode_images(paths: Sequence[Path], size: int) -> np.ndarray:
+def center_crop(im: Any, size: int) -> Any:
+    """torchvision's Resize(size, BICUBIC) + CenterCrop(size) on a PIL image, as CLIP's
+    `_transform` does: the short side to `size` (the long one truncated), then the centre."""
+    from PIL import Image
+
+    w, h = im.size
+    if (w, h) != (size, size):
+        nw, nh = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
+        im = im.resize((nw, nh), Image.Resampling.BICUBIC)
+    w, h = im.size
+    left, top = int(round((w - size) / 2.0)), int(round((h - size) / 2.0))
+    return im.crop((left, top, left + size, top + size))
+
+
+def decode_images(paths: Sequence[Path], size: int, crop: bool = False) -> np.ndarray:
     out = np.empty((len(paths), 3, size, size), dtype=np.uint8)
     if not len(paths):
         return out
 
     def one(i: int) -> None:
         try:
-            out[i] = decode_image(paths[i], size)
+            out[i] = decode_image(paths[i], size, crop)
         except (OSError, ValueError) as e:
             raise ConfigError(f"cannot read image {paths[i]}: {e}") from None
         bar.update()
@@ -115,10 +133,11 @@ def cached_arrays(
     return arrays
 
 
-def cached_images(root: str, tag: str, paths: Sequence[Path], size: int) -> np.ndarray:
-    """Decoded images for `paths`, from `<root>/.cache/` when the same files were decoded at
-    the same size before (keyed by path, file size and mtime)."""
+def cached_images(root: str, tag: str, paths: Sequence[Path], size: int, crop: bool = False) -> np.ndarray:
+    """Decoded images for `paths` (`decode_image`), from `<root>/.cache/` when the same files
+    were decoded at the same size the same way before (keyed by path, file size and mtime)."""
+    salt = f"{size}|crop" if crop else str(size)  # squashed: the key as it always was
     return cached_arrays(
-        root, f"{tag}-{size}px", paths, lambda: {"x": decode_images(paths, size)}, salt=str(size),
+        root, f"{tag}-{size}px", paths, lambda: {"x": decode_images(paths, size, crop)}, salt=salt,
         valid=lambda a: "x" in a and len(a["x"]) == len(paths),
     )["x"]  # fmt: skip

@@ -16,6 +16,7 @@ the other loaders register the rest of the table:
 | voc2007 | `VOCdevkit/VOC2007/` | torchvision |
 | coco | `coco/{train,val}2014/` + `coco/annotations/instances_*.json` | no |
 | flair | `flair/flair_federated.hdf5` (ml-flair `prepare_dataset.py`) | no |
+| caltech101 ... imagenet_r | CoOp's released layout (`coop.py`: split_zhou_*.json + images) | no |
 
 Large folder datasets are decoded once, resized to `data.image_size` (squashed to a
 square, as the Office/DomainNet reference code does), and kept in memory as uint8; the

@@ -24,6 +24,7 @@ import numpy as np
 from ..core.errors import ConfigError
 from .cache import atomic_savez, load_npz
 from .partition import PARTITIONERS, class_histogram, split_train_test
+from .protocols import assign_personal
 from .registry import ArrayDataset, load_from_config
 
 log = logging.getLogger("fl_lightning")
@@ -174,29 +175,43 @@ def make_split(
     if num_clients > len(dataset.train_y):
         raise ConfigError(f"fl.num_clients={num_clients} exceeds the {len(dataset.train_y)} training samples")
     fn = PARTITIONERS.get(partition)
+    personal = dataset.train_personal  # the clients' own test pool (data.personal_*)
+    if personal is not None and client_test_fraction > 0:
+        raise ConfigError(
+            "data.personal_shots / personal_from_test give the clients their own test images already; "
+            "set data.client_test_fraction=0"
+        )
+    # the partitioner sees the training images only; its indices are mapped back below
+    pick = np.flatnonzero(~personal) if personal is not None else np.arange(len(dataset.train_y))
     opts: dict[str, Any] = dict(options)
     if dataset.train_domains is not None:
-        opts.setdefault("domains", dataset.train_domains)
+        opts.setdefault("domains", dataset.train_domains[pick])
     if dataset.train_groups is not None:
-        opts.setdefault("groups", dataset.train_groups)
+        opts.setdefault("groups", dataset.train_groups[pick])
     named = inspect.signature(fn).parameters
     scalars = {k: v for k, v in sorted(options.items()) if k in named and not isinstance(v, np.ndarray)}
-    key = partition_key(dataset, partition, num_clients, seed, client_test_fraction, opts)
+    keyed = opts if personal is None else {**opts, "personal": personal.astype(np.uint8)}
+    key = partition_key(dataset, partition, num_clients, seed, client_test_fraction, keyed)
     path = Path(cache_dir).expanduser() / f"{key}.npz" if cache_dir is not None else None
+    with_test = client_test_fraction > 0 or personal is not None
     if path is not None:
-        hit = _load_cached(path, key, num_clients, len(dataset.train_y), client_test_fraction > 0)
+        hit = _load_cached(path, key, num_clients, len(dataset.train_y), with_test)
         if hit is not None:
             return FederatedSplit(hit[0], hit[1], partition, scalars, key, from_cache=True)
     rng = np.random.default_rng([seed, 0xDA7A])
-    parts = [np.asarray(p, dtype=np.int64) for p in fn(dataset.train_y, num_clients, rng, **opts)]
+    parts = [pick[np.asarray(p, dtype=np.int64)] for p in fn(dataset.train_y[pick], num_clients, rng, **opts)]
     if len(parts) != num_clients:
         raise RuntimeError(
             f"partition {partition!r} returned {len(parts)} clients, not {num_clients} (a bug)"
         )
     _check(parts, len(dataset.train_y), partition)
-    train, test = (
-        split_train_test(parts, client_test_fraction, rng) if client_test_fraction > 0 else (parts, [])
-    )
+    if personal is not None:
+        train, test = parts, assign_personal(dataset.train_y, parts, np.flatnonzero(personal), rng)
+        _check(train + test, len(dataset.train_y), partition)
+    elif client_test_fraction > 0:
+        train, test = split_train_test(parts, client_test_fraction, rng)
+    else:
+        train, test = parts, []
     if path is not None:
         arrays = {f"train_{k}": p for k, p in enumerate(train)}
         arrays.update({f"test_{k}": p for k, p in enumerate(test)})

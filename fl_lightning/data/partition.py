@@ -12,6 +12,7 @@ Options a partitioner does not use are ignored, so callers may pass all of them
 | dirichlet | label skew, per-class Dir(alpha), min-size guard | NIID-Bench / PFLlib / FedGLCL |
 | dirichlet_balanced | label skew, equal client sizes | CReFF `clients_indices` + `partition_balance` |
 | shards | pathological: exactly C classes per client, equal sizes | FedGLCL sharding, PFLlib `pat` |
+| class_blocks | C consecutive classes per client, disjoint (no randomness) | FedTPG `num_cls_per_client` |
 | longtail | global long tail (IF) then `dirichlet_balanced` | CReFF / CLIP2FL |
 | domain | feature skew: one domain per client (or several clients per domain) | FedBN / FedGLCL / FedDTR |
 | multilabel_dirichlet | multi-hot label skew (Dirichlet over each image's rarest label) | FedLGT note 8 |
@@ -226,6 +227,36 @@ def shards(
         for k, shard in zip(holders[j], np.array_split(idx, len(holders[j])), strict=True):
             parts[k].append(shard)
     return [np.sort(np.concatenate(p)) for p in parts]
+
+
+def class_block_clients(num_classes: int, classes_per_client: int) -> int:
+    """FedTPG's client count for one dataset: round(m / C) (numpy's half-to-even), at least 1."""
+    return max(1, int(np.around(num_classes / classes_per_client)))
+
+
+@PARTITIONERS.register("class_blocks")
+def class_blocks(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, classes_per_client: int = 20, **_: object
+) -> list[np.ndarray]:
+    """FedTPG's classes-per-client split (`federated/server.py:init_server`): the m classes
+    present, in label order, cut into consecutive blocks of C = `classes_per_client`; client k
+    holds every training image of block k, and the last client also the classes left over, so
+    there are round(m / C) clients (half to even, at least 1: 50 classes at C=20 make 2 clients,
+    of 20 and 30). With `data.base_new` the classes are the base half, as FedTPG's cross-class
+    protocol; `fl.num_clients` must be that count."""
+    labels = _single_label(labels, "class_blocks")
+    classes = np.unique(labels)
+    c = int(classes_per_client)
+    if c < 1:
+        raise ConfigError(f"data.classes_per_client must be >= 1 (got {classes_per_client})")
+    want = class_block_clients(len(classes), c)
+    if num_clients != want:
+        raise ConfigError(
+            f"data.partition=class_blocks with data.classes_per_client={c} over {len(classes)} classes "
+            f"makes {want} clients (FedTPG: round({len(classes)}/{c})); set fl.num_clients={want}"
+        )
+    blocks = [classes[k * c : (k + 1) * c] for k in range(want - 1)] + [classes[(want - 1) * c :]]
+    return [np.flatnonzero(np.isin(labels, b)) for b in blocks]
 
 
 @PARTITIONERS.register("domain")

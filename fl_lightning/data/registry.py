@@ -50,6 +50,9 @@ class ArrayDataset:
     domain_names: list[str] = field(default_factory=list)
     train_groups: np.ndarray | None = None  # int64 [N] natural client (e.g. FLAIR user) per sample
     group_names: list[str] = field(default_factory=list)
+    #: bool [N]: training images held out of every client's training as the clients' own test
+    #: splits (`data.personal_shots`, `protocols.py`); None: none
+    train_personal: np.ndarray | None = None
     standin: str = ""  # non-empty for an offline stand-in: what it stands in for
 
     @property
@@ -90,7 +93,7 @@ class ArrayDataset:
             train_x=self.train_x[:train], train_y=self.train_y[:train],
             test_x=self.test_x[:test], test_y=self.test_y[:test],
             train_domains=cut(self.train_domains, train), test_domains=cut(self.test_domains, test),
-            train_groups=cut(self.train_groups, train),
+            train_groups=cut(self.train_groups, train), train_personal=cut(self.train_personal, train),
         )  # fmt: skip
 
     def hold_out(self, n: int) -> tuple[ArrayDataset, np.ndarray]:
@@ -108,6 +111,7 @@ class ArrayDataset:
         rest = replace(
             self, train_x=self.train_x[keep], train_y=self.train_y[keep],
             train_domains=take(self.train_domains), train_groups=take(self.train_groups),
+            train_personal=take(self.train_personal),
         )  # fmt: skip
         return rest, self.train_x[pick]
 
@@ -192,13 +196,27 @@ def dataset_options(data: Any) -> dict[str, Any]:
     }
 
 
+#: the few-shot protocol's options (`protocols.py`): taken by a loader that names `shots` in its
+#: signature (it draws before decoding), else applied to the loaded training set
+PROTOCOL_OPTIONS = ("shots", "shots_seed", "personal_shots")
+
+
 def load_from_config(data: Any) -> ArrayDataset:
-    """Load the dataset a `data` config section names, with its options and subsets."""
+    """Load the dataset a `data` config section names, with its options, protocols and subsets."""
+    from .protocols import apply
+
     options = dataset_options(data)
+    proto = {k: data.get(k) for k in PROTOCOL_OPTIONS}
+    proto["shots_seed"] = int(proto["shots_seed"] if proto["shots_seed"] is not None else 1)
+    load = DATASETS.get(data.name).load
+    by_loader = "shots" in _accepted(load, proto)
     # a loader that decodes at a size takes it; the others' images are resized after the subset
-    takes_size = "image_size" in _accepted(DATASETS.get(data.name).load, options)
+    takes_size = "image_size" in _accepted(load, options)
     size = None if takes_size else options.pop("image_size")
-    ds = load_dataset(data.name, data.root, bool(data.download), **options)
+    ds = load_dataset(data.name, data.root, bool(data.download), **options, **(proto if by_loader else {}))
+    rest = {"shots": None, "personal_shots": None} if by_loader else {}
+    flags = {k: bool(data.get(k, False)) for k in ("base_new", "personal_from_test")}
+    ds = apply(ds, **{**proto, **rest, **flags})
     ds = ds.subset(data.get("train_subset"), data.get("test_subset"))
     from .resize import resized
 

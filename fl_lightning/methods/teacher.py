@@ -152,7 +152,10 @@ class FrozenTeacher(nn.Module):
 def _data_identity(data: Mapping[str, Any]) -> dict[str, Any]:
     skip = {"root", "download", "train_subset", "partition", "alpha", "min_size",
             "classes_per_client", "client_test_fraction", "cache_partitions"}  # fmt: skip
-    return {k: v for k, v in sorted(data.items()) if k not in skip}
+    # keys added after teachers were first cached count only when set, so those caches still hit
+    later = {"shots": None, "shots_seed": 1, "personal_shots": None, "personal_from_test": False,
+             "base_new": False}  # fmt: skip
+    return {k: v for k, v in sorted(data.items()) if k not in skip and (k not in later or v != later[k])}
 
 
 def teacher_key(

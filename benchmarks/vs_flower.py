@@ -73,9 +73,8 @@ def child_fl_lightning(spec: dict[str, Any]) -> dict[str, Any]:
         from fl_lightning.runtime.callbacks import Callback
 
         class Stamps(Callback):  # each round's start and the end of its own work
-            def on_round_start(self, plan: Any) -> Any:
+            def on_round_start(self, plan: Any) -> None:
                 stamps["round_start"].append(time.time())
-                return plan
 
             def on_round_end(self, state: Any, record: Any) -> None:
                 stamps["round_end"].append(time.time())

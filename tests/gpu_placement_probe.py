@@ -8,17 +8,18 @@ declares fake GPUs, and the real placement + RayExecutor code creating the clien
 usage: python tests/gpu_placement_probe.py <num_gpus> '<json list of cases>'
 a case is [num_clients, gpus_per_client, placement] or ["busy", num_clients, timeout_s]
 (3 of the GPUs held by another placement group, then ask for one GPU per client) or
-["reuse", num_clients, gpus_per_client, other_num_clients] (a warm `ActorPool`, as a sweep's
+["reuse", num_clients, gpus_per_client, other_num_clients] (warm workers in a `WorkerSource`, as a sweep's
 session keeps: the same placement twice, then another number of clients; prints each executor's
 worker pids, GPUs and reused count, and the placement groups left after the pool is cleared) or
 ["early", num_clients, gpus_per_client, run_gpus_per_client] (workers and their placement group
-made as `Session.early_start` makes them, then a run's executor asking for run_gpus_per_client:
-it takes them when the two agree, else ends
-them; then one line with the placement groups left after it closed).
+made as `Session.early_start` makes them (`WorkerSource.make`), then a run's executor asking
+for run_gpus_per_client: it takes them when the two agree, else ends them; then one line with
+the placement groups left after it closed).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -35,21 +36,22 @@ def main() -> None:
     from fl_lightning.runtime.build import prepare
     from fl_lightning.runtime.placement import placement_for
     from fl_lightning.runtime.ray_executor import RayExecutor
+    from fl_lightning.runtime.workers import WorkerSource
 
-    def executor(n, gpus, where="auto", timeout=60, pool=None, early=None):
+    def placed(cfg):  # as `Session.placement` decides it, with the CUDA check off (declared GPUs)
+        res = ray.cluster_resources()
+        return dataclasses.replace(
+            placement_for(cfg, res.get("CPU", 0.0), res.get("GPU", 0.0)), check_cuda=False
+        )
+
+    def executor(n, gpus, where="auto", timeout=60, source=None):
         cfg = compose([
             "data=digits", "runtime=gpu", f"fl.num_clients={n}", f"runtime.gpus_per_client={gpus}",
             f"runtime.placement={where}", f"runtime.schedule_timeout_s={timeout}", "logger=none",
         ])  # fmt: skip
         p = prepare(cfg)
-        res = ray.cluster_resources()
-        placement = placement_for(cfg, res.get("CPU", 0.0), res.get("GPU", 0.0))
-        p.spec.accelerator, p.spec.threads = placement.accelerator, placement.threads
-        ex = RayExecutor(
-            p.spec, p.dataset, p.split.train, p.split.test, placement, 0,
-            cfg.runtime.placement_strategy, cfg.runtime.schedule_timeout_s, check_cuda=False,
-            pool=pool, early=early,
-        )  # fmt: skip
+        placement = placed(cfg)
+        ex = RayExecutor(p.spec, p.dataset, p.split.train, p.split.test, placement, 0, source=source)
         return ex, placement
 
     def left() -> int:
@@ -59,30 +61,28 @@ def main() -> None:
 
     for case in cases:
         if case[0] == "early":  # workers + group made as `early_start` does, then the run's executor
-            from fl_lightning.runtime.early import create_workers
-
             _, n, gpus, run_gpus = case
-            made = create_workers(compose([
+            made = WorkerSource()
+            made.make(placed(compose([
                 "data=digits", "runtime=gpu", f"fl.num_clients={n}", f"runtime.gpus_per_client={gpus}",
-            ]), check_cuda=False)  # fmt: skip
-            made_actors, made_pg = list(made.actors), made.pg
-            ex, _ = executor(n, run_gpus, early=made)
+            ])))  # fmt: skip
+            (idle,) = made._idle.values()
+            made_actors, made_pg = list(idle.actors), idle.pg
+            ex, _ = executor(n, run_gpus, source=made)
             infos = ex.ready()
             print(json.dumps({
                 "case": case, "prestarted": ex.prestarted, "gpu_ids": [i["gpu_ids"] for i in infos],
                 "same_actors": [a._actor_id for a in ex.actors] == [a._actor_id for a in made_actors],
-                "same_pg": ex.pg.id == made_pg.id, "none_pending": not made.actors and made.pg is None,
+                "same_pg": ex.pg.id == made_pg.id, "none_pending": len(made) == 0,
             }), flush=True)  # fmt: skip
             ex.close()
             print(json.dumps({"case": ["left", *case], "placement_groups_left": left()}), flush=True)
             continue
         if case[0] == "reuse":  # a sequential sweep's runs (`Session(reuse_actors=True)`)
-            from fl_lightning.runtime.ray_executor import ActorPool
-
             runs = []
-            pool = ActorPool()
+            pool = WorkerSource()
             for n in (case[1], case[1], case[3]):
-                ex, _ = executor(n, case[2], pool=pool)
+                ex, _ = executor(n, case[2], source=pool)
                 infos = ex.ready()
                 runs.append({"reused": ex.reused, "pids": [i["pid"] for i in infos],
                              "gpu_ids": [i["gpu_ids"] for i in infos]})  # fmt: skip

@@ -396,6 +396,75 @@ def test_resnet8_shapes_and_feature_dim():
     assert np.isclose(sum(p.numel() for p in m.trunk.parameters()), 1_227_840, rtol=0.05)
 
 
+def test_cnn_linear_neck_is_the_relu_necks_preactivation():
+    """model.neck=linear (CLIP2FL's add_mlp): the same layers and weights, no ReLU after the
+    hidden layer, so features take both signs; anything else is refused."""
+    from fl_lightning.core.errors import ConfigError
+    from fl_lightning.models import MODELS
+
+    torch.manual_seed(0)
+    relu = MODELS.get("cnn")(num_classes=10, hidden=32)
+    linear = MODELS.get("cnn")(num_classes=10, hidden=32, neck="linear")
+    linear.load_state_dict(relu.state_dict())  # same parameters: checkpoints carry over
+    x = torch.randn(5, 1, 28, 28)
+    z = linear.forward_features(x)
+    assert (z < 0).any()
+    assert torch.equal(relu.forward_features(x), z.clamp(min=0))
+    with pytest.raises(ConfigError, match="model.neck"):
+        MODELS.get("cnn")(num_classes=10, neck="tanh")
+
+
+def test_teacher_on_a_class_subset_learns_only_those_and_reports_its_zero_shot(tmp_path):
+    """method.teacher_classes: the aligned teacher trains on the held-out images of those classes
+    only, keeps the cache key of a teacher without the switch when null, and reports its
+    zero-shot accuracy on the other classes (among all classes, and among the unseen ones),
+    recomputed here from its weights."""
+    from dataclasses import asdict
+
+    from omegaconf import OmegaConf
+
+    from fl_lightning.data.registry import load_from_config
+    from fl_lightning.methods.teacher import AlignedTeacherConfig, teacher_key, train_aligned_teacher
+    from fl_lightning.models import build_model
+
+    data = {"name": "digits", "root": "", "download": False, "train_subset": 1000}
+    seen = (0, 1, 2, 3, 4, 5, 6)
+    cfg = AlignedTeacherConfig(holdout_from=1000, arch="cnn", model_kwargs={"channels": [4, 8]}, epochs=1,
+                               classes=seen)  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    text = F.normalize(torch.randn(10, 16, generator=g), dim=-1)
+    state, info = train_aligned_teacher(data, text, cfg)
+    ds = load_from_config(OmegaConf.create({**data, "train_subset": None}))
+    assert info["train_images"] == int(np.isin(ds.train_y[1000:], seen).sum()) < len(ds.train_y) - 1000
+    tower = build_model("cnn", 10, ds.in_channels, ds.image_size, **info["model_kwargs"])
+    tower.load_state_dict(state)
+    tower.eval()
+    tx, ty = ds.tensors(ds.test_x, ds.test_y)
+    with torch.no_grad():
+        sims = F.normalize(tower.forward_features(tx), dim=-1) @ text.T
+    tail = ty >= 7
+    assert info["unseen_accuracy"] == pytest.approx(float((sims[tail].argmax(1) == ty[tail]).float().mean()))
+    within = (sims[tail][:, 7:].argmax(1) + 7 == ty[tail]).float().mean()
+    assert info["unseen_within_accuracy"] == pytest.approx(float(within))
+    # null: the key every teacher had before the switch (no "classes" entry)
+    full = AlignedTeacherConfig(holdout_from=1000)
+    old = asdict(full)
+    del old["targets"], old["classes"]
+    blob = json.dumps(
+        {"v": 1, "data": {"name": "digits"}, "text": "t", "classes": ["a"], "teacher": old},
+        sort_keys=True, default=str,
+    )  # fmt: skip
+    import hashlib
+
+    assert teacher_key({"name": "digits"}, "t", ["a"], full) == hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+    def key(c):
+        return teacher_key({"name": "digits"}, "t", ["a"], c)
+
+    without = dataclasses.replace(cfg, classes=None)
+    assert key(cfg) != key(without)
+
+
 def test_data_keys_added_later_keep_cached_teachers_unless_set():
     """A data key added after teachers were cached (the few-shot protocols) leaves the cache key
     of every run that does not set it unchanged, and changes it when set."""

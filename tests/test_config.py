@@ -1,6 +1,7 @@
 """Bad input: one clear line on stderr, a non-zero exit, nothing written, no Ray started."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -221,3 +222,28 @@ def test_a_run_recorded_under_wandb_shared_mode_resumes(tmp_path):
     cfg.logger.mode = "shared"
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     assert load_run_config(tmp_path, []).logger.mode == "shared"
+
+
+def test_each_section_checks_itself_and_cross_checks_read_two():
+    """A section's `check()` alone refuses its own bad value; a value that is bad only beside
+    another section's (eval.clients_sample beyond fl.num_clients) is refused by `cross_check`,
+    and compose names it in the same line."""
+    from fl_lightning.config import DataConfig, EvalConfig, FLConfig, RuntimeConfig, cross_check
+    from fl_lightning.core.errors import ConfigError
+    from fl_lightning.core.optim import OptimConfig
+
+    for section, message in [
+        (FLConfig(clients_per_round=11), "fl.clients_per_round=11 exceeds fl.num_clients=10"),
+        (DataConfig(augment=["hflip", "hflip"]), "data.augment names an augmentation twice"),
+        (EvalConfig(threshold=1.0), "eval.threshold must be in (0, 1) (got 1.0)"),
+        (RuntimeConfig(num_gpus=-1), "runtime.num_gpus must be >= 0 (got -1)"),
+        (OptimConfig(grad_clip=0.0), "optim.grad_clip must be > 0 (got 0.0)"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            section.check()
+    run = RootConfig(eval=EvalConfig(clients_sample=20))
+    run.eval.check()  # fine alone: the bound is fl's
+    with pytest.raises(ConfigError, match=re.escape("eval.clients_sample must be in [1, fl.num_clients=10]")):
+        cross_check(run)
+    with pytest.raises(ConfigError, match=re.escape("eval.clients_sample must be in [1, fl.num_clients=10]")):
+        compose(["eval.clients_sample=20"])

@@ -4,6 +4,7 @@ divergence and total client failure as one line, build errors that name their pa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -21,9 +22,9 @@ from fl_lightning.core.optim import OptimConfig
 from fl_lightning.core.params import to_cpu
 from fl_lightning.core.strategy import FedAvgStrategy, TaskInfo, round_rng
 from fl_lightning.methods import METHODS
-from fl_lightning.runtime.callbacks import CallbackList, WallClock
+from fl_lightning.runtime.callbacks import CallbackList, ClientEval, GlobalEval, WallClock
 from fl_lightning.runtime.host import ClientHost, build_objective
-from fl_lightning.runtime.runner import Run, prepare, run_rounds, start_run
+from fl_lightning.runtime.runner import RoundSteps, Run, prepare, run_rounds, start_run
 
 from .conftest import small
 from .test_methods import BS, Toy, client_data, digits, toy_spec  # noqa: F401  (digits: a fixture)
@@ -173,7 +174,6 @@ def test_every_client_failing_is_one_clear_error(tmp_path, data_root, ray_sessio
     p = prepare(
         compose(small(tmp_path, "fl.num_clients=2", "data.train_subset=400", "fl.max_client_failures=2"))
     )
-    p.spec.threads = 1
     ex = RayExecutor(
         p.spec,
         p.dataset,
@@ -184,6 +184,7 @@ def test_every_client_failing_is_one_clear_error(tmp_path, data_root, ray_sessio
     )
     run = Run(p, tmp_path / "run", console=False)
     callbacks, clock = CallbackList([]), WallClock()
+    steps = RoundSteps(GlobalEval(p, tmp_path, clock), ClientEval(p))
     # a broadcast no client can load: a real KeyError raised inside each actor, every try
     good = p.strategy.broadcast
 
@@ -197,7 +198,7 @@ def test_every_client_failing_is_one_clear_error(tmp_path, data_root, ray_sessio
         every = r"round 1: every client failed \(client [01] failed: KeyError"
         with pytest.raises(ClientFailure, match=every) as info:
             state = p.strategy.init_state(p.init_params)
-            run_rounds(state, 1, p.strategy, ex, p.cfg.seed, run.context, callbacks, clock)
+            run_rounds(state, 1, p.strategy, ex, p.cfg.seed, run.context, steps, callbacks, clock)
         # both clients and their causes, in the order they failed
         assert all(f"client {c} failed: KeyError" in str(info.value) for c in (0, 1))
         assert len(ex.retries) == 2  # each client was retried once before it was dropped
@@ -207,12 +208,10 @@ def test_every_client_failing_is_one_clear_error(tmp_path, data_root, ray_sessio
 
 def test_build_errors_name_the_part(tmp_path, data_root):
     p = prepare(compose(small(tmp_path, "runtime=serial")))
-    spec = p.spec
-    spec.model_kwargs = {**spec.model_kwargs, "bogus": 1}
+    spec = dataclasses.replace(p.spec, model_kwargs={**p.spec.model_kwargs, "bogus": 1})
     with pytest.raises(ConfigError, match=r"model 'cnn' takes no argument 'bogus'"):
         build_objective(spec)
-    spec.model_kwargs.pop("bogus")
-    spec.objective_kwargs = {"mu": 1.0}
+    spec = dataclasses.replace(p.spec, objective_kwargs={"mu": 1.0})
     with pytest.raises(ConfigError, match=r"method 'fedavg' takes no argument 'mu'"):
         build_objective(spec)
 

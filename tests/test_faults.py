@@ -15,7 +15,6 @@ from .conftest import small
 @pytest.fixture()
 def executor_parts(tmp_path, data_root, ray_session):
     p = prepare(compose(small(tmp_path, "fl.num_clients=2", "data.train_subset=400")))
-    p.spec.threads = 1
     placement = plan_placement(2, total_cpus=2, total_gpus=0, placement="per_client")
     return p, placement
 

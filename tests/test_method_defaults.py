@@ -175,6 +175,14 @@ def test_an_older_scaffold_run_with_momentum_can_resume_when_told(tmp_path):
     validate_registered(resumed)
     with pytest.raises(ConfigError, match="cannot change 'method.name'"):
         load_run_config(tmp_path, ["method.name=fedavg"])
+    # the key is SCAFFOLD's to declare (`resumable`): another method's run may not take it
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(with_method_defaults(compose(["method=fedavg"]))))
+    with pytest.raises(ConfigError) as e:
+        load_run_config(tmp_path, ["method.allow_momentum=true"])
+    assert str(e.value) == (
+        "cannot change 'method.allow_momentum' on resume; "
+        "only fl.rounds, runtime.*, logger.*, eval.batch_size and eval.device"
+    )
 
 
 # --- FedGLCL's projector --------------------------------------------------------------------

@@ -296,7 +296,7 @@ def test_protocols_on_a_coop_tree_with_personal_splits(images, tmp_path):
 def test_a_run_reports_base_new_and_personal(tmp_path):
     """Digits (ships in scikit-learn): 8 shots, base half (5 classes), FedTPG blocks of 2
     (round(5/2) = 2 clients), 4 personal images per class: one serial round writes base, new,
-    their harmonic mean, the global and the personal accuracy."""
+    their harmonic mean, the global and the personal accuracy and theirs (dual)."""
     cfg = compose(["data=digits", "data.shots=8", "data.base_new=true", "data.personal_shots=4",
                    "data.partition=class_blocks", "data.classes_per_client=2", "fl.num_clients=2",
                    "fl.rounds=1", "fl.batch_size=8", "model=mlp", "runtime=serial", "logger=none",
@@ -306,6 +306,8 @@ def test_a_run_reports_base_new_and_personal(tmp_path):
     for k in ("accuracy", "base_accuracy", "new_accuracy", "base_new_hm", "client_accuracy"):
         assert 0.0 <= line[k] <= 1.0, k
     assert line["base_new_hm"] == pytest.approx(harmonic_mean(line["base_accuracy"], line["new_accuracy"]))
+    a, c = line["accuracy"], line["client_accuracy"]  # FLiP's dual: global and personal
+    assert line["dual_hm"] == pytest.approx(0.0 if a + c == 0 else 2 * a * c / (a + c))
     stats = json.loads((run_dir / "partition.json").read_text())
     assert stats["train_sizes"] == [16, 24] and stats["test_sizes"] == [8, 12]
     assert DATASETS.get("digits").class_names is not None

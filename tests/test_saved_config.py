@@ -45,7 +45,8 @@ def test_config_yaml_holds_what_ran_and_a_run_from_it_repeats_the_numbers(tmp_pa
     assert saved["runtime"]["placement"] in ("per_client", "pool")
     assert saved["runtime"]["accelerator"] == "cpu" and saved["eval"]["device"] == "cpu"
     assert saved["logger"]["group"] == "saved"  # the experiment, which W&B groups by
-    assert saved["model"] == {"name": "cnn", "channels": [32, 64], "hidden": 512, "weights": None}  # as built
+    built = {"name": "cnn", "channels": [32, 64], "hidden": 512, "neck": "relu", "weights": None}
+    assert saved["model"] == built  # as built
     assert saved["logger"]["mode"] == "auto"  # the one `auto` left: logger=none, no W&B to decide on
     assert "auto" not in (run_dir / "config.yaml").read_text().replace("mode: auto", "")
 
@@ -101,9 +102,9 @@ def test_from_takes_values_not_groups_and_needs_a_run(tmp_path, capsys):
 
 
 def test_experiment_naming_a_preset_without_plus_gets_a_hint(capsys, monkeypatch):
-    from fl_lightning import config
+    from fl_lightning.config import composition
 
-    monkeypatch.setattr(config, "_HINTED", set())  # once per name and process
+    monkeypatch.setattr(composition, "_HINTED", set())  # once per name and process
     assert compose(["experiment=demo"]).experiment == "demo"
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "+experiment=demo" in err and "only names the run folder" in err

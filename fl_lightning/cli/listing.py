@@ -23,9 +23,7 @@ _SETTING = re.compile(
 
 def method_needs(name: str) -> list[str]:
     """What method `name` needs beyond `fl-lightning run method=<name>`'s defaults."""
-    from omegaconf import OmegaConf
-
-    from ..config import compose, method_config, method_group_defaults
+    from ..config import compose, method_config, method_group_defaults, tree
     from ..methods import METHODS
 
     strategy = METHODS.get(name)
@@ -33,9 +31,7 @@ def method_needs(name: str) -> list[str]:
     try:
         cfg = compose([f"method={name}"])
         method_cfg = method_config(cfg)
-        tree = OmegaConf.to_container(cfg, resolve=True)
-        assert isinstance(tree, dict)
-        run = {str(k): v for k, v in tree.items()}
+        run = tree(cfg)
     except ConfigError as e:
         return [*needs, f"(its config does not compose: {e})"]
     if strategy.keeps_personal_models(method_cfg):  # at its defaults (FedTSP: unless share_weights)

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import compose, conf_dir, method_modules
+from ..config import RESUMABLE, compose, conf_dir, method_modules, resumable_keys, tree
 from ..core.errors import ConfigError
 from ..runtime.paths import resolve_output_dir
 from ..tracking.reproduce import (
@@ -49,11 +49,12 @@ from .spawn import fl_lightning_command
 from .sweep import SweepRun, continue_run, print_plan, run_grid, sweep_lock
 
 #: keys a run's stored config may differ in from the planned one and still be continued: what
-#: a resume may change (config.RESUMABLE), and where it lives (a folder moved, another data root)
+#: a resume may change (config.RESUMABLE, and its method's own: `config.resumable_keys`), and
+#: where it lives (a folder moved, another data root)
 SAME_RUN_IGNORES = (
-    "fl.rounds", "runtime.", "logger.", "eval.batch_size", "eval.device", "method.allow_momentum",
+    *RESUMABLE,
     "output_dir", "run_id", "experiment", "row", "variant", "data.root",
-    "model.pretrained",  # C-Tran's: recorded as what loaded (runtime/build.py resolved_config)
+    "model.pretrained",  # C-Tran's: recorded as what loaded (config.resolved_config)
 )  # fmt: skip
 
 
@@ -134,7 +135,6 @@ def config_changes(run: SweepRun, folder: Path) -> list[str]:
     or `auto`: config.yaml records the run's choice, e.g. MiniLM's folder, the device) are not
     compared."""
     import yaml
-    from omegaconf import OmegaConf
 
     from ..core.safe_json import UnsafeInput, read_text
 
@@ -148,7 +148,7 @@ def config_changes(run: SweepRun, folder: Path) -> list[str]:
     if not isinstance(stored, dict):
         return ["its config.yaml is not a run config"]
     then_out = str(stored.get("output_dir", ""))
-    planned = _flat(OmegaConf.to_container(run.cfg, resolve=True))
+    planned = _flat(tree(run.cfg))
     changes = []
     for key, then in _flat(stored).items():
         if key not in planned or any(
@@ -162,9 +162,15 @@ def config_changes(run: SweepRun, folder: Path) -> list[str]:
             continue
         if isinstance(then, str) and isinstance(now, str):  # a path in the folder, wherever it is now
             then, now = _in_folder(then, then_out), _in_folder(now, str(folder))
-        if then != now:
+        if then != now and not (key.startswith("method.") and key in _method_resumable(run)):
             changes.append(f"{key}: {then} -> {now}")
     return changes
+
+
+def _method_resumable(run: SweepRun) -> tuple[str, ...]:
+    """The keys the run's method declares a resume may change (imports the methods: called only
+    for a method key that differs)."""
+    return resumable_keys(str(run.cfg.method.name), method_modules(run.cfg.methods))
 
 
 def plan(

@@ -55,5 +55,6 @@ def teacher_command(action: str, overrides: list[str], rebuild: bool = False) ->
         f"(nearest class text, {text_cfg['name']})"
     )
     print(f"cached at {path}")
-    print(json.dumps({"held_out_accuracy": info["held_out_accuracy"], "path": str(path)}))
+    zero_shot = {k: info[k] for k in ("unseen_accuracy", "unseen_within_accuracy") if k in info}
+    print(json.dumps({"held_out_accuracy": info["held_out_accuracy"], **zero_shot, "path": str(path)}))
     return 0

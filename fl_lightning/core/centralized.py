@@ -35,6 +35,30 @@ def cores_given() -> int:
     return max(1, n)
 
 
+class StepTimer:
+    """Seconds a step from a loop's first steps: the first warms up (allocation, the choice
+    of kernels) and is not timed, the next `timed` are. `step()` after each step returns the
+    seconds a step once, after the last timed one, else None."""
+
+    def __init__(self, timed: int = 2) -> None:
+        self.timed, self.done, self.t1 = timed, 0, 0.0
+
+    def step(self) -> float | None:
+        self.done += 1
+        if self.done == 1:
+            self.t1 = time.perf_counter()  # timed from the warm-up's end
+        elif self.done == self.timed + 1:
+            return (time.perf_counter() - self.t1) / self.timed
+        return None
+
+
+def announce_long(what: str, seconds: float, detail: str, shorten: str = "") -> None:
+    """Past `ANNOUNCE_ABOVE_S`: one line saying how long `what` will take, how that was
+    reckoned (`detail`) and `shorten`, the flag that shortens it."""
+    if seconds > ANNOUNCE_ABOVE_S:
+        announce(f"{what}: about {duration(seconds)} ({detail})" + (f"; {shorten}" if shorten else ""))
+
+
 @contextlib.contextmanager
 def torch_threads(n: int | None) -> Iterator[None]:
     """Run with `n` intra-op threads (same count in every executor: same numbers)."""
@@ -72,7 +96,7 @@ def fit_centralized(
     estimated past `ANNOUNCE_ABOVE_S` says how long it will take and `shorten` (the flag that
     shortens it)."""
     batches = -(-len(y) // batch_size)
-    total, done, t1 = epochs * batches, 0, 0.0
+    total, done, timer = epochs * batches, 0, StepTimer()
     n_threads = threads or min(torch.get_num_threads(), cores_given())
     with torch_threads(n_threads), torch.random.fork_rng(devices=[]), progress(what, total, "batch") as bar:
         torch.manual_seed(seed)
@@ -96,14 +120,10 @@ def fit_centralized(
                 opt.step()
                 bar.update(epoch=f"{epoch + 1}/{epochs}", loss=float(loss.detach()))
                 done += 1
-                if done == 1:
-                    t1 = time.perf_counter()  # the first batch warms up: timed from its end
-                elif done == 3:
-                    left = (time.perf_counter() - t1) / 2 * (total - 3)
-                    if left > ANNOUNCE_ABOVE_S:
-                        announce(
-                            f"{what}: about {duration(left)} ({epochs} epochs x {batches} batches on "
-                            f"{torch.get_num_threads()} threads)" + (f"; {shorten}" if shorten else "")
-                        )
+                if (step_s := timer.step()) is not None:
+                    announce_long(
+                        what, step_s * (total - done),
+                        f"{epochs} epochs x {batches} batches on {torch.get_num_threads()} threads", shorten,
+                    )  # fmt: skip
             sched.step()
     return model.eval()

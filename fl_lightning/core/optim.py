@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from .errors import ConfigError
+
 OptimizerName = Literal["sgd", "adam", "adamw"]
 OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 
@@ -22,3 +24,13 @@ class OptimConfig:
     momentum: float = 0.0  # sgd only
     weight_decay: float = 0.0
     grad_clip: float | None = None  # max global L2 norm of the gradients; null: no clipping
+
+    def check(self) -> None:
+        """ConfigError naming the first bad value (`config.RootConfig.check` calls it)."""
+        for key in ("lr", "grad_clip"):
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                raise ConfigError(f"optim.{key} must be > 0 (got {value})")
+        for key in ("momentum", "weight_decay"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"optim.{key} must be >= 0 (got {getattr(self, key)})")

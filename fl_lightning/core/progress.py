@@ -41,6 +41,11 @@ def set_enabled(on: bool) -> None:
     _enabled = bool(on)
 
 
+def enabled() -> bool:
+    """Whether progress and announcements are shown in this process (`--quiet`: no)."""
+    return _enabled
+
+
 def announce(line: str) -> None:
     """One line on stderr before (or at the start of) a long step: what it is, how long it
     will take, how to shorten it. Off where progress is off (`--quiet`)."""

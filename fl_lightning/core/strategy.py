@@ -35,6 +35,9 @@ class MethodConfig:
     """Hyperparameters of a method (`conf/method/<name>.yaml` is validated against it)."""
 
     name: str = "fedavg"
+    #: keys a resume may change (`method.<key>=...`), none by default: only what does not change
+    #: the numbers, or what lets an older run go on (SCAFFOLD's `allow_momentum`)
+    resumable: ClassVar[tuple[str, ...]] = ()
 
 
 @dataclass(frozen=True)

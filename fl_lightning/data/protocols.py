@@ -22,11 +22,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..core.errors import ConfigError
-from .registry import ArrayDataset
+
+if TYPE_CHECKING:  # registry.py applies these protocols
+    from .registry import ArrayDataset
 
 PERSONAL_STREAM = 0x9E25  # the personal pool's own random stream (the k-shot draw is untouched)
 

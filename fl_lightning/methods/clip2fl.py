@@ -64,6 +64,9 @@ class CLIP2FLConfig(CReFFConfig):
     #: teacher's training) use. Drawn with teacher_seed, so the cached teacher and the
     #: prototypes agree.
     targets: str = "text"
+    #: the aligned teacher learns only from held-out images of these classes (null: all); the
+    #: rest it knows only through their class text, zero-shot (issue 37's E2)
+    teacher_classes: list[int] | None = None
 
 
 TEACHER_ARCH_DEFAULTS: dict[str, dict[str, Any]] = {"resnet8": {"scaling": 2}}
@@ -83,6 +86,7 @@ def aligned_config(c: CLIP2FLConfig) -> AlignedTeacherConfig:
         model_kwargs=teacher_model_kwargs(c), epochs=c.teacher_epochs, lr=c.teacher_lr,
         logit_scale=c.teacher_scale, templates=tuple(c.templates), seed=c.teacher_seed,
         targets=c.targets,
+        classes=tuple(int(k) for k in c.teacher_classes) if c.teacher_classes is not None else None,
     )  # fmt: skip
 
 
@@ -151,6 +155,10 @@ class CLIP2FL(CReFF):
         c: CLIP2FLConfig = config
         positive(c, "kd_temperature", "pcl_temperature")  # they divide the logits
         check_targets(c.targets)
+        if c.teacher_classes is not None and (not c.teacher_classes or min(c.teacher_classes) < 0):
+            raise ConfigError(
+                f"method.teacher_classes={c.teacher_classes}: expected class ids >= 0 (null: every class)"
+            )
         if c.teacher not in TEACHERS:
             raise ConfigError(f"method.teacher={c.teacher!r}: expected one of {', '.join(TEACHERS)}")
         if c.beta <= 0 and c.pcl_weight <= 0:
@@ -275,7 +283,7 @@ class CLIP2FL(CReFF):
         return {
             "teacher_held_out_accuracy": info["held_out_accuracy"],
             "teacher_train_images": info["train_images"],
-        }
+        } | {f"teacher_{k}": info[k] for k in ("unseen_accuracy", "unseen_within_accuracy") if k in info}
 
     def contrastive(self) -> tuple[Tensor | None, float, float]:
         if self.config.pcl_weight <= 0:

@@ -44,6 +44,7 @@ class ScaffoldConfig(MethodConfig):
     #: run with momentum > 0 or adam/adamw anyway (option II's variates then overestimate
     #: the mean gradient)
     allow_momentum: bool = False
+    resumable = ("allow_momentum",)  # a run from before momentum was refused goes on
 
 
 def check_plain_sgd(optim: OptimConfig, allow_momentum: bool) -> None:

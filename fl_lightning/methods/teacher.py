@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -68,6 +69,9 @@ class AlignedTeacherConfig:
     templates: tuple[str, ...] = ("a photo of a {}.",)
     seed: int = 0
     targets: str = "text"  # the control of the text it aligns to (text/targets.py), drawn with `seed`
+    #: learn only from held-out images of these classes (None: all): the others it knows only
+    #: through their class vector, zero-shot (issue 37's E2: a teacher unseen on the tail)
+    classes: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -164,6 +168,8 @@ def teacher_key(
     teacher = asdict(cfg)
     if teacher["targets"] == "text":  # the key every teacher cached before the switch has
         del teacher["targets"]
+    if teacher["classes"] is None:  # likewise
+        del teacher["classes"]
     blob = json.dumps(
         {"v": TEACHER_CACHE_VERSION, "data": _data_identity(data), "text": text_identity,
          "classes": list(class_names), "teacher": teacher},
@@ -214,7 +220,12 @@ def train_aligned_teacher(
             f"teacher hold-out [{cfg.holdout_from}, {stop}) is empty: {data['name']} has {n} training images "
             "(method.teacher_holdout_from)"
         )
-    x, y = ds.tensors(ds.train_x[cfg.holdout_from : stop], ds.train_y[cfg.holdout_from : stop])
+    keep = np.arange(cfg.holdout_from, stop)
+    if cfg.classes is not None:
+        keep = keep[np.isin(ds.train_y[keep], list(cfg.classes))]
+        if len(keep) == 0:
+            raise ConfigError(f"the teacher hold-out has no image of classes {list(cfg.classes)}")
+    x, y = ds.tensors(ds.train_x[keep], ds.train_y[keep])
     key = feature_dim_key(cfg.arch)
     if key is None:
         raise ConfigError(f"teacher arch {cfg.arch!r} has no settable feature dimension")
@@ -231,13 +242,13 @@ def train_aligned_teacher(
         seed=cfg.seed, what=f"teacher build ({cfg.arch}, {len(y)} images)", shorten=TEACHER_SHORTER,
     )  # fmt: skip
     tx, ty = ds.tensors(ds.test_x, ds.test_y)
-    correct = 0
     with torch.no_grad():
-        for i in range(0, len(ty), 1000):
-            emb = F.normalize(cast(Backbone, tower).forward_features(tx[i : i + 1000]), dim=-1)
-            correct += int(((emb @ t.T).argmax(1) == ty[i : i + 1000]).sum())
+        sims = torch.cat(
+            [F.normalize(cast(Backbone, tower).forward_features(tx[i : i + 1000]), dim=-1) @ t.T
+             for i in range(0, len(ty), 1000)]
+        )  # fmt: skip
     info = {
-        "held_out_accuracy": correct / max(len(ty), 1),
+        "held_out_accuracy": float((sims.argmax(1) == ty).float().mean()) if len(ty) else 0.0,
         "train_images": int(len(y)),
         "train_range": [cfg.holdout_from, stop],
         "test_images": int(len(ty)),
@@ -246,6 +257,13 @@ def train_aligned_teacher(
         "in_channels": ds.in_channels,
         "image_size": ds.image_size,
     }
+    if cfg.classes is not None:  # zero-shot on the unseen classes: among all, and among the unseen
+        unseen = [c for c in range(ds.num_classes) if c not in cfg.classes]
+        sel = torch.isin(ty, torch.tensor(unseen))
+        if unseen and sel.any():
+            among = torch.tensor(unseen)[sims[sel][:, unseen].argmax(1)]
+            info["unseen_accuracy"] = float((sims[sel].argmax(1) == ty[sel]).float().mean())
+            info["unseen_within_accuracy"] = float((among == ty[sel]).float().mean())
     return {k: v.detach().cpu() for k, v in tower.state_dict().items()}, info
 
 

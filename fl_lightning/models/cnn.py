@@ -15,7 +15,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..core.errors import ConfigError
 from . import MODELS
+
+NECKS = ("relu", "linear")  # model.neck: the hidden layer's activation
 
 
 class SmallCNN(nn.Module):
@@ -28,8 +31,11 @@ class SmallCNN(nn.Module):
         hidden: int = 512,
         batch_norm: bool = False,
         padding: int = 2,
+        neck: str = "relu",
     ) -> None:
         super().__init__()
+        if neck not in NECKS:
+            raise ConfigError(f"model.neck={neck!r}: expected one of {', '.join(NECKS)}")
         c1, c2 = channels
 
         def norm(c: int, dim: int = 2) -> nn.Module:
@@ -50,7 +56,10 @@ class SmallCNN(nn.Module):
         if side < 1:
             raise ValueError(f"the CNN needs larger images than {image_size}px at padding {padding}")
         flat = c2 * side**2
-        self.neck = nn.Sequential(nn.Linear(flat, hidden), norm(hidden, 1), nn.ReLU(inplace=True))
+        # neck=linear: no activation after the hidden layer, as CLIP2FL's `add_mlp` (its
+        # student's features, the federated features and the text prototypes may take any sign)
+        act = nn.ReLU(inplace=True) if neck == "relu" else nn.Identity()
+        self.neck = nn.Sequential(nn.Linear(flat, hidden), norm(hidden, 1), act)
         self.feature_dim = hidden
         self.head = nn.Linear(hidden, num_classes)
 
@@ -77,8 +86,9 @@ def cnn(
     image_size: int = 28,
     channels: Sequence[int] = (32, 64),
     hidden: int = 512,
+    neck: str = "relu",
 ) -> SmallCNN:
-    return SmallCNN(num_classes, in_channels, image_size, _pair(channels), hidden)
+    return SmallCNN(num_classes, in_channels, image_size, _pair(channels), hidden, neck=neck)
 
 
 @MODELS.register("cnn_bn")

@@ -1,11 +1,11 @@
 """Building a run before its first round: validate against the registries, load and
-partition the data, build the strategy, the client spec and the initial model, plan the
-placement. Nothing here starts Ray or writes a file (`runner.py` runs what this builds).
+partition the data, build the strategy, the client spec and the initial model (the run's
+placement is the session's: `Session.placement`). Nothing here starts Ray or writes a file
+(`runner.py` runs what this builds).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -14,23 +14,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from ..config import (
+    Composed,
     RootConfig,
     clients_per_round,
     participation,
-    typed,
+    resolved_config,
+    sections,
     validate_registered,
-    variant_of,
-    with_method_defaults,
 )
 from ..core.augment import Augment, black
 from ..core.batched import model_refusal
 from ..core.errors import ConfigError
 from ..core.metrics import EvalSpec
 from ..core.objective import ClientObjective
-from ..core.optim import OptimConfig
 from ..core.params import to_cpu
 from ..core.strategy import Strategy, TaskInfo
 from ..data.federated import FederatedSplit, split_from_config
@@ -40,7 +38,6 @@ from ..methods import METHODS
 from ..models import check_image_size, family
 from ..models.ctran import pretrained_loaded
 from ..models.weights import MODEL_GENERIC_KEYS, load_trunk
-from ..text.encoders import resolved_text
 from .host import ClientSpec, build_objective, precision_of
 
 
@@ -60,26 +57,18 @@ class Prepared:
     weights_info: dict[str, Any] | None = None  # `model.weights`: the pretrained trunk loaded
 
 
-def _mapping(node: Any) -> dict[str, Any]:
-    assert isinstance(node, dict)
-    return {str(k): v for k, v in node.items()}
-
-
-def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
+def prepare(cfg: Composed, trunk: str | None = None) -> Prepared:
     """Validate against the registries, load data, partition, build the initial model.
     `trunk`: the file `model.weights` is read from (a resumed run's own copy of it)."""
     method_cfg = validate_registered(cfg, trunk)  # checked before any data
+    run = sections(cfg)  # typed; `model` and `text` plain mappings
     d = cfg.data
     check_dataset(d.name, d.root, d.download)
     dataset = load_from_config(d)  # with data.image_size, domains, ... and train/test subsets
     server_x = None
     if d.server_subset:  # the server's unlabeled images: out of the training set, before the split
         dataset, server_x = dataset.hold_out(int(d.server_subset))
-    model_kwargs = {
-        k: (list(v) if OmegaConf.is_list(v) else v)
-        for k, v in cfg.model.items()
-        if k not in MODEL_GENERIC_KEYS
-    }
+    model_kwargs = {k: v for k, v in run.model.items() if k not in MODEL_GENERIC_KEYS}
     if d.image_size is None:  # the native size, known now (a configured one was checked before the data)
         size = dataset.image_size
         check_image_size(cfg.model.name, dataset.num_classes, dataset.in_channels, size, **model_kwargs)
@@ -95,11 +84,11 @@ def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
         num_classes=dataset.num_classes,
         class_names=tuple(dataset.class_names),
         dataset=cfg.data.name,
-        text=_mapping(OmegaConf.to_container(cfg.text, resolve=True)),
+        text=dict(run.text),
         has_client_test_split=bool(split.test),
         multilabel=bool(dataset.multilabel),
         train_class_counts=train_counts,
-        data=_mapping(OmegaConf.to_container(cfg.data, resolve=True)),
+        data=dataclasses.asdict(run.data),
         rounds=int(cfg.fl.rounds),
     )
     strategy = strategy_cls(method_cfg, cfg.fl.num_clients, clients_per_round(cfg), cfg.seed, task)
@@ -126,7 +115,7 @@ def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
         objective_kwargs=strategy.objective_kwargs(),
         model=cfg.model.name,
         model_kwargs=strategy.model_kwargs(cfg.model.name, model_kwargs),
-        optim=OptimConfig(**_mapping(OmegaConf.to_container(cfg.optim, resolve=True))),
+        optim=run.optim,
         num_classes=dataset.num_classes,
         in_channels=dataset.in_channels,
         image_size=dataset.image_size,
@@ -157,50 +146,25 @@ def prepare(cfg: DictConfig, trunk: str | None = None) -> Prepared:
         weights_info = load_trunk(objective.model, trunk or str(cfg.model.weights))
         weights_info["path"] = str(Path(str(cfg.model.weights)).expanduser())  # the file named, as it started
     if family(spec.model) is None:
-        spec.init_params = to_cpu(objective.model.state_dict())
-        init_params: dict[str, torch.Tensor] | None = spec.init_params
+        init_params: dict[str, torch.Tensor] | None = to_cpu(objective.model.state_dict())
+        spec = dataclasses.replace(spec, init_params=init_params)
     else:
         # Heterogeneous clients: each starts from its own seeded model; only weights every
         # architecture has alike (e.g. LG-FedAvg's head) can be global.
         init_params = _family_shared_params(spec, objective) or None
-        spec.init_seed = int(cfg.seed)
-    run = typed(resolved_config(cfg, strategy.resolved(objective.model), spec))
-    return Prepared(
-        run, dataset, split, strategy, spec, init_params, objective, eval_spec, server_x, weights_info
-    )
-
-
-def resolved_config(cfg: DictConfig, chosen: dict[str, Any], spec: ClientSpec) -> DictConfig:
-    """`cfg` with the choices made while building written in as values, so that config.yaml
-    and W&B hold what runs and a run from config.yaml builds the same: the method's
-    (`chosen`: `Strategy.resolved`, e.g. FedGLCL's projector, the text encoder a text method
-    fell back to), the backbone's keyword arguments as built (FedTSP and CLIP2FL set the
-    feature dimension to the text's), the W&B group (the experiment when unset) and the
-    variant (`config.variant_of`). The
-    run id and the placement are written when they are known (`runner.py`)."""
-    out = copy.deepcopy(with_method_defaults(cfg))  # every method key, its dataclass's defaults too
-    OmegaConf.set_struct(out, False)
-    OmegaConf.set_struct(out.method, False)  # a key the method file leaves to its schema
-    if "text" in chosen:  # the whole group: an encoder's keys are not `none`'s
-        out.text = OmegaConf.create(chosen["text"])
-    out.merge_with({k: v for k, v in chosen.items() if k != "text"})
-    # the builder's arguments as built, and the pretrained trunk the initial weights came from
-    weights = cfg.model.get("weights")
+        spec = dataclasses.replace(spec, init_seed=int(cfg.seed))
     kwargs = dict(spec.model_kwargs)
     if spec.model == "ctran" and "pretrained" in kwargs:  # a flag only its efficientnet trunk reads
         kwargs["pretrained"] = pretrained_loaded(kwargs)
-    out.model = OmegaConf.create({"name": spec.model, **kwargs, "weights": weights})
-    if out.logger.group is None:
-        out.logger.group = out.experiment
-    out.variant = variant_of(out)
-    out.data.root = os.path.expanduser(out.data.root)  # the folder read, not `~/...`
-    if out.text.name != "none":  # the encoder's files and device as used (path null, device auto)
-        text = OmegaConf.to_container(out.text, resolve=True)
-        assert isinstance(text, dict)
-        out.text = OmegaConf.create(resolved_text({str(k): v for k, v in text.items()}))
-    for node in (out, out.method, out.model, out.text):
-        OmegaConf.set_struct(node, True)
-    return out
+    resolved = resolved_config(cfg, strategy.resolved(objective.model), spec.model, kwargs)
+    prepared = Prepared(
+        resolved, dataset, split, strategy, spec, init_params, objective, eval_spec, server_x, weights_info
+    )
+    if on_cpu(cfg):  # a slow step (C-Tran) says how long the rounds will take, before they start
+        from .plan import announce_client_training
+
+        announce_client_training(prepared)
+    return prepared
 
 
 def _family_shared_params(spec: ClientSpec, objective: ClientObjective[Any]) -> dict[str, torch.Tensor]:
@@ -224,6 +188,16 @@ def _family_shared_params(spec: ClientSpec, objective: ClientObjective[Any]) -> 
     return shared
 
 
-def local_resources(cfg: DictConfig | RootConfig) -> tuple[float, float]:
+def local_resources(cfg: Composed | RootConfig) -> tuple[float, float]:
     gpus = cfg.runtime.num_gpus if cfg.runtime.num_gpus is not None else torch.cuda.device_count()
     return float(cfg.runtime.num_cpus or os.cpu_count() or 1), float(gpus)
+
+
+def on_cpu(cfg: Composed | RootConfig) -> bool:
+    """The clients will train on this machine's CPU (not a GPU, not a cluster's nodes)."""
+    from .local_ray import cluster_address
+
+    rt = cfg.runtime
+    if rt.executor != "serial" and cluster_address(getattr(rt, "address", None)):
+        return False  # a cluster's nodes: not this machine's speed
+    return rt.accelerator == "cpu" or (rt.accelerator == "auto" and local_resources(cfg)[1] == 0)

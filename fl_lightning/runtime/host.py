@@ -54,9 +54,10 @@ def precision_of(value: object) -> Precision:
     return _PRECISIONS[str(value)]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClientSpec:
-    """Everything a host needs to build a client's objective and trainer (picklable)."""
+    """Everything a host needs to build a client's objective and trainer (picklable, immutable;
+    `threads` and `accelerator` are the placement's: `Placement.place`)."""
 
     method: str
     objective_kwargs: dict[str, Any]
@@ -162,6 +163,19 @@ Loader = DataLoader[tuple[torch.Tensor, ...]] | ResidentBatches | AugmentedBatch
 def drop_last(n: int, batch_size: int) -> bool:
     """Whether a fit drops its shard's last batch: only one of a single example (batch norm fails on it)."""
     return n % batch_size == 1 and n > 1
+
+
+def fit_batches(n: int, batch_size: int, epochs: int | None, steps: int | None = None) -> list[int]:
+    """The size of every batch of a fit over `n` examples, in order: what `batch_indices`
+    draws (and a Lightning fit with `max_epochs` / `max_steps` runs), without the draws;
+    `steps` (max_steps) wins over `epochs`."""
+    whole, rest = divmod(n, batch_size)
+    epoch = [batch_size] * whole + ([rest] if rest and not drop_last(n, batch_size) else [])
+    if not epoch:
+        return []
+    if steps is None:
+        return epoch * int(epochs or 0)
+    return (epoch * -(-steps // len(epoch)))[:steps]
 
 
 def batch_indices(

@@ -12,6 +12,7 @@ packing GPU 0 first, and one-GPU actors each get their own GPU.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,13 +20,15 @@ from typing import TYPE_CHECKING, Any
 from ..core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from ..config import RootConfig
+    from ..config import Composed, RootConfig
+    from .host import ClientSpec
 
 
 @dataclass(frozen=True)
 class Placement:
+    """A run's workers, decided once (`Session.placement`): how many, what each asks Ray for
+    and is made with, which clients each hosts; immutable."""
+
     num_actors: int
     cpus_per_actor: float
     gpus_per_actor: float
@@ -34,6 +37,22 @@ class Placement:
     assignment: tuple[int, ...]  # client id -> actor index (sticky: data loads once)
     gpu_bundles: int = 0  # placement-group bundles, one per GPU used; 0: no placement group
     mode: str = "pool"  # per_client | pool: `runtime.placement` with `auto` decided
+    strategy: str = "PACK"  # runtime.placement_strategy: how the GPU bundles spread over nodes
+    schedule_timeout_s: float | None = 120.0  # runtime.schedule_timeout_s: to reserve the bundles
+    check_cuda: bool = True  # a GPU worker checks that CUDA works (off only for tests on declared GPUs)
+
+    def place(self, spec: ClientSpec) -> ClientSpec:
+        """`spec` as this placement's hosts run it: their threads and accelerator."""
+        return dataclasses.replace(spec, threads=self.threads, accelerator=self.accelerator)
+
+    def worker_key(self) -> tuple[Any, ...]:
+        """What makes workers interchangeable: the resources each holds and what it was made
+        with; inside a placement group, the whole layout (bundles, which actor on which)."""
+        layout = None
+        if self.gpu_bundles:
+            bundles = tuple(tuple(sorted(b.items())) for b in self.bundles())
+            layout = (bundles, tuple(self.bundle_of(a) for a in range(self.num_actors)), self.strategy)
+        return (self.cpus_per_actor, self.gpus_per_actor, self.accelerator, self.check_cuda, layout)
 
     def clients_of(self, actor: int) -> list[int]:
         return [c for c, a in enumerate(self.assignment) if a == actor]
@@ -85,6 +104,8 @@ def plan_placement(
     cpus_per_client: float | None = None,
     gpus_per_client: float | None = None,
     threads_per_client: int | None = None,
+    strategy: str = "PACK",
+    schedule_timeout_s: float | None = 120.0,
 ) -> Placement:
     if accelerator == "auto":
         accelerator = "gpu" if total_gpus > 0 else "cpu"
@@ -137,27 +158,31 @@ def plan_placement(
         assignment=tuple(c % n for c in range(num_clients)),
         gpu_bundles=min(whole_gpus, n) if gpu else 0,
         mode=placement,
+        strategy=strategy,
+        schedule_timeout_s=schedule_timeout_s,
     )
 
 
-def placement_for(cfg: DictConfig | RootConfig, cpus: float, gpus: float) -> Placement:
+def placement_for(cfg: Composed | RootConfig, cpus: float, gpus: float) -> Placement:
     """The run's placement on `cpus` and `gpus` (its `runtime` settings)."""
     rt = cfg.runtime
     return plan_placement(
         cfg.fl.num_clients, cpus, gpus, rt.placement, rt.accelerator, rt.num_actors,
-        rt.cpus_per_client, rt.gpus_per_client, rt.threads_per_client,
+        rt.cpus_per_client, rt.gpus_per_client, rt.threads_per_client, rt.placement_strategy,
+        rt.schedule_timeout_s,
     )  # fmt: skip
 
 
 # --- placement groups (Ray imported inside: `early.py` reads this module before Ray is up) ---
-def reserve_gpu_bundles(placement: Placement, strategy: str = "PACK", timeout_s: float | None = 120.0) -> Any:
+def reserve_gpu_bundles(placement: Placement) -> Any:
     """A placement group with one bundle per GPU, ready; a clear ConfigError when the
-    bundles fit on no node, or when the cluster cannot grant them within `timeout_s`."""
+    bundles fit on no node, or when the cluster cannot grant them within
+    `placement.schedule_timeout_s`."""
     import ray
     from ray.exceptions import GetTimeoutError
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    bundles = placement.bundles()
+    bundles, strategy, timeout_s = placement.bundles(), placement.strategy, placement.schedule_timeout_s
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     reason = bundles_fit(bundles, nodes)
     if reason:
@@ -186,15 +211,6 @@ def on_bundle(pg: Any, placement: Placement, actor: int) -> dict[str, Any]:
 
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
         placement_group=pg, placement_group_bundle_index=placement.bundle_of(actor))}  # fmt: skip
-
-
-def layout_key(placement: Placement, strategy: str) -> tuple[Any, ...] | None:
-    """What makes workers in a placement group interchangeable: the bundles, which actor on
-    which, the strategy (None without a group)."""
-    if not placement.gpu_bundles:
-        return None
-    bundles = tuple(tuple(sorted(b.items())) for b in placement.bundles())
-    return (bundles, tuple(placement.bundle_of(a) for a in range(placement.num_actors)), strategy)
 
 
 def end_workers(actors: list[Any], pg: Any, quiet: bool = False) -> None:

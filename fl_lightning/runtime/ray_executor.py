@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,10 +29,9 @@ from ..core.errors import ClientFailure
 from ..core.messages import ClientPayload, RoundPlan
 from ..core.types import ClientId, ClientState
 from ..data.registry import ArrayDataset
-from .actor import remote_actor
-from .early import EarlyWorkers
 from .host import ClientSpec
-from .placement import Placement, end_workers, layout_key, on_bundle, reserve_gpu_bundles
+from .placement import Placement
+from .workers import Idle, WorkerSource, new_worker
 
 log = logging.getLogger(__name__)
 _WINDOW = 4  # tasks in flight per actor (see `RayExecutor._run`)
@@ -48,64 +46,39 @@ class RayExecutor:
         test: list[np.ndarray],
         placement: Placement,
         max_client_failures: int = 0,
-        placement_strategy: str = "PACK",
-        schedule_timeout_s: float | None = 120.0,
-        check_cuda: bool = True,
         restore: Callable[[list[ClientId]], Iterable[tuple[ClientId, ClientState]]] | None = None,
-        pool: ActorPool | None = None,
-        early: EarlyWorkers | None = None,
+        source: WorkerSource | None = None,
     ) -> None:
-        """`restore`: the last checkpoint's state of some clients (for a restarted actor);
-        `pool`: warm workers of a sweep's earlier runs, kept for the next when this run
-        completes; `early`: workers `Session.early_start` made while the driver imported."""
+        """Clients on `placement`'s workers, taken from `source` where it holds idle ones made
+        for it (early, or warm from a sweep's previous run), else new; `restore`: the last
+        checkpoint's state of some clients (for a restarted actor)."""
         self.placement = placement
         self.max_client_failures = max_client_failures
-        self._spec = spec
-        self._check_cuda = check_cuda
-        self._options = dict(num_cpus=placement.cpus_per_actor, num_gpus=placement.gpus_per_actor)
-        self._strategy = placement_strategy
+        self._spec = placement.place(spec)  # its hosts' threads and accelerator
         self._restore = restore
+        self._source = source if source is not None else WorkerSource()
         self.failures: list[str] = []
         self.retries: list[str] = []
-        # warm workers of a sweep's previous run that asked for the same (with their placement
-        # group, on GPUs); any other idle worker is ended so its CPUs and GPUs are free for ours
-        n = placement.num_actors
-        self._pool = pool
-        warm = pool.take(self._pool_key(), n) if pool is not None else None
-        handles: list[Any] = []
-        self.pg: Any = None
-        if warm is not None:
-            handles, self.pg = warm.actors, warm.pg
-        elif early is not None:  # workers (and their placement group) made while the driver imported
-            ctor = (spec.accelerator, check_cuda)
-            handles, self.pg = early.take(self._options, ctor, n, layout_key(placement, placement_strategy))
-        if self.pg is None and placement.gpu_bundles:
-            self.pg = reserve_gpu_bundles(placement, placement_strategy, schedule_timeout_s)
+        idle = self._source.take(placement)
+        handles, self.pg = idle.actors, idle.pg
         self._dataset_ref = ray.put(dataset)  # once; actors read it zero-copy
         self._train, self._test = train, test
         self._setup: dict[int, Any] = {}
-        self.reused = len(handles) if warm is not None else 0
-        self.prestarted = len(handles) if warm is None else 0
+        self.reused = 0 if idle.early else len(handles)
+        self.prestarted = len(handles) if idle.early else 0
         self.actors: list[Any] = []
         try:
-            for a in range(n):
+            for a in range(placement.num_actors):
                 self.actors.append(self._start(a, handles[a] if a < len(handles) else None))
         except BaseException:  # Ctrl-C, SIGTERM: what started ends with the run (a shared Ray stays up)
-            _end(_Idle([*self.actors, *handles[len(self.actors) :]], self.pg))
+            Idle([*self.actors, *handles[len(self.actors) :]], self.pg).end()
             raise
 
-    def _pool_key(self) -> tuple[Any, ...]:
-        """Workers are interchangeable when they hold the same resources; inside a placement
-        group, when the whole layout (bundles, which actor on which) is the same."""
-        opts, layout = self._options, layout_key(self.placement, self._strategy)
-        return (opts["num_cpus"], opts["num_gpus"], self._spec.accelerator, self._check_cuda, layout)
-
     def _start(self, actor: int, handle: Any = None) -> Any:
-        """Actor `actor` (a new worker, or a warm one from the pool) set up with its clients."""
+        """Actor `actor` (a new worker, or an idle one) set up with its clients."""
         clients = self.placement.clients_of(actor)
-        if handle is None:
-            options = {**self._options, **on_bundle(self.pg, self.placement, actor)}  # same GPU on a restart
-            handle = remote_actor().options(**options).remote(self._spec.accelerator, self._check_cuda)
+        if handle is None:  # on its bundle: the same GPU on a restart
+            handle = new_worker(self.placement, self.pg, actor)
         self._setup[actor] = handle.setup.remote(  # actor tasks run in order: later calls see it
             self._spec,
             self._dataset_ref,
@@ -218,56 +191,15 @@ class RayExecutor:
         return self._run(plan, "bn_stats")
 
     def close(self, reuse: bool = False) -> None:
-        """End the actors (and the placement group), or (`reuse`, with a `pool`) keep them
-        warm, their clients dropped, for the next run."""
-        if reuse and self._pool is not None:
-            for a in self.actors:
+        """End the actors (and the placement group), or (`reuse`) keep them warm in the
+        source, their clients dropped, for the next run."""
+        idle, self.actors, self.pg = Idle(self.actors, self.pg), [], None
+        if reuse:
+            for a in idle.actors:
                 a.release.remote()
-            self._pool.put(self._pool_key(), _Idle(self.actors, self.pg))
+            self._source.put(self.placement, idle)
         else:
-            _end(_Idle(self.actors, self.pg))
-        self.actors, self.pg = [], None
-
-
-@dataclass
-class _Idle:
-    actors: list[Any]
-    pg: Any = None  # their placement group (GPU runs), reserved as long as they are kept
-
-
-def _end(idle: _Idle) -> None:
-    end_workers(idle.actors, idle.pg)
-
-
-class ActorPool:
-    """Idle, warm client workers between the runs of one process, by what they hold."""
-
-    def __init__(self) -> None:
-        self._idle: dict[tuple[Any, ...], _Idle] = {}
-
-    def take(self, key: tuple[Any, ...], n: int) -> _Idle | None:
-        """Up to `n` workers for `key` (all of them, or none, inside a placement group);
-        every other idle worker is ended (it holds CPUs or GPUs the new run may need)."""
-        mine = self._idle.pop(key, None)
-        self.clear()
-        if mine is None:
-            return None
-        if mine.pg is not None and len(mine.actors) != n:
-            _end(mine)
-            return None
-        for a in mine.actors[n:]:
-            ray.kill(a)
-        return _Idle(mine.actors[:n], mine.pg)
-
-    def put(self, key: tuple[Any, ...], idle: _Idle) -> None:
-        if key in self._idle:  # not expected (one executor per run); keep one set
-            _end(self._idle.pop(key))
-        self._idle[key] = idle
-
-    def clear(self) -> None:
-        for idle in self._idle.values():
-            _end(idle)
-        self._idle = {}
+            idle.end()
 
 
 def _cause(e: Exception) -> str:

@@ -1,7 +1,7 @@
 """`RoundRecord`: one round's line of `metrics.jsonl`, typed, and the metrics that fill it.
 
-The loop fills the training part (clients, their metrics, bytes, times), callbacks add
-theirs (`server/*` from the strategy, the global evaluation, the clients' evaluation), and
+The loop fills the training part (clients, their metrics, bytes, times), then `server/*`
+(from the strategy), the global evaluation and the clients' evaluation, and
 `line()` gives the JSON object written, in this order:
 
     round, train_loss, clients, clients_failed, clients_retried, [client_failures],
@@ -26,6 +26,7 @@ import numpy as np
 
 from ..core.errors import ClientFailure
 from ..core.messages import ClientEval, ClientUpdate, RoundPlan
+from ..core.metrics import dual_metrics
 
 #: record fields written as they are, in this order (the dicts go in between, see `line`)
 _HEAD = ("train_loss", "clients", "clients_failed", "clients_retried")
@@ -61,8 +62,6 @@ class RoundRecord:
     diverged: bool = False
     #: perf_counter when the round's own work ended (not written)
     done: float = 0.0
-    #: its global evaluation still runs (eval.overlap): the line waits for it (not written)
-    awaiting_evaluation: bool = False
 
     @classmethod
     def of_fit(
@@ -112,6 +111,7 @@ class RoundRecord:
         out.update({f"server/{k}": v for k, v in self.server.items()})
         out.update(self.evaluation)
         out.update(self.client_evaluation)
+        out.update(dual_metrics(out))  # FLiP's dual: global and personal accuracy's harmonic mean
         out.update((k, getattr(self, k)) for k in _TAIL if getattr(self, k) is not None)
         out.update(self.memory)
         if self.wall_time_s is not None:

@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
-from ..config import RootConfig, to_yaml
+from ..config import Composed, RootConfig, to_yaml
 from ..core.errors import DivergedError
 from ..core.files import open_new
 from ..core.messages import ServerState
@@ -39,18 +38,21 @@ from ..tracking.chance import chance_level
 from . import checkpoint, outcome
 from .build import Prepared, prepare
 from .callbacks import (
-    BNStatistics,
     Callback,
     CallbackList,
     Checkpointer,
     ClientEval,
-    DivergenceGuard,
     GlobalEval,
+    Line,
     Loggers,
     MetricsWriter,
     RunContext,
     WallClock,
+    finite_losses,
+    finite_weights,
+    recompute_bn_stats,
 )  # fmt: skip
+from .callbacks.checkpointing import unwritten_line
 from .callbacks.evaluation import driver_device
 from .callbacks.metrics import wandb_loggers
 from .executor import Executor
@@ -64,6 +66,16 @@ log = logging.getLogger("fl_lightning")
 __all__ = ["Prepared", "Run", "prepare", "resume_run", "run_rounds", "start_run"]
 
 
+@dataclasses.dataclass(frozen=True)
+class RoundSteps:
+    """What a run does each round beside the strategy's hooks, as its config chose it."""
+
+    global_eval: GlobalEval
+    client_eval: ClientEval
+    checkpointer: Checkpointer | None = None  # None: no checkpoints (a test's rounds)
+    bn_stats: bool = False  # fl.bn_stats=recompute
+
+
 def run_rounds(
     state: ServerState,
     last_round: int,
@@ -71,37 +83,63 @@ def run_rounds(
     executor: Executor,
     seed: int,
     context: Callable[[int], ServerContext],
+    steps: RoundSteps,
     callbacks: Callback,
     clock: WallClock,
 ) -> ServerState:
-    """Rounds `state.round + 1` to `last_round`: the algorithm, and the callbacks' hooks."""
-    for rnd in range(state.round + 1, last_round + 1):
-        t0 = time.perf_counter()
-        # 1. configure: sample clients, the broadcast and each client's payload
-        plan = callbacks.on_round_start(strategy.configure_round(state, rnd, round_rng(seed, rnd)))
-        # 2. fit: results come in completion order; sorted, so the sums do not depend on it
-        failed, retried = len(executor.failures), len(executor.retries)
-        updates = sorted(executor.fit(plan), key=lambda u: u.client_id)
-        tf = time.perf_counter()
-        callbacks.on_fit_end(rnd)
-        record = RoundRecord.of_fit(
-            rnd, plan, updates, executor.failures[failed:], executor.retries[retried:]
-        )
-        callbacks.on_updates(record, updates)
-        t1 = time.perf_counter()
-        # 3. aggregate, 4. server update
-        state = strategy.aggregate(state, updates)
-        state, record.server = strategy.server_update(state, updates, context(rnd))
-        state = callbacks.on_server_state(dataclasses.replace(state, round=rnd), plan, updates, record)
-        t2 = time.perf_counter()
-        # then evaluation, and the round's line (at once, or when its overlapped evaluation ends)
-        callbacks.on_evaluate(state, updates, record)
-        record.finish(plan, updates, t0, tf, t1, t2)
-        record.wall_time_s = clock.wall(record.done)
-        callbacks.on_round_end(state, record)
-        if not record.awaiting_evaluation:
-            callbacks.on_line(record)
+    """Rounds `state.round + 1` to `last_round`: the algorithm, in order; callbacks observe."""
+    line: Line | None = None  # the newest round's line until it is written (`waits`: its evaluation runs)
+    try:
+        for rnd in range(state.round + 1, last_round + 1):
+            t0 = time.perf_counter()
+            # 1. configure: sample clients, the broadcast and each client's payload (to evaluate
+            #    before it uploads, eval.timing=trained)
+            plan = steps.client_eval.before_upload(strategy.configure_round(state, rnd, round_rng(seed, rnd)))
+            callbacks.on_round_start(plan)
+            # 2. fit: results come in completion order; sorted, so the sums do not depend on it
+            failed, retried = len(executor.failures), len(executor.retries)
+            updates = sorted(executor.fit(plan), key=lambda u: u.client_id)
+            tf = time.perf_counter()
+            # the previous round's evaluation ends before this round's is prepared: its line now
+            _write(line, callbacks)
+            record = RoundRecord.of_fit(
+                rnd, plan, updates, executor.failures[failed:], executor.retries[retried:]
+            )
+            finite_losses(record, updates)
+            callbacks.on_updates(record, updates)
+            t1 = time.perf_counter()
+            # 3. aggregate, 4. server update (then fl.bn_stats=recompute: the clients that trained
+            #    measure the new global model's batch-norm statistics)
+            state = strategy.aggregate(state, updates)
+            state, record.server = strategy.server_update(state, updates, context(rnd))
+            state = finite_weights(dataclasses.replace(state, round=rnd), record)
+            if steps.bn_stats:
+                state = recompute_bn_stats(state, plan, updates, record, strategy, executor)
+            t2 = time.perf_counter()
+            # 5. evaluate: the global model in line, or beside the next round's fit (eval.overlap;
+            #    the last round in line), then the clients' own models
+            line = steps.global_eval.start(state, record, overlap=rnd < last_round)
+            steps.client_eval.evaluate(state, updates, record, executor)
+            record.finish(plan, updates, t0, tf, t1, t2)
+            record.wall_time_s = clock.wall(record.done)
+            # the checkpoint holds the round's line as known now; the line is written once complete
+            if steps.checkpointer is not None:
+                steps.checkpointer.round_end(state, updates, record, evaluating=line.waits)
+            callbacks.on_round_end(state, record)
+            if not line.waits:
+                _write(line, callbacks)
+    except BaseException:
+        with contextlib.suppress(Exception):  # a finished round still gets its line
+            _write(line, callbacks)
+        raise
     return state
+
+
+def _write(line: Line | None, callbacks: Callback) -> None:
+    """`line`'s record to every `on_line`, once (after its evaluation, if it still runs)."""
+    record = line.take() if line is not None else None
+    if record is not None:
+        callbacks.on_line(record)
 
 
 class Run:
@@ -133,18 +171,17 @@ class Run:
         p, cfg, run_dir = self.p, self.cfg, self.run_dir
         state, meta, client_index = self._initial_state()
         writer = MetricsWriter(run_dir, resumed_round=state.round if self.resume else None)
-        unwritten = None if writer.has_line(state.round) else meta.get("pending_line")
+        unwritten, evaluating = unwritten_line(meta)
+        if writer.has_line(state.round):
+            unwritten = None
         clock = WallClock(writer.wall_time(unwritten))
         client_eval = ClientEval(p)
         try:
             self._write_partition()
             for w in p.strategy.warnings():
                 log.warning(w)
-            global_eval = GlobalEval(p, run_dir)
-            checkpointer = Checkpointer(
-                run_dir, int(cfg.checkpoint.every), int(cfg.fl.rounds), state, client_index, unwritten,
-                global_eval.evaluate_now,
-            )  # fmt: skip
+            global_eval = GlobalEval(p, run_dir, clock)
+            checkpointer = Checkpointer(run_dir, int(cfg.checkpoint.every), int(cfg.fl.rounds), client_index)
             workers = self.session.workers(p, restore=checkpointer.saved_states)
         except BaseException as e:  # Ray did not start, Ctrl-C or SIGTERM while its workers start:
             # summary.json says why, as for any run that stops
@@ -155,16 +192,24 @@ class Run:
         self._record_choices(workers.placement)
         progress = Progress(cfg.fl.rounds, state.round, self.console, p.strategy.primary_metric())
         loggers = Loggers([], progress, first_round=state.round)
-        own = default_callbacks(p, global_eval, client_eval, writer, checkpointer, loggers)
-        callbacks = CallbackList([*own, *self.extra_callbacks])
+        # the line goes to metrics.jsonl before W&B and the progress bar: a run killed in
+        # between writes it (from its checkpoint) and logs it once
+        callbacks = CallbackList([writer, loggers, *self.extra_callbacks])
+        steps = RoundSteps(global_eval, client_eval, checkpointer, cfg.fl.bn_stats == "recompute")
         status = "failed"
         error: str | None = None  # why it stopped (summary.json `error`)
         try:
             loggers.loggers = wandb_loggers(p, run_dir, meta)
-            callbacks.on_run_start(RunContext(workers.executor, clock, callbacks.on_line, loggers.meta))
+            checkpointer.restore(workers.executor, loggers.meta)
+            callbacks.on_run_start(RunContext(workers.executor, clock, loggers.meta))
+            if unwritten is not None:  # killed after its round's checkpoint, before the line was written
+                record = RoundRecord.from_line({"round": state.round, **unwritten})
+                if evaluating:
+                    record.evaluation = global_eval.now(state)
+                callbacks.on_line(record)
             self.startup_s = clock.start() - self.started_at
             last, seed = int(cfg.fl.rounds), int(cfg.seed)
-            run_rounds(state, last, p.strategy, workers.executor, seed, self.context, callbacks, clock)
+            run_rounds(state, last, p.strategy, workers.executor, seed, self.context, steps, callbacks, clock)
             status = "completed"
         except BaseException as e:
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"  # interrupted: resumable
@@ -178,6 +223,7 @@ class Run:
             summary = self._summary(writer, client_eval, workers, status, error)
             try:
                 writer.write_summary(summary, failing=error is not None)
+                global_eval.close()
                 callbacks.on_run_end(status, summary)
             finally:  # the run's workers end (or stay warm) whatever happened on the way out
                 self.session.end_run(workers.executor, completed=status == "completed")
@@ -258,29 +304,6 @@ class Run:
         return ServerContext(rnd, device, rng, self.p.strategy.task, build_model, unlabeled=self._unlabeled)
 
 
-def default_callbacks(
-    p: Prepared,
-    global_eval: GlobalEval,
-    client_eval: ClientEval,
-    writer: MetricsWriter,
-    checkpointer: Checkpointer,
-    loggers: Loggers,
-) -> list[Callback]:
-    """A run's callbacks, in the order their hooks run; the order is part of the protocol:
-
-    - DivergenceGuard before BNStatistics: no statistics are measured under non-finite weights;
-    - GlobalEval before ClientEval: the evaluations run as they always ran (and GlobalEval
-      settles the previous round's overlapped evaluation first thing after the fit);
-    - MetricsWriter, Checkpointer, Loggers: a round's line is written, then its round is
-      checkpointed, then it goes to W&B and the progress bar (a run killed in between
-      repeats the round and logs it to W&B once).
-    """
-    guards: list[Callback] = [DivergenceGuard()]
-    if p.cfg.fl.bn_stats == "recompute":
-        guards.append(BNStatistics(p.strategy))
-    return [*guards, global_eval, client_eval, writer, checkpointer, loggers]
-
-
 @contextlib.contextmanager
 def _in(session: Session | None) -> Iterator[Session]:
     """`session`, or a new one for this run alone."""
@@ -292,7 +315,7 @@ def _in(session: Session | None) -> Iterator[Session]:
 
 
 def start_run(
-    cfg: DictConfig,
+    cfg: Composed,
     console: bool = True,
     run_dir: Path | None = None,
     started_at: float | None = None,
@@ -353,7 +376,7 @@ def _last_line_round(run_dir: Path) -> int:
 
 
 def resume_run(
-    run_dir: Path, cfg: DictConfig, console: bool = True, session: Session | None = None
+    run_dir: Path, cfg: Composed, console: bool = True, session: Session | None = None
 ) -> dict[str, Any]:
     """Continue a run from its newest intact checkpoint (`checkpoint.recover`), holding the run
     directory's lock from before anything is read or written. A finished run returns at once,

@@ -1,7 +1,8 @@
 """`Session`: what outlives one run of a process: the Ray it started or joined (and that
-Ray's lifecycle), the workers `early_start` made before the run asked for them, and (a
-sequential sweep) the warm workers of its finished runs. None of it is module-level state:
-`runner.start_run` and `resume_run` take a session, by default a new one that ends with them.
+Ray's lifecycle), and its idle workers (`WorkerSource`): those `early_start` made before the
+run asked for them and (a sequential sweep) the warm workers of its finished runs. None of it
+is module-level state: `runner.start_run` and `resume_run` take a session, by default a new one
+that ends with them.
 
 Light to import (no torch, no Ray at module level): the CLI enters a session before the
 driver's heavy imports, so that Ray and the workers start meanwhile (`early_start`).
@@ -17,17 +18,16 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple
 
-from .early import DRIVER_MODULES, EarlyWorkers, create_workers
+from .early import DRIVER_MODULES
 from .local_ray import RayConnection, cluster_address, init_ray
 from .placement import Placement, placement_for
+from .workers import WorkerSource
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
+    from ..config import Composed, RootConfig
     from ..core.types import ClientId, ClientState
     from .build import Prepared
     from .executor import Executor
-    from .ray_executor import ActorPool
 
 
 class Workers(NamedTuple):
@@ -50,8 +50,8 @@ class Session:
     def __init__(self, keep_ray: bool = False, reuse_actors: bool = False) -> None:
         self.keep_ray, self.reuse_actors = keep_ray, reuse_actors
         self.ray: RayConnection | None = None  # the Ray this session connected (None: none, or one found up)
-        self.early: EarlyWorkers | None = None  # workers made by `early_start`, until a run takes them
-        self.pool: ActorPool | None = None  # `reuse_actors`: idle warm workers
+        self.source = WorkerSource()  # idle workers: made by `early_start`, or warm (`reuse_actors`)
+        self.planned: Placement | None = None  # `early_start`'s: the placement of the run inside it
 
     def __enter__(self) -> Session:
         return self
@@ -71,20 +71,17 @@ class Session:
         return True
 
     def close(self) -> None:
-        """End the early workers no run took, the warm ones, and the Ray this session connected."""
-        if self.early is not None:
-            self.early.end()
-            self.early = None
+        """End the idle workers (early ones no run took, warm ones) and the Ray this session connected."""
         ray = sys.modules.get("ray")
-        if self.pool is not None and ray is not None and ray.is_initialized():
-            self.pool.clear()
-        self.pool = None
+        if ray is not None and ray.is_initialized():
+            self.source.clear()
+        self.source = WorkerSource()
         conn, self.ray = self.ray, None
         if conn is not None:
             conn.shutdown()
 
     @contextlib.contextmanager
-    def early_start(self, cfg: DictConfig) -> Iterator[None]:
+    def early_start(self, cfg: Composed) -> Iterator[None]:
         """Around a `start_run` of `cfg` in this session: Ray and the run's workers start while
         the driver imports (`early.py`). A serial run, one that joins a cluster, or
         `runtime.early_start=false` is left as it was."""
@@ -104,55 +101,61 @@ class Session:
         loader = threading.Thread(target=load, name="fl-imports", daemon=True)
         loader.start()
         try:
-            self.connect(rt.address, rt.num_cpus, rt.num_gpus)
-            self.early = create_workers(cfg)
+            self.planned = self.placement(cfg)
+            self.source.make(self.planned)
             loader.join()
             if errors:
                 raise errors[0]
             yield
         finally:
-            if self.early is not None:
-                self.early.end()
-                self.early = None
+            self.planned = None
             if not self.keep_ray:
                 self.close()
+
+    def placement(self, cfg: Composed | RootConfig) -> Placement:
+        """Where run `cfg`'s clients run, decided once per run: `early_start`'s (it made the
+        workers for it), else from this machine's resources (`runtime=serial`) or from the
+        resources of the Ray the run uses (started or joined here, unless Ray is up)."""
+        if self.planned is not None:
+            return self.planned
+        from .build import local_resources
+
+        rt = cfg.runtime
+        if rt.executor == "serial":
+            return placement_for(cfg, *local_resources(cfg))
+        self.connect(rt.address, rt.num_cpus, rt.num_gpus)
+        import ray
+
+        res = ray.cluster_resources()
+        return placement_for(cfg, res.get("CPU", 1.0), res.get("GPU", 0.0))
 
     def workers(
         self, p: Prepared, restore: Callable[[list[ClientId]], Iterable[tuple[ClientId, ClientState]]]
     ) -> Workers:
-        """The executor of run `p`: its clients in this process (`runtime=serial`), or in Ray
-        workers (started here, unless Ray is up)."""
-        from .build import local_resources
-
+        """The executor of run `p` on its placement: its clients in this process
+        (`runtime=serial`), or in Ray workers (Ray started here, unless it is up)."""
         cfg = p.cfg
         if cfg.runtime.executor == "serial":
             from .executor import SerialExecutor
             from .host import ClientHost
 
-            placement = placement_for(cfg, *local_resources(cfg))
-            p.spec.threads, p.spec.accelerator = placement.threads, placement.accelerator
+            placement = self.placement(cfg)
             train, test = dict(enumerate(p.split.train)), dict(enumerate(p.split.test))
-            return Workers(SerialExecutor(ClientHost(p.spec, p.dataset, train, test)), placement)
-        rt = cfg.runtime
-        connected = self.connect(rt.address, rt.num_cpus, rt.num_gpus)
-        import ray
-
-        from .ray_executor import ActorPool, RayExecutor
+            return Workers(
+                SerialExecutor(ClientHost(placement.place(p.spec), p.dataset, train, test)), placement
+            )
+        connected = self.ray is None and not _ray_up()
+        from .ray_executor import RayExecutor
 
         try:
-            res = ray.cluster_resources()
-            placement = placement_for(cfg, res.get("CPU", 1.0), res.get("GPU", 0.0))
-            p.spec.threads, p.spec.accelerator = placement.threads, placement.accelerator
-            if self.reuse_actors and self.pool is None:
-                self.pool = ActorPool()
+            placement = self.placement(cfg)
             ex = RayExecutor(
                 p.spec, p.dataset, p.split.train, p.split.test, placement, cfg.fl.max_client_failures,
-                rt.placement_strategy, rt.schedule_timeout_s, restore=restore, pool=self.pool,
-                early=self.early,
+                restore=restore, source=self.source,
             )  # fmt: skip
             ex.ready()
         except BaseException:
-            if connected:
+            if connected and self.ray is not None:
                 self.close()
             raise
         return Workers(ex, placement, ex.reused, ex.prestarted)
@@ -160,6 +163,11 @@ class Session:
     def end_run(self, executor: Executor, completed: bool) -> None:
         """A run's workers are ended (or kept warm, `reuse_actors`, when it completed), and its
         Ray shut down unless `keep_ray`."""
-        executor.close(reuse=completed)
+        executor.close(reuse=completed and self.reuse_actors)
         if not self.keep_ray:
             self.close()
+
+
+def _ray_up() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(ray.is_initialized())

@@ -1,14 +1,15 @@
-"""The concerns of a run beside the algorithm, one callback each (see `base.py` for the hooks
-and `runner.default_callbacks` for their order)."""
+"""What a run does beside the strategy, each where `runner.run_rounds` names it (evaluation,
+checkpoints, divergence checks, batch-norm statistics), and the callbacks that observe it
+(`base.py` for their hooks): metrics.jsonl and summary.json, W&B and the progress bar."""
 
 from .base import Callback, CallbackList, RunContext, WallClock
-from .bn import BNStatistics
+from .bn import recompute_bn_stats
 from .checkpointing import Checkpointer
-from .evaluation import ClientEval, GlobalEval
-from .guards import DivergenceGuard
+from .evaluation import ClientEval, GlobalEval, Line
+from .guards import finite_losses, finite_weights
 from .metrics import Loggers, MetricsWriter
 
 __all__ = [
-    "BNStatistics", "Callback", "CallbackList", "Checkpointer", "ClientEval", "DivergenceGuard",
-    "GlobalEval", "Loggers", "MetricsWriter", "RunContext", "WallClock",
+    "Callback", "CallbackList", "Checkpointer", "ClientEval", "GlobalEval", "Line", "Loggers",
+    "MetricsWriter", "RunContext", "WallClock", "finite_losses", "finite_weights", "recompute_bn_stats",
 ]  # fmt: skip

@@ -1,28 +1,25 @@
-"""`Callback`: a concern of a run beside the algorithm (pfl-research's `TrainingProcessCallback`,
-Lightning's `Callback`), owning its own state. The round loop (`runner.run_rounds`) calls
-each hook on every callback in list order; the order is part of the protocol (see
-`runner.default_callbacks`).
+"""`Callback`: a concern of a run that observes it (pfl-research's `TrainingProcessCallback`,
+Lightning's `Callback`), owning its own state. Callbacks never change the plan or the state:
+what the numbers depend on is in `runner.run_rounds`. The loop calls each hook on every
+callback in list order.
 
 Per round, in this order:
 
-    on_round_start(plan) -> plan        the round's plan, before any client trains
-    on_fit_end(rnd)                     the clients trained (the previous round's overlapped
-                                        evaluation is waited for here)
+    on_round_start(plan)                the round's plan, before any client trains
     on_updates(record, updates)         the updates, sorted by client id, before aggregation
-    on_server_state(state, ...) -> state   the new server state (its round set), before evaluation
-    on_evaluate(state, updates, record) evaluation: fill `record`
-    on_round_end(state, record)         the round's own work is done
-    on_line(record)                     the round's line is complete (at once, or when its
-                                        overlapped evaluation ends): write it, checkpoint, log
+    on_round_end(state, record)         the round's own work is done and it is checkpointed
+    on_line(record)                     the round's line is complete (at once, or after the
+                                        next round's fit when its evaluation overlapped it)
 
-Once per run: `on_run_start(ctx)` before the first round, `on_exception(error)` when the run
-stops on an error (Ctrl-C included), `on_run_end(status, summary)` on the way out, always.
+Once per run: `on_run_start(ctx)` before the first round (then a resume's unwritten line goes
+to `on_line`), `on_exception(error)` when the run stops on an error (Ctrl-C included),
+`on_run_end(status, summary)` on the way out, always.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,9 +51,6 @@ class RunContext:
 
     executor: Executor
     clock: WallClock
-    #: hands a complete record to every callback's `on_line` (for a line that completes
-    #: outside the loop: an overlapped evaluation, a resume's unwritten line)
-    write_line: Callable[[RoundRecord], None]
     #: what every checkpoint carries besides the state (the W&B run id, for a resume)
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -67,21 +61,10 @@ class Callback:
     def on_run_start(self, ctx: RunContext) -> None:
         pass
 
-    def on_round_start(self, plan: RoundPlan) -> RoundPlan:
-        return plan
-
-    def on_fit_end(self, rnd: int) -> None:
+    def on_round_start(self, plan: RoundPlan) -> None:
         pass
 
     def on_updates(self, record: RoundRecord, updates: Sequence[ClientUpdate]) -> None:
-        pass
-
-    def on_server_state(
-        self, state: ServerState, plan: RoundPlan, updates: Sequence[ClientUpdate], record: RoundRecord
-    ) -> ServerState:
-        return state
-
-    def on_evaluate(self, state: ServerState, updates: Sequence[ClientUpdate], record: RoundRecord) -> None:
         pass
 
     def on_round_end(self, state: ServerState, record: RoundRecord) -> None:
@@ -107,29 +90,13 @@ class CallbackList(Callback):
         for cb in self.callbacks:
             cb.on_run_start(ctx)
 
-    def on_round_start(self, plan: RoundPlan) -> RoundPlan:
+    def on_round_start(self, plan: RoundPlan) -> None:
         for cb in self.callbacks:
-            plan = cb.on_round_start(plan)
-        return plan
-
-    def on_fit_end(self, rnd: int) -> None:
-        for cb in self.callbacks:
-            cb.on_fit_end(rnd)
+            cb.on_round_start(plan)
 
     def on_updates(self, record: RoundRecord, updates: Sequence[ClientUpdate]) -> None:
         for cb in self.callbacks:
             cb.on_updates(record, updates)
-
-    def on_server_state(
-        self, state: ServerState, plan: RoundPlan, updates: Sequence[ClientUpdate], record: RoundRecord
-    ) -> ServerState:
-        for cb in self.callbacks:
-            state = cb.on_server_state(state, plan, updates, record)
-        return state
-
-    def on_evaluate(self, state: ServerState, updates: Sequence[ClientUpdate], record: RoundRecord) -> None:
-        for cb in self.callbacks:
-            cb.on_evaluate(state, updates, record)
 
     def on_round_end(self, state: ServerState, record: RoundRecord) -> None:
         for cb in self.callbacks:

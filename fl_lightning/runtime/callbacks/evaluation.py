@@ -3,14 +3,12 @@ every `eval.every` rounds and at the last."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +21,7 @@ from ...core.types import ClientId
 from ..build import Prepared
 from ..executor import Executor
 from ..record import RoundRecord, client_metrics, majority_accuracies
-from .base import Callback, RunContext, WallClock
+from .base import WallClock
 
 #: a global evaluation's metrics, its own duration and when it ended (perf_counter)
 EvalResult = tuple[dict[str, float], float, float]
@@ -50,18 +48,47 @@ def in_line(job: Callable[[], EvalResult]) -> EvalResult:
         return job()
 
 
-class GlobalEval(Callback):
-    """The global model (`strategy.eval_broadcast`) on the test set, in the driver.
+class Line:
+    """A round's line: complete (`waits` false), or waiting for its global evaluation, which
+    runs on the evaluation thread beside the next round's fit. `take` completes it (waiting
+    for the evaluation first) and gives it once: a line is written once, whatever fails."""
 
-    With `eval.overlap`, round r's evaluation runs on a thread of its own while round r + 1's
-    clients train; round r's line waits for it and is written once it ends (`settle`, at
-    round r + 1's `on_fit_end`); the last round waits for its own. Its numbers equal those of
-    an evaluation in line because of two rules, which the code below keeps:
+    def __init__(
+        self,
+        record: RoundRecord,
+        evaluation: Future[EvalResult] | None = None,
+        clock: WallClock | None = None,
+    ) -> None:
+        self.record, self.evaluation, self.clock = record, evaluation, clock
+        self.waits = evaluation is not None
+        self._taken = False
 
-    1. Settle before the next evaluation is prepared. There is one driver objective; `job`
-       loads the round's weights into it, so round r + 1's `on_evaluate` must not run while
-       round r's evaluation reads it. `on_fit_end` (settle) precedes `on_evaluate` in every
-       round, and the weights are a deep copy, so nothing the next round does changes them.
+    def take(self) -> RoundRecord | None:
+        if self._taken:
+            return None
+        self._taken = True
+        if self.evaluation is not None:
+            assert self.clock is not None and self.record.time_eval_s is not None
+            metrics, eval_s, eval_end = self.evaluation.result()
+            self.record.evaluation = metrics
+            self.record.time_eval_s += eval_s
+            self.record.wall_time_s = self.clock.wall(max(self.record.done, eval_end))
+        return self.record
+
+
+class GlobalEval:
+    """The global model (`strategy.eval_broadcast`) on the test set, in the driver, every
+    `eval.every` rounds and at the last.
+
+    `start` evaluates round r in line, or (`eval.overlap`, not the last round) submits it to
+    a thread of its own and returns at once: round r's `Line` then waits for it, and
+    `run_rounds` takes that line after round r + 1's fit. Its numbers equal those of an
+    evaluation in line because of three rules:
+
+    1. Round r's evaluation ends before round r + 1's is prepared. There is one driver
+       objective; `start` loads the round's weights into it. `run_rounds` takes round r's line
+       before round r + 1 evaluates, and `start` refuses to run while the previous evaluation
+       does; the weights are a deep copy, so nothing the next round does changes them.
     2. The evaluation thread never touches torch's process-wide state: not the global RNG
        (the serial executor seeds it before each client's fit, at the same time). `evaluate`
        is a forward pass in eval mode under `no_grad`: no dropout, no sampling, no seeding.
@@ -72,9 +99,9 @@ class GlobalEval(Callback):
        the timing of the fit beside it. The count is per thread: the fit's is untouched.
     """
 
-    def __init__(self, p: Prepared, run_dir: Path) -> None:
+    def __init__(self, p: Prepared, run_dir: Path, clock: WallClock) -> None:
         ev = p.cfg.eval
-        self.p, self.run_dir = p, run_dir
+        self.p, self.run_dir, self.clock = p, run_dir, clock
         self.every, self.last_round = int(ev.every), int(p.cfg.fl.rounds)
         self.batch_size, self.save_predictions = int(ev.batch_size), bool(ev.save_predictions)
         self.device = driver_device(str(ev.device))
@@ -86,17 +113,14 @@ class GlobalEval(Callback):
             if ev.overlap
             else None
         )
-        self.pending: tuple[RoundRecord, Future[EvalResult]] | None = None
-        self.clock = WallClock()
-        self.write_line: Callable[[RoundRecord], None] = lambda record: None
-
-    def on_run_start(self, ctx: RunContext) -> None:
-        self.clock, self.write_line = ctx.clock, ctx.write_line
+        self.running: Future[EvalResult] | None = None  # the evaluation on the thread (rule 1)
 
     def job(self, state: ServerState) -> Callable[[], EvalResult] | None:
         """The global evaluation of `state`, ready to run: the driver's objective takes a copy
         of the round's weights here, so the job may run on the evaluation thread while the
         next round trains and aggregates."""
+        if self.running is not None and not self.running.done():
+            raise RuntimeError("a global evaluation was prepared while the previous one ran (rule 1)")
         broadcast = self.p.strategy.eval_broadcast(state)
         if broadcast is None:
             return None
@@ -119,43 +143,27 @@ class GlobalEval(Callback):
 
         return job
 
-    def evaluate_now(self, state: ServerState) -> dict[str, float]:
+    def now(self, state: ServerState) -> dict[str, float]:
+        """The evaluation of `state`, in line (a resume's line whose evaluation never ended)."""
         job = self.job(state)
         return in_line(job)[0] if job is not None else {}
 
-    def on_fit_end(self, rnd: int) -> None:
-        self.settle()  # rule 1: before this round's `on_evaluate`
-
-    def on_evaluate(self, state: ServerState, updates: Sequence[ClientUpdate], record: RoundRecord) -> None:
+    def start(self, state: ServerState, record: RoundRecord, overlap: bool) -> Line:
+        """Round `record.round`'s line: evaluated here, or (`overlap` and `eval.overlap`) waiting
+        for its evaluation on the thread."""
         if not evaluation_round(record.round, self.every, self.last_round):
-            return
+            return Line(record)
         job = self.job(state)
         if job is None:
-            return
-        if self.pool is not None and record.round < self.last_round:  # the last round waits for its own
-            record.awaiting_evaluation = True
-            self.pending = (record, self.pool.submit(job))
-        else:
-            record.evaluation = in_line(job)[0]
+            return Line(record)
+        if self.pool is not None and overlap:
+            self.running = self.pool.submit(job)
+            return Line(record, self.running, self.clock)
+        record.evaluation = in_line(job)[0]
+        return Line(record)
 
-    def settle(self) -> None:
-        """Wait for the overlapped evaluation, if any, and write its round's line."""
-        if self.pending is None:
-            return
-        (record, future), self.pending = self.pending, None
-        metrics, eval_s, eval_end = future.result()
-        record.evaluation = metrics
-        assert record.time_eval_s is not None
-        record.time_eval_s += eval_s
-        record.wall_time_s = self.clock.wall(max(record.done, eval_end))
-        record.awaiting_evaluation = False
-        self.write_line(record)
-
-    def on_exception(self, error: BaseException) -> None:
-        with contextlib.suppress(Exception):  # the finished round before it gets its line
-            self.settle()
-
-    def on_run_end(self, status: str, summary: dict[str, Any]) -> None:
+    def close(self) -> None:
+        """Stop the evaluation thread (after summary.json: it may wait for an evaluation)."""
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
@@ -169,7 +177,7 @@ class GlobalEval(Callback):
         tmp.replace(path)
 
 
-class ClientEval(Callback):
+class ClientEval:
     """`client_*` metrics: each client's model on its own test split (`eval.clients`), either
     as it trained this round (`eval.timing=trained`: measured by the participants before they
     upload) or as it would start the next round (`received`: all clients, or a fixed sample)."""
@@ -181,7 +189,6 @@ class ClientEval(Callback):
         self.trained = ev.timing == "trained"
         self.every, self.last_round = int(ev.every), int(p.cfg.fl.rounds)
         self.sample, self.seed = ev.clients_sample, int(p.cfg.seed)
-        self.executor: Executor | None = None
         #: each client's majority-class accuracy (`record.majority_accuracies`), single-label data
         self.majority = (
             majority_accuracies(p.dataset.train_y, p.split.train, p.split.test)
@@ -189,26 +196,27 @@ class ClientEval(Callback):
             else None
         )
 
-    def on_run_start(self, ctx: RunContext) -> None:
-        self.executor = ctx.executor
-
-    def on_round_start(self, plan: RoundPlan) -> RoundPlan:
+    def before_upload(self, plan: RoundPlan) -> RoundPlan:
+        """`plan` with, on an evaluation round of `eval.timing=trained`, every payload asking its
+        client to evaluate before it uploads (in whichever executor it trains)."""
         if not (self.trained and evaluation_round(plan.round, self.every, self.last_round)):
             return plan
-        # eval.timing=trained: the clients evaluate before they upload (this executor's or Ray's)
         return dataclasses.replace(
             plan, payloads=[dataclasses.replace(p, evaluate=True) for p in plan.payloads]
         )
 
-    def on_evaluate(self, state: ServerState, updates: Sequence[ClientUpdate], record: RoundRecord) -> None:
+    def evaluate(
+        self, state: ServerState, updates: Sequence[ClientUpdate], record: RoundRecord, executor: Executor
+    ) -> None:
+        """Fill `record.client_evaluation` on an evaluation round: the updates' own (trained),
+        or each evaluated client's model as it would start the next round (`received`)."""
         if not (self.enabled and evaluation_round(record.round, self.every, self.last_round)):
             return
         if self.trained:  # measured by the clients before they uploaded
             evals = [u.evaluation for u in updates if u.evaluation is not None]
         else:
-            assert self.executor is not None
             plan = self.p.strategy.configure_evaluate(state, self.eval_clients())
-            evals = sorted(self.executor.evaluate(plan), key=lambda e: e.client_id)
+            evals = sorted(executor.evaluate(plan), key=lambda e: e.client_id)
         if not evals:
             return
         primary = self.p.strategy.primary_metric().removeprefix("client_")

@@ -1,0 +1,341 @@
+"""The typed run config: one dataclass per section, each with its own `check()`, and the
+checks across sections in one place (`cross_check`). Plain dataclasses: OmegaConf composes
+the layers against them (`composition.py`) and `RootConfig.check` runs once the tree is whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..core.augment import AUGMENTATIONS
+from ..core.errors import ConfigError
+from ..core.optim import OptimConfig
+
+
+def _positive(section: str, obj: Any, *keys: str) -> None:
+    """ConfigError naming the first of `keys` set (not null) to a value <= 0."""
+    for key in keys:
+        value = getattr(obj, key)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{section}.{key} must be > 0 (got {value})")
+
+
+def _at_least_zero(section: str, obj: Any, *keys: str) -> None:
+    for key in keys:
+        value = getattr(obj, key)
+        if value < 0:
+            raise ConfigError(f"{section}.{key} must be >= 0 (got {value})")
+
+
+@dataclass
+class FLConfig:
+    rounds: int = 10
+    num_clients: int = 10
+    clients_per_round: int | None = None  # overrides `fraction` when set
+    fraction: float = 1.0
+    #: [lo, hi]: unstable participation, each round int(J * num_clients) clients with J drawn
+    #: uniformly, as PFLlib's random_join_ratio (the FedDTR paper's J ~ U[0.1, 1]); null: fixed
+    fraction_range: list[float] | None = None
+    local_epochs: int = 1
+    local_steps: int | None = None  # caps optimizer steps per fit when set
+    batch_size: int = 64
+    max_client_failures: int = 0  # clients allowed to fail per round (dropped, logged)
+    #: batch-norm running statistics of the global model: averaged (FedAvg of the clients'),
+    #: recompute (pooled exactly from the sampled clients' data under the new weights), or
+    #: local (each client keeps its own; evaluated on the clients' own test splits)
+    bn_stats: Literal["averaged", "recompute", "local"] = "averaged"
+    #: how a round's clients are drawn: uniform, or size (without replacement, each with
+    #: probability its share of the training examples: FedLGT on FLAIR, Li et al. 2019)
+    sampling: Literal["uniform", "size"] = "uniform"
+
+    def check(self) -> None:
+        _positive("fl", self, "rounds", "num_clients", "local_epochs", "batch_size", "clients_per_round",
+                  "local_steps")  # fmt: skip
+        if not 0 < self.fraction <= 1:
+            raise ConfigError(f"fl.fraction must be in (0, 1] (got {self.fraction})")
+        fr = self.fraction_range
+        if fr is not None:
+            if len(fr) != 2 or not 0 < fr[0] <= fr[1] <= 1:
+                raise ConfigError(
+                    f"fl.fraction_range must be [lo, hi] with 0 < lo <= hi <= 1 (got {list(fr)})"
+                )
+            if self.clients_per_round is not None:
+                raise ConfigError("set fl.fraction_range or fl.clients_per_round, not both")
+        if _per_round(self) > self.num_clients:
+            raise ConfigError(
+                f"fl.clients_per_round={_per_round(self)} exceeds fl.num_clients={self.num_clients}"
+            )
+        _at_least_zero("fl", self, "max_client_failures")
+
+
+@dataclass
+class DataConfig:
+    name: str = "fmnist"
+    root: str = "${oc.env:FL_LIGHTNING_DATA,'~/.cache/fl_lightning/data'}"
+    download: bool = False
+    partition: str = "dirichlet"  # iid | dirichlet | dirichlet_balanced | shards | longtail | domain | ...
+    alpha: float = 0.5  # Dirichlet concentration (dirichlet[_balanced], longtail, multilabel_dirichlet)
+    min_size: int = 10  # dirichlet: every client gets at least this many samples
+    classes_per_client: int = 2  # shards: exactly this many classes per client; class_blocks: C per block
+    imbalance_factor: float = 1.0  # long tail: max/min class count (cifar*_lt datasets, longtail partition)
+    client_test_fraction: float = 0.0
+    train_subset: int | None = None  # first N training samples (quick runs, tests)
+    test_subset: int | None = None
+    #: FedDF / FedBE: N training images held out of every client as the server's unlabeled set
+    server_subset: int | None = None
+    #: resize every image to this square size when the data is loaded (cached like the decoded
+    #: images); null: the dataset's own size (folder/HDF5 datasets: their default, e.g. Office 256)
+    image_size: int | None = None
+    #: training-time augmentation of the clients' batches, in this order (core/augment.py):
+    #: random_crop (pad augment_padding, crop back), hflip (p 0.5), rotate (within
+    #: +-augment_degrees); evaluation never augments
+    augment: list[str] = field(default_factory=list)
+    augment_padding: int = 4
+    augment_degrees: float = 15.0
+    domains: list[str] | None = None  # domain datasets: which domains to load (default: all)
+    fine_grained: bool = False  # flair: the 1,628 fine-grained labels instead of the 17 coarse ones
+    max_users: int | None = None  # flair: read only the first N training users
+    #: fmnist_multilabel: build the training mosaics from the first N training images only, so
+    #: images N.. stay out of every client (`fl-lightning pretrain` learns from them)
+    source_subset: int | None = None
+    cache_partitions: bool = True  # cache splits in <root>/.partitions/<hash>.npz
+    #: few-shot protocols (data/protocols.py). shots: k training images per class, CoOp's draw
+    #: (random.Random(shots_seed), random.sample per class); CoOp draws with the run seed, 1-3
+    shots: int | None = None
+    shots_seed: int = 1
+    #: p further training images per class held out as the clients' own test splits, each client
+    #: testing on those of its own classes (FLiP's personal split, p = shots); needs shots
+    personal_shots: int | None = None
+    #: instead, the test split's images of the classes each client trains on (PromptFL / FedOTP)
+    personal_from_test: bool = False
+    #: base-to-new: train on the base half of the classes (the first ceil(C/2) labels), test on
+    #: all; evaluations add base_accuracy, new_accuracy, base_new_hm
+    base_new: bool = False
+
+    def check(self) -> None:
+        _positive("data", self, "alpha", "train_subset", "test_subset", "server_subset")
+        if self.personal_shots and not self.shots:
+            raise ConfigError(
+                "data.personal_shots needs data.shots (the held-out images follow the k-shot draw)"
+            )
+        sources = (self.personal_shots, self.personal_from_test, self.client_test_fraction > 0)
+        if sum(map(bool, sources)) > 1:
+            raise ConfigError(
+                "set one of data.personal_shots, data.personal_from_test and data.client_test_fraction"
+            )
+        if not 0 <= self.client_test_fraction < 1:
+            raise ConfigError(
+                f"data.client_test_fraction must be in [0, 1) (got {self.client_test_fraction})"
+            )
+        _at_least_zero("data", self, "min_size")
+        _positive("data", self, "classes_per_client", "image_size", "max_users", "shots", "personal_shots")
+        for name in self.augment:
+            if name not in AUGMENTATIONS:
+                valid = ", ".join(AUGMENTATIONS)
+                raise ConfigError(f"data.augment: unknown augmentation {name!r}; valid: {valid}")
+        if len(set(self.augment)) != len(self.augment):
+            raise ConfigError(f"data.augment names an augmentation twice ({list(self.augment)})")
+        _at_least_zero("data", self, "augment_padding")
+        if not 0 <= self.augment_degrees <= 180:
+            raise ConfigError(f"data.augment_degrees must be in [0, 180] (got {self.augment_degrees})")
+        if self.imbalance_factor < 1:
+            raise ConfigError(f"data.imbalance_factor must be >= 1 (got {self.imbalance_factor})")
+        if self.partition == "longtail" and self.imbalance_factor <= 1:
+            raise ConfigError("data.partition=longtail needs data.imbalance_factor > 1 (e.g. 10, 50, 100)")
+
+
+@dataclass
+class EvalConfig:
+    every: int = 1
+    batch_size: int = 1000
+    clients: bool = True  # also evaluate on each client's own test split, when it has one
+    #: which model of each client is evaluated on its own test split: `received` (the model it
+    #: would start the next round from: the round's aggregate plus its personal parts; PFLlib's
+    #: point, all clients) or `trained` (the model right after its local training, before it
+    #: uploads; FedDTR's code; the round's participants only)
+    timing: Literal["received", "trained"] = "received"
+    #: with timing=received: evaluate this many clients, one seeded sample fixed for the run
+    #: (the same clients every round, and for every method with the same seed), so an
+    #: evaluation round's cost does not grow with fl.num_clients; null: every client
+    clients_sample: int | None = None
+    #: where the driver evaluates the global model (auto: cuda if any)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    per_class: bool = False  # single-label: also class_accuracy/<c> for every class
+    #: long-tail groups by training-set class counts: [many_above, few_below] gives
+    #: many_/medium_/few_accuracy (ImageNet-LT: [100, 20]); null: none
+    longtail: list[int] | None = None
+    threshold: float = 0.5  # multi-label: decision threshold on sigmoid scores (C-P, C-R, C-F1, O-*)
+    #: write the final round's global scores and targets to <run dir>/predictions.npz
+    save_predictions: bool = False
+    #: run round r's global evaluation on a driver thread while round r + 1 trains (same numbers;
+    #: the last round waits for its own); false: evaluate before the next round starts
+    overlap: bool = True
+
+    def check(self) -> None:
+        _positive("eval", self, "every")
+        if not 0 < self.threshold < 1:
+            raise ConfigError(f"eval.threshold must be in (0, 1) (got {self.threshold})")
+        lt = self.longtail
+        if lt is not None and (len(lt) != 2 or lt[0] < lt[1] or lt[1] < 0):
+            raise ConfigError(
+                "eval.longtail must be [many_above, few_below] with many_above >= few_below >= 0 "
+                f"(got {list(lt)})"
+            )
+        if self.clients_sample is not None and self.timing != "received":
+            raise ConfigError(
+                "eval.clients_sample applies to eval.timing=received (trained evaluates the participants)"
+            )
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 1  # rounds between checkpoints (the last round is always checkpointed)
+
+    def check(self) -> None:
+        _positive("checkpoint", self, "every")
+
+
+@dataclass
+class RuntimeConfig:
+    executor: Literal["ray", "serial"] = "ray"
+    # "auto" or host:port joins a cluster; null: $RAY_ADDRESS (a Ray job's cluster), else local
+    address: str | None = None
+    placement: Literal["auto", "per_client", "pool"] = "auto"
+    num_actors: int | None = None  # pool size; default: one per CPU (or GPU)
+    num_cpus: int | None = None  # size of a local Ray instance; default: all
+    num_gpus: int | None = None
+    cpus_per_client: float | None = None  # CPUs per actor; default: an even share
+    gpus_per_client: float | None = None  # default: 1 when GPUs exist
+    threads_per_client: int | None = None  # torch threads per fit; default: CPU share
+    accelerator: Literal["auto", "cpu", "gpu"] = "auto"
+    #: the GPU placement group's strategy
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    schedule_timeout_s: float | None = 120.0  # wait this long for the GPU bundles; null: forever
+    #: clients' batches drawn by index from their shard on the fit's device (the shard is copied
+    #: there once per fit); false: a torch DataLoader. Same batches, same numbers either way.
+    resident_shards: bool = True
+    #: local training, Lightning's: 32 | bf16-mixed | 16-mixed (on a CPU Lightning makes 16-mixed bf16)
+    precision: Literal["32", "bf16-mixed", "16-mixed"] = "32"
+    #: a cold CLI run on a private local Ray starts Ray and its client workers while the driver
+    #: imports torch and Lightning (`runtime/early.py`); false: one after the other. Same numbers.
+    early_start: bool = True
+    #: train a round's clients K at a time in one process, their weights stacked (torch.func);
+    #: same numbers to float rounding, for methods whose client step is written for it; 0: one by one
+    batched: int = 0
+
+    def check(self) -> None:
+        _positive("runtime", self, "num_actors", "num_cpus", "cpus_per_client", "gpus_per_client",
+                  "threads_per_client", "schedule_timeout_s")  # fmt: skip
+        _at_least_zero("runtime", self, "batched")
+        if self.num_gpus is not None and self.num_gpus < 0:
+            raise ConfigError(f"runtime.num_gpus must be >= 0 (got {self.num_gpus})")
+
+
+@dataclass
+class LoggerConfig:
+    backend: Literal["wandb", "none"] = "wandb"
+    project: str = "fl_lightning"
+    entity: str | None = None
+    group: str | None = None  # default: the experiment name
+    #: auto: online with an API key, else offline (`$WANDB_MODE` wins, and may say shared:
+    #: W&B's mode for one run written from several machines)
+    mode: Literal["auto", "online", "offline", "disabled", "shared"] = "auto"
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RootConfig:
+    experiment: str = "default"
+    seed: int = 0
+    output_dir: str = "runs"
+    run_id: str | None = None
+    #: the row of a reproduction (`fl-lightning reproduce`) this run is: its W&B run name and
+    #: config, and summary.json's `row`, so that ablations of one method stay apart (`compare --by row`)
+    row: str | None = None
+    #: what sets this run apart within its experiment: its W&B job type and run name
+    #: (`<variant>-s<seed>`), and `variant` in summary.json (`compare --by variant`); null: the
+    #: reproduction row, else the method. `sweep` sets it to the method and the swept keys
+    #: (`fedprox tau=0.1`); config.yaml records the value the run used
+    variant: str | None = None
+    method: Any = None
+    data: DataConfig = field(default_factory=DataConfig)
+    model: Any = None
+    text: Any = None
+    fl: FLConfig = field(default_factory=FLConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    #: modules outside the package imported for the methods they register, comma-separated
+    #: (`methods=mypkg.fedfoo`); an installed package can name its modules under the entry-point
+    #: group `fl_lightning.methods` instead, and needs no key
+    methods: str = ""
+
+    def check(self) -> None:
+        """Each section's own checks, then those across sections (`cross_check`). The method's
+        own (`method`: a mapping until the registries are read) come later, in
+        `registered.validate_registered`; `model` and `text` are checked against their builders there."""
+        if not 0 <= self.seed < 2**32:  # numpy's and Lightning's seeding take no more
+            raise ConfigError(f"seed must be in [0, 2**32) (got {self.seed})")
+        for section in (self.fl, self.data, self.optim, self.eval, self.checkpoint, self.runtime):
+            section.check()
+        cross_check(self)
+
+
+def cross_check(run: RootConfig) -> None:
+    """The checks that read two sections: the one place for them."""
+    fl, data, ev = run.fl, run.data, run.eval
+    if fl.bn_stats == "local" and not client_tests(data):
+        raise ConfigError(
+            "fl.bn_stats=local keeps each client's batch-norm statistics, so models are evaluated on "
+            "each client's own test split: set data.client_test_fraction (e.g. 0.25)"
+        )
+    if data.augment and run.runtime.batched:
+        raise ConfigError(
+            "runtime.batched trains from precomputed batch indices and does not apply data.augment; "
+            "use runtime.batched=0"
+        )
+    if ev.clients_sample is not None and not 1 <= ev.clients_sample <= fl.num_clients:
+        raise ConfigError(
+            f"eval.clients_sample must be in [1, fl.num_clients={fl.num_clients}] (got {ev.clients_sample})"
+        )
+
+
+def variant_of(cfg: Any) -> str:
+    """The run's variant (`RootConfig.variant`): as set, else the reproduction row, else the method."""
+    return str(cfg.variant or cfg.row or cfg.method.name)
+
+
+def clients_per_round(cfg: Any) -> int:
+    """Clients sampled per round (with `fl.fraction_range`: the most in any round)."""
+    return _per_round(cfg.fl)
+
+
+def participation(cfg: Any) -> tuple[int, int] | None:
+    """`fl.fraction_range` as (fewest, most) clients per round; None for a fixed number."""
+    return _span(cfg.fl)
+
+
+def _per_round(fl: Any) -> int:
+    if fl.clients_per_round is not None:
+        return int(fl.clients_per_round)
+    span = _span(fl)
+    if span is not None:
+        return span[1]
+    return max(1, int(round(fl.fraction * fl.num_clients)))
+
+
+def _span(fl: Any) -> tuple[int, int] | None:
+    """PFLlib's counts: int(J * num_clients) for J at either end of the range, at least 1."""
+    if fl.fraction_range is None:
+        return None
+    lo, hi = (float(v) for v in fl.fraction_range)
+    return max(1, int(lo * fl.num_clients)), max(1, int(hi * fl.num_clients))
+
+
+def client_tests(data: Any) -> bool:
+    """Whether clients hold their own test splits: a fraction of their images, the personal
+    images held out per class (`data.personal_shots`) or the test images of their classes."""
+    return bool(data.client_test_fraction > 0 or data.personal_shots or data.personal_from_test)

@@ -29,3 +29,14 @@ def overrides(args: argparse.Namespace, out: str) -> list[str]:
         f"fl.rounds={args.rounds}", "fl.local_epochs=1", "fl.batch_size=32", "optim.lr=0.05",
         "logger=none", f"output_dir={out}", f"seed={args.seed}", f"runtime.threads_per_client={args.threads}",
     ]  # fmt: skip
+
+
+def emit(result: dict, path: str | None) -> None:
+    """Print a benchmark's JSON result, and write it to `path` when given."""
+    import json
+
+    text = json.dumps(result, indent=1)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    print(text)

@@ -18,7 +18,6 @@ for numbers worth comparing).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -26,6 +25,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from bench_workload import emit  # benchmarks/bench_workload.py
 
 from fl_lightning.models import build_model
 from fl_lightning.runtime.summary import cpu_model
@@ -91,11 +91,7 @@ def main() -> None:
             out["fedlgt_mini_round_s"][name] = round(ms * 2000 * 2 / 1000, 1)
         print(f"{name:20s} {ms:8.2f} ms per image per step", flush=True)
     out["load_average_after"] = os.getloadavg()[0]  # other work on the machine inflates the times
-    text = json.dumps(out, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit(out, args.out)
 
 
 if __name__ == "__main__":

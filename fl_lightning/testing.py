@@ -42,7 +42,7 @@ from .runtime.host import ClientHost, ClientSpec, torch_threads
 __all__ = [
     "BS", "EPS32", "LR", "MOM", "SIZES3", "Toy", "cast", "ce", "client_data", "ctx", "example_mean",
     "f32_tolerances", "manual_fit", "match", "sd", "three_clients", "toy_spec", "train", "twin",
-    "two_clients", "two_rounds", "written_mean",
+    "two_clients", "two_rounds", "rounds_1_and_2", "written_mean",
 ]  # fmt: skip
 
 #: the local training of every golden test: SGD at this learning rate (momentum MOM where a
@@ -151,6 +151,15 @@ def two_rounds(
     obj = cls.build_objective(Toy(), OptimConfig(lr=LR, momentum=0.0), **strategy.objective_kwargs())
     init = to_cpu(obj.model.state_dict())
     host = ClientHost(toy_spec(name, strategy.objective_kwargs(), init, momentum=0.0), ds, shards)
+    plans, states = rounds_1_and_2(strategy, host, init)
+    return init, plans, states, host
+
+
+def rounds_1_and_2(
+    strategy: Strategy[Any, Any, Any], host: ClientHost, init: Params
+) -> tuple[list[RoundPlan], list[ServerState]]:
+    """Rounds 1 and 2 of `strategy` (3 clients, 2 a round) through `host`, as a run does them,
+    from the weights `init`: each round's plan and the state after it."""
     state, plans, states = strategy.init_state(init), [], []
     for rnd in (1, 2):
         plan = strategy.configure_round(state, rnd, round_rng(0, rnd))
@@ -159,7 +168,7 @@ def two_rounds(
         plans.append(plan)
         states.append(state)
     assert [p.client_ids for p in plans] == [[0, 1], [0, 2]]  # partial: client 1 sits out round 2
-    return init, plans, states, host
+    return plans, states
 
 
 Loss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]

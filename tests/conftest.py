@@ -17,7 +17,7 @@ install()
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     import torch
 
-    torch.set_num_threads(1)  # one core per pytest worker: two workers on 2 cores, not 4 threads
+    torch.set_num_threads(1)  # one thread per pytest worker: three workers on 2 cores, not 6 threads
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach W&B's servers
 os.environ.setdefault("WANDB_SILENT", "true")
 
@@ -75,9 +75,9 @@ _NOT_UNIT = {"data_root", "ray_session", "tmp_path", "tmp_path_factory"}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order tests run in (every one still runs): first the unit lane (no data set, no
     Ray, no files: a broken function shows in the first minute), then the long tests marked
-    `slow`, then the rest. `make test`'s two workers (`--dist worksteal`) start on the two
-    halves of this order and an idle one takes half of the other's queue from its end: the
-    long tests run early and the suite ends on short ones, both workers busy to the end."""
+    `slow`, then the rest. `make test`'s workers (`--dist worksteal`) start on equal
+    parts of this order and an idle one takes half of another's queue from its end: the
+    long tests run early and the suite ends on short ones, every worker busy to the end."""
 
     def lane(item: pytest.Item) -> int:
         if item.get_closest_marker("slow") is not None:

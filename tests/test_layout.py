@@ -11,7 +11,8 @@ Layers, top to bottom; a module may import only from its own unit or from a lowe
     methods                                        one file per method
     server_steps | text | models | data | tracking independent of each other, except
                                                    server_steps -> text (FedTSP's prompt
-                                                   tuning drives the frozen text encoder)
+                                                   tuning drives the frozen text encoder),
+                                                   models -> text (the CLIP prompt learner)
     core                                           messages, state, bases, registries
     (the root `fl_lightning/__init__.py` imports nothing of the package)
 
@@ -58,8 +59,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("",),  # the root package itself
 ]
 # the only imports within a layer (data -> models: a frozen-feature dataset computes its
-# features with a model of ours)
-SIBLING_IMPORTS = {("__main__", "cli"), ("server_steps", "text"), ("data", "models")}
+# features with a model of ours; models -> text: the CLIP prompt learner's frozen text tower
+# and soft prompts)
+SIBLING_IMPORTS = {("__main__", "cli"), ("server_steps", "text"), ("data", "models"), ("models", "text")}
 NO_RAY_OR_WANDB = ("core", "methods", "lean_imports")
 FORBIDDEN_THERE = ("ray", "wandb")
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}

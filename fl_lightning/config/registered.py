@@ -75,6 +75,12 @@ def validate_registered(cfg: DictConfig, trunk: str | None = None) -> Any:
 
     model_kwargs = {k: v for k, v in cfg.model.items() if k not in MODEL_GENERIC_KEYS}
     check_kwargs("model", cfg.model.name, MODELS.get(cfg.model.name), model_kwargs)
+    flag = getattr(MODELS.get(cfg.model.name), "method_flag", None)  # a model some methods only train
+    if flag and not getattr(strategy, flag, False):
+        trainers = ", ".join(n for n in METHODS.names() if getattr(METHODS.get(n), flag, False))
+        raise ConfigError(
+            f"model={cfg.model.name} is trained by method={trainers} only (got method={cfg.method.name})"
+        )
     if cfg.data.image_size is not None:  # (the channel count is not known yet; sizes do not depend on it)
         from ..models import check_image_size
 

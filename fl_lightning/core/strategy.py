@@ -56,6 +56,8 @@ class TaskInfo:
             that read the dataset themselves (CLIP2FL's aligned teacher, on held-out images).
         rounds: the run's planned rounds (`fl.rounds`; 0 when unknown), for schedules over
             the run (FedPHP's inheritance weight).
+        image_mean, image_std: the images' normalisation, per channel (empty when unknown),
+            for a model that re-normalises them (CLIP's towers).
     """
 
     num_classes: int
@@ -67,6 +69,8 @@ class TaskInfo:
     train_class_counts: tuple[int, ...] = ()
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     rounds: int = 0
+    image_mean: tuple[float, ...] = ()
+    image_std: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,8 @@ def prepare(cfg: Composed, trunk: str | None = None) -> Prepared:
         train_class_counts=train_counts,
         data=dataclasses.asdict(run.data),
         rounds=int(cfg.fl.rounds),
+        image_mean=tuple(np.atleast_1d(np.asarray(dataset.mean, np.float64)).tolist()),
+        image_std=tuple(np.atleast_1d(np.asarray(dataset.std, np.float64)).tolist()),
     )
     strategy = strategy_cls(method_cfg, cfg.fl.num_clients, clients_per_round(cfg), cfg.seed, task)
     strategy.participation = participation(cfg)

@@ -300,6 +300,8 @@ class ClientHost:
             for c, i in (test_indices or {}).items()
         }
         self._objectives: dict[Any, ClientObjective[Any]] = {}
+        #: ("train" | "test", client) -> image features of a frozen tower (`_frozen_features`)
+        self.features: dict[tuple[str, ClientId], torch.Tensor] = {}
         #: each hosted client's resident state; a client without an entry has not trained yet
         #: (or keeps nothing), and starts from the initial weights
         self.states: dict[ClientId, ClientState] = {}
@@ -387,8 +389,10 @@ class ClientHost:
         with torch_threads(self.spec.threads):
             torch.manual_seed(payload.seed)
             obj = self._begin(broadcast, payload, state)
-            loader = self._loader(x, y, payload.seed, obj.clean_view)
             phases = obj.phases()
+            if phases:
+                x = self._frozen_features(obj, ("train", cid), x)
+            loader = self._loader(x, y, payload.seed, obj.clean_view)
             if type(obj).before_fit is not ClientObjective.before_fit:
                 obj.to(self._device())
                 obj.before_fit(x, y)
@@ -456,8 +460,25 @@ class ClientHost:
         with torch_threads(self.spec.threads):
             return self._evaluate(self._begin(broadcast, payload, self._state_copy(cid)), cid)
 
+    def _frozen_features(
+        self, obj: ClientObjective[Any], key: tuple[str, ClientId], x: torch.Tensor
+    ) -> torch.Tensor:
+        """`x` as the model's frozen image tower sees it, computed once per run and kept with
+        the shard, for a model that declares `frozen_image_features` (the CLIP prompt learner:
+        it takes 2-d inputs as its own features) and un-augmented data; else `x`."""
+        model = obj.model
+        if not getattr(model, "frozen_image_features", False) or (
+            self.spec.augment and self.spec.augment.names
+        ):
+            return x
+        if key not in self.features:
+            obj.to(self._device())
+            self.features[key] = model.encode_images(x.to(self._device())).cpu()  # type: ignore[operator]
+        return self.features[key]
+
     def _evaluate(self, obj: ClientObjective[Any], cid: ClientId) -> ClientEval:
         x, y = self.test[cid]
+        x = self._frozen_features(obj, ("test", cid), x)
         spec = obj.eval_spec or EvalSpec(num_classes=self.spec.num_classes)
         return ClientEval(cid, len(y), evaluate(obj, x, y, spec, self.spec.eval_batch_size))
 

@@ -284,6 +284,30 @@ def _refused_weights(key: str, value: Any, e: Exception) -> str:
     return f"{key}={value!r} {why}" if why.startswith("refused") else f"cannot load {key}={value!r}: {why}"
 
 
+def load_open_clip(arch: str, pretrained: str | None, seed: int, key: str) -> tuple[Any, str]:
+    """An open_clip model on the CPU (`pretrained`: a local weights file, a tag, or None for
+    random weights seeded with `seed`) and its architecture's name; a file or tag that does not
+    load is one ConfigError naming `key`, the config key it came from."""
+    import open_clip
+
+    model_name = _register_open_clip_configs(arch)
+    if pretrained is None:
+        log.warning("%s=null: random open_clip weights (arch %s)", key, model_name)
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        torch.manual_seed(seed)
+        # torch's note on a pickle protocol it may not read: the refusal below says enough
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        try:
+            model = open_clip.create_model(model_name, pretrained=pretrained, device="cpu")
+        except RuntimeError as e:  # unknown tag / file missing / download impossible
+            if "weights_only" in str(e):  # never torch's advice to load it unsafely
+                raise ConfigError(_refused_weights(key, pretrained, e)) from None
+            raise ConfigError(f"cannot load open_clip weights {key}={pretrained!r}: {e}") from None
+        except Exception as e:  # a pickle of Python objects that `weights_only` refused, ...
+            raise ConfigError(_refused_weights(key, pretrained, e)) from None
+    return model, model_name
+
+
 class OpenCLIPTextEncoder(TextEncoder):
     """The text tower of an open_clip model: token embedding + positional embedding, causal
     transformer, final LayerNorm, pooling at the end-of-text token, `text_projection`.
@@ -304,25 +328,21 @@ class OpenCLIPTextEncoder(TextEncoder):
         device: str = "auto",
     ) -> None:
         super().__init__(batch_size=batch_size)
+        model, model_name = load_open_clip(arch, pretrained, seed, "text.pretrained")
+        self._take(model, model_name, device)
+
+    @classmethod
+    def of_model(cls, model: Any, model_name: str, device: str = "cpu") -> OpenCLIPTextEncoder:
+        """The text tower of an open_clip model already built (the prompt learner's, whose image
+        tower comes from the same file): its modules, not copies."""
+        self = cls.__new__(cls)
+        TextEncoder.__init__(self)
+        self._take(model, model_name, device)
+        return self
+
+    def _take(self, model: Any, model_name: str, device: str) -> None:
         import open_clip
 
-        model_name = _register_open_clip_configs(arch)
-        if pretrained is None:
-            log.warning("text=clip with text.pretrained=null: random weights (arch %s)", model_name)
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-            torch.manual_seed(seed)
-            # torch's note on a pickle protocol it may not read: the refusal below says enough
-            warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            try:
-                model = open_clip.create_model(model_name, pretrained=pretrained, device="cpu")
-            except RuntimeError as e:  # unknown tag / file missing / download impossible
-                if "weights_only" in str(e):  # never torch's advice to load it unsafely
-                    raise ConfigError(_refused_weights("text.pretrained", pretrained, e)) from None
-                raise ConfigError(
-                    f"cannot load open_clip weights text.pretrained={pretrained!r}: {e}"
-                ) from None
-            except Exception as e:  # a pickle of Python objects that `weights_only` refused, ...
-                raise ConfigError(_refused_weights("text.pretrained", pretrained, e)) from None
         if getattr(model, "text", None) is not None:  # CustomTextCLIP: a separate text module
             text = model.text
             if not hasattr(text, "token_embedding") or getattr(text, "cls_emb", None) is not None:
@@ -344,7 +364,6 @@ class OpenCLIPTextEncoder(TextEncoder):
         self.tokenizer = open_clip.get_tokenizer(model_name)
         self.name = f"clip/{model_name}"
         self.logit_scale = float(model.logit_scale.detach().exp()) if hasattr(model, "logit_scale") else 100.0
-        del model
         self.to(_device(device))
         with torch.no_grad():
             probe = self.forward_embeddings(*self._probe(), normalize=False)

@@ -6,7 +6,9 @@
 
 Each class owns `m` trainable vectors (`sp.ctx`, [C, m, h]; m = the number of tokens of
 `ctx_init`) that replace the first m content-token embeddings of all that class's k prompts
-(the leading [CLS] / <start_of_text> stays in place). They start as the token embeddings of
+(the leading [CLS] / <start_of_text> stays in place). `class_token_position` moves the class
+name's tokens as CoOp does: `end` "<ctx> {class}.", `front` "{class} <ctx>.", `middle`
+"<ctx[:m//2]> {class} <ctx[m//2:]>.". They start as the token embeddings of
 `ctx_init`, so an untrained module reproduces the handcrafted prompts' features. The encoder is
 held outside the module tree: `parameters()` and `state_dict()` hold only `ctx`, and no encoder
 weight can receive a gradient. Move the encoder with the module: `sp.to(dev)` moves both.
@@ -24,6 +26,9 @@ from torch import Tensor, nn
 from .encoders import TextEncoder
 from .prompts import clean_class_name
 
+#: where the class name sits in the prompt (CoOp's CLASS_TOKEN_POSITION)
+POSITIONS = ("end", "middle", "front")
+
 
 class ClassSoftPrompts(nn.Module):
     encoder: TextEncoder  # held outside the module tree (see the module docstring)
@@ -40,12 +45,17 @@ class ClassSoftPrompts(nn.Module):
         n_ctx: int | None = None,
         class_specific: bool = True,
         init_std: float = 0.02,
+        class_token_position: str = "end",
     ) -> None:
         """`descriptions`: k strings per class (same k for all); without them k = 1 and the
         prompt is "<ctx> {class}.". `ctx_init=None` with `n_ctx=m` starts from N(0, init_std)
         vectors (CoOp's random init; placeholders "X" are tokenised in their place).
         `class_specific=False` shares one set of m vectors across all classes."""
         super().__init__()
+        if class_token_position not in POSITIONS:
+            raise ValueError(
+                f"class_token_position={class_token_position!r}: expected one of {', '.join(POSITIONS)}"
+            )
         object.__setattr__(self, "encoder", encoder)  # not a submodule: never trained, never saved
         if ctx_init is not None:
             ctx_text = ctx_init
@@ -89,6 +99,11 @@ class ClassSoftPrompts(nn.Module):
         shape = (C, m, init.shape[-1]) if class_specific else (m, init.shape[-1])
         self.ctx = nn.Parameter(init.expand(shape).clone())
         self.class_specific = class_specific
+        self.class_token_position = class_token_position
+        # tokens of each prompt's class name (CoOp's name_lens), for front / middle
+        _, name_mask = encoder.tokenize([clean_class_name(c) for c in self.class_names])
+        lens = name_mask.sum(1) - p - encoder.suffix_tokens
+        self.name_lens = [int(n) for n in lens.repeat_interleave(self.k)]
         self.register_buffer("token_embeds", embeds, persistent=False)  # [C*k, L, h], frozen
         self.register_buffer("attention_mask", mask, persistent=False)
         self.register_buffer("class_index", torch.arange(C).repeat_interleave(self.k), persistent=False)
@@ -110,14 +125,25 @@ class ClassSoftPrompts(nn.Module):
             if self.class_specific
             else self.ctx.unsqueeze(0).expand(len(rows), -1, -1)
         )
-        x = torch.cat([base[:, :p], ctx.to(base.dtype), base[:, p + m :]], dim=1)
+        ctx = ctx.to(base.dtype)
+        if self.class_token_position == "end":
+            x = torch.cat([base[:, :p], ctx, base[:, p + m :]], dim=1)
+        else:  # per prompt, as CoOp: class names differ in length
+            half = m // 2 if self.class_token_position == "middle" else 0
+            parts = []
+            for i, r in enumerate(rows.tolist()):
+                n, b = self.name_lens[r], base[i]
+                name, rest = b[p + m : p + m + n], b[p + m + n :]
+                parts.append(torch.cat([b[:p], ctx[i, :half], name, ctx[i, half:], rest]))
+            x = torch.stack(parts)
         return x, self.attention_mask[rows]
 
     def forward(self, reduce: str = "none", classes: Tensor | None = None) -> Tensor:
         """Features [C, k, d] (`reduce="none"`) or [C, d] (`"mean"`, re-normalised); with
         `classes`, only those classes (sorted), e.g. the labels present in a batch."""
         x, mask = self.embeddings(classes)
-        feats = self.encoder.forward_embeddings(x, mask).float()
+        feats = self.encoder.forward_embeddings(x, mask)
+        feats = feats.float() if feats.dtype in (torch.float16, torch.bfloat16) else feats  # float64 stays
         feats = feats.view(-1, self.k, feats.shape[-1])
         if reduce == "mean":
             return F.normalize(feats.mean(1), dim=-1)

@@ -1,6 +1,6 @@
 """More personalised-FL baselines (Per-FedAvg, pFedMe, FedAMP, FedALA, FedPHP) on the toy model, checked
 against plain PyTorch loops with each method's formulas written out, in the pattern of
-tests/test_pfl.py: three clients, two per round for two rounds (FedALA: three; partial
+tests/test_pfl_personal_heads.py: three clients, two per round for two rounds (FedALA: three; partial
 participation), the
 reference in float32 and float64 (`both`), then each client's personalised evaluation.
 
@@ -16,9 +16,21 @@ from fl_lightning.core.errors import ConfigError
 from fl_lightning.core.messages import ClientPayload
 from fl_lightning.core.params import to_cpu, weighted_mean
 
-from . import test_pfl
+from . import test_pfl_personal_heads as test_pfl
 from .test_methods import LR, MOM, Toy, match, twin
-from .test_pfl import accuracy, both, cast, ce, check, loader, n_train, personal_eval, run, sgd_epochs, shard
+from .test_pfl_personal_heads import (
+    accuracy,
+    both,
+    cast,
+    ce,
+    check,
+    loader,
+    n_train,
+    personal_eval,
+    run,
+    sgd_epochs,
+    shard,
+)
 
 clients3 = test_pfl.clients3  # the fixture: three clients of digits, each with its own test split
 

@@ -1,0 +1,55 @@
+"""PromptFL: Guo et al., "PromptFL: Let Federated Participants Cooperatively Learn Prompts
+Instead of Models -- Federated Learning in Age of Foundation Model", IEEE TMC 2023,
+https://arxiv.org/abs/2208.11625.
+
+Clients train CoOp's context on frozen CLIP (`model=clip_prompt`) with cross-entropy on
+scale · cos(image, text of "[ctx] {class}."); the server averages the contexts. Nothing else
+leaves a client: the model's state is the prompt alone.
+
+Authors' code (github:PEILab-Federated-Learning/PromptFL @da401e7): `federated_main.py`
+loads the global state into each client's `CustomCLIP`, trains (`trainers/promptfl.py`:
+`PromptLearner`, SGD on `prompt_learner` only) and aggregates with `utils.average_weights`,
+a plain mean over the clients (`method.weighted=false`, the default; `true` weighs them by
+their examples as FedAvg does). Where we differ, on purpose: that script never empties its
+`local_weights` list, so from round 2 on its "average" also holds every earlier round's
+uploads (a bug; we average the round's clients); its clients all train every round (set
+`fl.fraction`); Dassl's cosine learning-rate schedule with a warm-up epoch and fp16 are left
+out (constant rate, float32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.messages import Broadcast, ClientUpdate, ServerState
+from ..core.params import weighted_mean
+from ..core.strategy import MethodConfig
+from . import METHODS
+from .prompting import PromptObjective, PromptStrategy
+
+
+@dataclass
+class PromptFLConfig(MethodConfig):
+    name: str = "promptfl"
+    weighted: bool = False  # false: the authors' plain mean of the contexts; true: example-weighted
+
+
+@METHODS.register("promptfl")
+class PromptFL(PromptStrategy[PromptFLConfig, ServerState, Broadcast]):
+    name = "promptfl"
+    objective_cls = PromptObjective
+
+    def objective_kwargs(self) -> dict[str, Any]:
+        return {}  # the clients train CoOp's plain objective; weighting is the server's
+
+    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
+        if self.config.weighted:
+            return super().aggregate(state, updates)
+        uploads = [u.params for u in updates if u.params]
+        if not uploads or state.global_params is None:
+            return state
+        mean = weighted_mean(uploads, [1] * len(uploads))  # utils.average_weights: Σ w_k / K
+        return dataclasses.replace(state, global_params={**state.global_params, **mean})

@@ -1,0 +1,187 @@
+"""`clip_prompt`: CoOp's prompt learner on frozen open_clip towers (Zhou et al., "Learning to
+Prompt for Vision-Language Models", IJCV 2022, arXiv:2109.01134), the model of the federated
+prompt methods (`method=promptfl`, `zeroshot`, ...; other methods refuse it).
+
+    logits = scale · cos(image_tower(x), text_tower(prompt_c)),   prompt_c = [ctx] {class c}.
+
+Only the context vectors `prompt.ctx` are parameters (`n_ctx` of them, shared by all classes
+or one set per class, started from the token embeddings of a phrase `ctx_init` or from
+N(0, 0.02²)); both towers are held outside the module tree, frozen and in eval mode, so the
+state dict, the optimiser and every upload hold the prompt alone. `scale` is the model's own
+`exp(logit_scale)` (100 for OpenAI's CLIP).
+
+The towers are any open_clip architecture (`arch`, a name or an architecture .json) with
+weights from `pretrained`: a local file (as `text=clip` loads them), a tag where the network is
+open, or null (random: tests). Images arrive in the dataset's normalisation and are turned into
+CLIP's input here (`clip_view`: [0, 1], grey to RGB, bicubic to the tower's size, CLIP's mean
+and std). A 2-d input is taken as image features already computed by this model's frozen image
+tower (`encode_images`): hosts keep them with the client's shard (`cache_features`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import MODELS
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # open_clip's OPENAI_DATASET_MEAN / STD
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def tower_size(visual: nn.Module) -> int:
+    size = getattr(visual, "image_size", 224)
+    return int(size[0] if isinstance(size, (tuple, list)) else size)
+
+
+def clip_view(x: Tensor, data_mean: Tensor, data_std: Tensor, size: int) -> Tensor:
+    """Images in a dataset's normalisation as CLIP's `preprocess` gives them: [0, 1], 3
+    channels, resized (bicubic) to `size`, CLIP-normalised. `data_mean`/`data_std`: [1, C, 1, 1]."""
+    img = (x * data_std.to(x.device) + data_mean.to(x.device)).clamp(0, 1)
+    if img.shape[1] == 1:
+        img = img.expand(-1, 3, -1, -1)
+    if img.shape[-1] != size or img.shape[-2] != size:
+        img = F.interpolate(img, size=(size, size), mode="bicubic", align_corners=False)
+    mean = torch.tensor(CLIP_MEAN, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(CLIP_STD, device=x.device).view(1, 3, 1, 1)
+    return (img - mean) / std
+
+
+def _at_least_32(t: Tensor) -> Tensor:
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t  # float64 stays (references)
+
+
+def _channels(v: float | Sequence[float]) -> Tensor:
+    return torch.tensor([float(v)] if isinstance(v, (int, float)) else [float(t) for t in v]).view(
+        1, -1, 1, 1
+    )
+
+
+class CLIPPrompt(nn.Module):
+    """CoOp's prompt learner on frozen open_clip towers (only the context trains; the prompt
+    methods set `class_names` from the dataset)."""
+
+    #: only a method whose strategy has this flag trains it (config.validate_registered)
+    method_flag = "prompt_learner"
+
+    visual: nn.Module  # held outside the module tree (frozen, never saved or sent)
+    data_mean: Tensor
+    data_std: Tensor
+
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int,
+        image_size: int,
+        arch: str = "RN50",
+        pretrained: str | None = None,
+        seed: int = 0,
+        class_names: Sequence[str] | None = None,
+        n_ctx: int = 16,
+        ctx_init: str | None = None,
+        class_specific: bool = False,
+        class_token_position: str = "end",
+        init_std: float = 0.02,
+        data_mean: float | Sequence[float] = 0.5,
+        data_std: float | Sequence[float] = 0.5,
+        cache_features: bool = True,
+        local_prompt: bool = False,
+        image_tokens: bool = False,
+        aligned: str | None = None,
+        align_holdout_from: int | None = None,
+        align_holdout_size: int | None = None,
+        align_epochs: int = 15,
+    ) -> None:
+        """`aligned`: a file of the whole model's weights loaded over `pretrained`'s (the mini
+        scale's towers aligned on held-out images, built by the prompt methods from the
+        `align_*` keys on the driver; see methods/prompting.py). `local_prompt`: a second
+        context of the same shape (`local_prompt.ctx`, FedOTP's local prompt); `image_tokens`:
+        the image side is the tower's projected patch tokens [B, M, d] (a ViT tower), not its
+        pooled feature. Both are set by the methods that use them."""
+        super().__init__()
+        if torch.empty(()).is_meta:  # `check_image_size`'s probe: any size is resized to the tower's
+            raise NotImplementedError("clip_prompt is not built on the meta device")
+        from ..text.encoders import OpenCLIPTextEncoder, load_open_clip
+        from ..text.soft_prompt import ClassSoftPrompts
+
+        if not class_names or len(class_names) != num_classes:
+            raise ValueError(
+                "model=clip_prompt needs the dataset's class names: train it with a prompt method "
+                "(method=promptfl, zeroshot, fedotp)"
+            )
+        if align_holdout_from is not None and aligned is None:
+            raise ValueError("model.align_holdout_from is set but no aligned weights were built")
+        clip, name = load_open_clip(arch, pretrained, seed, "model.pretrained")
+        if aligned is not None:
+            blob = torch.load(aligned, map_location="cpu", weights_only=True)
+            clip.load_state_dict(blob.get("state", blob))
+        clip.eval()
+        for p in clip.parameters():
+            p.requires_grad_(False)
+        object.__setattr__(self, "visual", clip.visual)
+        self.image_size = tower_size(clip.visual)
+        self.logit_scale = float(clip.logit_scale.detach().exp())
+        text = OpenCLIPTextEncoder.of_model(clip, name)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # a random context is the same wherever the model is built
+            settings = dict(
+                ctx_init=ctx_init.replace("_", " ") if ctx_init else None,  # CoOp reads "_" as " "
+                n_ctx=None if ctx_init else n_ctx, class_specific=class_specific,
+                init_std=init_std, class_token_position=class_token_position,
+            )  # fmt: skip
+            self.prompt = ClassSoftPrompts(text, class_names, **settings)  # type: ignore[arg-type]
+            self.local_prompt = (
+                ClassSoftPrompts(text, class_names, **settings) if local_prompt else None  # type: ignore[arg-type]
+            )
+        if image_tokens and not hasattr(clip.visual, "_embeds"):
+            raise ValueError(f"model.arch={arch}: patch tokens need a ViT image tower")
+        self.image_tokens = image_tokens
+        self.register_buffer("data_mean", _channels(data_mean), persistent=False)
+        self.register_buffer("data_std", _channels(data_std), persistent=False)
+        #: hosts compute each image's features once and train on them (`encode_images`)
+        self.frozen_image_features = bool(cache_features)
+        self.feature_dim = text.embed_dim
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> CLIPPrompt:
+        super()._apply(fn, *args, **kwargs)
+        self.visual._apply(fn, *args, **kwargs)  # .to(device) moves the frozen image tower too
+        return self
+
+    @torch.no_grad()
+    def encode_images(self, x: Tensor, batch_size: int = 256) -> Tensor:
+        """L2-normalised image features [N, d] of images in the dataset's normalisation."""
+        out = [self._image_features(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
+        return torch.cat(out) if out else torch.zeros(0, self.feature_dim, device=x.device)  # (pooled)
+
+    def _image_features(self, x: Tensor) -> Tensor:
+        v = clip_view(x, self.data_mean, self.data_std, self.image_size)
+        if self.image_tokens:  # open_clip's VisionTransformer.forward, all tokens projected
+            visual: Any = self.visual
+            _, tokens = visual._pool(visual.transformer(visual._embeds(v)))
+            return F.normalize(_at_least_32(tokens @ visual.proj), dim=-1)
+        return F.normalize(_at_least_32(self.visual(v)), dim=-1)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """The normalised image feature [B, d] (patch tokens [B, M, d] with `image_tokens`); an
+        `x` of that shape is one already (`encode_images`)."""
+        if x.dim() == (3 if self.image_tokens else 2):
+            return x
+        with torch.no_grad():  # the tower is frozen: no graph through it
+            return self._image_features(x)
+
+    def text_features(self) -> Tensor:
+        """The prompted classes' normalised text features [C, d]."""
+        return self.prompt()[:, 0]
+
+    def forward_head(self, z: Tensor) -> Tensor:
+        return self.logit_scale * z @ self.text_features().T
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+MODELS.register("clip_prompt")(CLIPPrompt)

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from fl_lightning.cli.main import main
+from fl_lightning.cli.reproduce import provenance
 from fl_lightning.cli.sweep import own_wandb_service
 from fl_lightning.config import compose, conf_dir, validate_registered
 from fl_lightning.core.errors import ConfigError
+from fl_lightning.runtime.summary import code_version
 from fl_lightning.tracking.reproduce import at_chance, load_spec, machines, paired, read_run, run_value
 
 from .wandb_files import read_finished_run
@@ -390,3 +392,59 @@ def test_estimate_projects_from_timed_steps_and_writes_nothing(conf, tmp_path, c
         assert float(hours) == pytest.approx(21 * float(seconds) / 3600, abs=0.006)
         assert float(device_hours) == pytest.approx(2 * float(hours), abs=0.011)
     assert not out.exists()
+
+
+def test_provenance_commits_and_pre_registration_in_a_real_git_repo(tmp_path):
+    """A tiny real repository: a run's code version is its commit and whether fl_lightning/,
+    conf/ or pyproject.toml differ from it (a report written beside them does not count); a
+    report is pre-registered only when every run ran at a clean commit that contains its
+    claims file's last commit."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+
+    def commit(message: str) -> str:
+        git("add", "-A")
+        git("commit", "-qm", message)
+        return git("rev-parse", "HEAD")
+
+    def run(name: str, code: dict[str, object] | None) -> Path:
+        d = tmp_path / "out" / name
+        d.mkdir(parents=True)
+        summary = {"status": "completed", **({"code": code} if code else {})}
+        (d / "summary.json").write_text(json.dumps(summary))
+        return d
+
+    git("init", "-q")
+    claims = tmp_path / "conf" / "reproduce" / "x.yaml"
+    claims.parent.mkdir(parents=True)
+    claims.write_text("claims: []\n")
+    (tmp_path / "fl_lightning").mkdir()
+    (tmp_path / "fl_lightning" / "m.py").write_text("A = 1\n")
+    c1 = commit("claims")
+    assert code_version(tmp_path) == {"commit": c1, "dirty": False}
+    assert code_version(tmp_path / "fl_lightning") is None  # not the top of a checkout
+    (tmp_path / "report.md").write_text("results\n")  # what a reproduction writes: not code
+    assert code_version(tmp_path) == {"commit": c1, "dirty": False}
+    (tmp_path / "fl_lightning" / "m.py").write_text("A = 2\n")
+    assert code_version(tmp_path) == {"commit": c1, "dirty": True}
+    c2 = commit("code")
+
+    at_c1, at_c2 = run("a_s0", {"commit": c1, "dirty": False}), run("b_s0", {"commit": c2, "dirty": False})
+    lines, nums = provenance(claims, [at_c1, at_c2])
+    assert nums["claims_commit"] == c1 and nums["runs_at"] == {c1: ["a_s0"], c2: ["b_s0"]}
+    assert nums["pre_registered"] and "Pre-registered: **yes**" in "\n".join(lines)
+    dirty, bare = run("c_s0", {"commit": c2, "dirty": True}), run("d_s0", None)
+    for more in ([dirty], [bare], [tmp_path / "out" / "never_ran"]):
+        lines, nums = provenance(claims, [at_c1, *more])
+        assert not nums["pre_registered"] and "Pre-registered: **no**" in "\n".join(lines)
+    assert provenance(claims, [bare])[1]["runs_at"] == {"not recorded": ["d_s0"]}
+    claims.write_text("claims: [amended]\n")
+    assert not provenance(claims, [at_c2])[1]["pre_registered"]  # changed, not committed
+    c3 = commit("claims amended after the runs")
+    _, nums = provenance(claims, [at_c1, at_c2])
+    assert nums["claims_commit"] == c3 and not nums["pre_registered"]
+    assert provenance(claims, [run("e_s0", {"commit": c3, "dirty": False})])[1]["pre_registered"]

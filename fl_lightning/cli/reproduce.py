@@ -355,6 +355,64 @@ def _check_extra(extra: Sequence[str]) -> None:
         raise ConfigError(f"{o!r} is not a key=value override")
 
 
+def _git(root: Path, *args: str) -> str | None:
+    """`git -C root args` (stdout, stripped); None where git fails (no checkout, no git, or a
+    `merge-base --is-ancestor` that says no)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def provenance(claims: Path, run_dirs: Sequence[Path]) -> tuple[list[str], dict[str, Any]]:
+    """The report's provenance: the last commit of the claims file, the commit each run ran at
+    (its summary's `code`, `runtime/summary.py`) and whether the claims are older than every
+    run: pre-registered only where each run records a clean commit that contains the claims'."""
+    root = claims.resolve().parent
+    log = _git(root, "log", "-1", "--format=%H %cI", "--", claims.name)
+    changed = _git(root, "status", "--porcelain", "--", claims.name)
+    claims_commit, claims_date = log.split(" ", 1) if log else (None, None)
+    at: dict[str, list[str]] = {}  # "<commit>" / "<commit> (dirty)" / "not recorded" -> runs
+    older = claims_commit is not None and not changed
+    for d in run_dirs:
+        code = read_run(d).summary.get("code") if d.is_dir() else None
+        if not isinstance(code, dict) or not code.get("commit"):
+            at.setdefault("not recorded", []).append(d.name)
+            older = False
+            continue
+        at.setdefault(code["commit"] + (" (dirty)" if code.get("dirty") else ""), []).append(d.name)
+        contains = _git(root, "merge-base", "--is-ancestor", claims_commit or "", code["commit"])
+        if code.get("dirty") or contains is None:
+            older = False
+    why = (
+        "every run ran at a clean commit that contains the claims file's last commit"
+        if older
+        else "the claims file is uncommitted or changed since"
+        if claims_commit is None or changed
+        else "not every run records a clean commit that contains the claims file's last commit"
+    )
+    lines = [
+        "## Provenance",
+        "",
+        f"Claims file `conf/reproduce/{claims.name}`: last committed in "
+        + (f"`{claims_commit[:10]}` ({claims_date})" if claims_commit else "no commit")
+        + (" and changed since (uncommitted)" if changed else "")
+        + ".",
+        "",
+        "| code commit the runs ran at | runs |",
+        "|---|---|",
+        *(f"| `{k}` | {len(v)}: {', '.join(v)} |" for k, v in at.items()),
+        "",
+        f"Pre-registered: **{'yes' if older else 'no'}** ({why}).",
+    ]
+    numbers = {"claims_commit": claims_commit, "claims_date": claims_date, "claims_changed": bool(changed),
+               "runs_at": at, "pre_registered": older}  # fmt: skip
+    return lines, numbers
+
+
 def reproduce_command(
     paper: str | None,
     scale: str,
@@ -440,6 +498,9 @@ def reproduce_command(
     report, numbers = build_report(
         spec, scale, runs_dir, seeds, command, extra, {p.name: c for p, c in stale} if report_only else {}
     )
+    run_dirs = [runs_dir / run_name(r.id, s) for r in spec.run_rows(scale) for s in seeds]
+    lines, numbers["provenance"] = provenance(specs()[paper], run_dirs)
+    report = report.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(report)
     import json

@@ -4,7 +4,9 @@ the console table. `final_accuracy`/`best_accuracy`/`accuracy_metric` are kept b
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ..config import RootConfig, variant_of
@@ -63,6 +65,7 @@ def run_summary(
         "startup_s": None if startup_s is None else round(startup_s, 3),
         "threads_per_client": placement.threads if placement else None,
         "machine": machine(),  # where it ran: a report of its runs says so, not where it is written
+        "code": this_code(),  # the commit it ran at: a report checks its claims are older
     }
     out["variant"] = variant_of(cfg)  # what sets it apart in its experiment: `compare --by variant`
     if cfg.row:
@@ -101,10 +104,41 @@ def run_summary(
     return out
 
 
+#: what the code of a run is: the package, its configs and its dependencies (not the results
+#: a reproduction writes into the same tree while it runs)
+CODE_PATHS = ("fl_lightning", "conf", "pyproject.toml")
+
+
+@functools.cache  # once per process: the code it imported, not what changed since
+def this_code() -> dict[str, Any] | None:
+    """`code_version` of the checkout holding this package."""
+    return code_version(Path(__file__).resolve().parents[2])
+
+
+def code_version(root: Path) -> dict[str, Any] | None:
+    """`{"commit": sha, "dirty": bool}` of the git checkout at `root` (dirty: `CODE_PATHS`
+    differ from the commit, untracked files included); None where `root` is not the top of a
+    checkout (an installed copy) or git is missing."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != root.resolve():
+            return None  # an installed copy inside some other repository
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--", *CODE_PATHS) != ""
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": dirty}
+
+
 def cpu_model() -> str:
     """The CPU's model name (Linux: /proc/cpuinfo), else what `platform` knows."""
     import platform
-    from pathlib import Path
 
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

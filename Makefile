@@ -43,16 +43,14 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy fl_lightning
 
-# Three pytest workers on two cores (`TEST_WORKERS=0`: one process): most tests are small serial
-# runs that keep one core busy, but many wait on Ray's start, subprocesses and signals: with two
-# workers the cores were busy 1.5 of 2 on average (user+sys time over wall time, 2 cores), and a
-# third worker fills those waits. `worksteal`: a worker
+# Two pytest workers (`TEST_WORKERS=0`: one process): most tests are small serial runs that keep
+# one core busy, so two of them at a time use a 2-core machine's second core. `worksteal`: a worker
 # that runs out takes half of the other's queue, so neither ends long after the other
 # (tests/conftest.py orders the suite: unit lane, long tests, the rest).
 # `make lint` in full, with mypy (~40 s on one core) beside the suite rather than before it: niced,
 # it runs in the gaps the suite leaves while tests wait on Ray and subprocesses. Its report comes
 # after the suite's; either failing fails `make test`.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 test: venv data
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -42,7 +42,7 @@ from fl_lightning.server_steps.federated_features import prototype_contrastive
 from .conftest import small
 from .run_files import assert_same_run
 from .test_methods import LR, MOM, Toy, ctx, manual_fit, match, toy_spec, twin
-from .test_pfl import clients3  # noqa: F401  (fixture)
+from .test_pfl_personal_heads import clients3  # noqa: F401  (fixture)
 
 C = 10
 SMALL_CREFF = dict(num_features=4, match_steps=3, feature_lr=0.5, retrain_epochs=2, retrain_lr=0.05,

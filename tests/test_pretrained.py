@@ -154,7 +154,8 @@ def test_bad_weights_are_one_line_before_any_work(trunk_file, tmp_path, data_roo
     assert "refused" in err[0] and "weights_only" not in err[0] and "can still be loaded" not in err[0]
     assert not marker.exists()  # the pickled payload never ran
     # a family of architectures takes no single trunk; a mismatch is named once the model is built
-    for extra, says in ((["method=fedproto", "model=htfe_cnn3"], "family of architectures"),
+    for extra, says in ((["method=fedproto", "model=htfe_cnn3", "data.client_test_fraction=0.25"],
+                             "family of architectures"),
                         (["model=cnn_bn"], "does not fit this model")):  # fmt: skip
         args = small(tmp_path, "runtime=serial", f"model.weights={trunk_file}", *extra)
         rc = main(["run", *args, "--quiet"])

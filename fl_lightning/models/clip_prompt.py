@@ -91,6 +91,7 @@ class CLIPPrompt(nn.Module):
         cache_features: bool = True,
         local_prompt: bool = False,
         image_tokens: bool = False,
+        low_rank: int = 0,
         aligned: str | None = None,
         align_holdout_from: int | None = None,
         align_holdout_size: int | None = None,
@@ -101,7 +102,9 @@ class CLIPPrompt(nn.Module):
         `align_*` keys on the driver; see methods/prompting.py). `local_prompt`: a second
         context of the same shape (`local_prompt.ctx`, FedOTP's local prompt); `image_tokens`:
         the image side is the tower's projected patch tokens [B, M, d] (a ViT tower), not its
-        pooled feature. Both are set by the methods that use them."""
+        pooled feature; `low_rank=r`: FedPGP's personal term, `lowrank_u` [n_ctx, r] and
+        `lowrank_v` [r, width] from N(0, init_std²), the text tower then reading the context
+        ctx + U V. All three are set by the methods that use them."""
         super().__init__()
         if torch.empty(()).is_meta:  # `check_image_size`'s probe: any size is resized to the tower's
             raise NotImplementedError("clip_prompt is not built on the meta device")
@@ -111,7 +114,7 @@ class CLIPPrompt(nn.Module):
         if not class_names or len(class_names) != num_classes:
             raise ValueError(
                 "model=clip_prompt needs the dataset's class names: train it with a prompt method "
-                "(method=promptfl, zeroshot, fedotp)"
+                "(method=promptfl, zeroshot, fedotp, fedpgp)"
             )
         if align_holdout_from is not None and aligned is None:
             raise ValueError("model.align_holdout_from is set but no aligned weights were built")
@@ -137,6 +140,12 @@ class CLIPPrompt(nn.Module):
             self.local_prompt = (
                 ClassSoftPrompts(text, class_names, **settings) if local_prompt else None  # type: ignore[arg-type]
             )
+            self.lowrank_u: nn.Parameter | None = None
+            self.lowrank_v: nn.Parameter | None = None
+            if low_rank:
+                m, width = self.prompt.n_ctx, self.prompt.ctx.shape[-1]
+                self.lowrank_u = nn.Parameter(torch.randn(m, int(low_rank)) * init_std)
+                self.lowrank_v = nn.Parameter(torch.randn(int(low_rank), width) * init_std)
         if image_tokens and not hasattr(clip.visual, "_embeds"):
             raise ValueError(f"model.arch={arch}: patch tokens need a ViT image tower")
         self.image_tokens = image_tokens
@@ -173,9 +182,19 @@ class CLIPPrompt(nn.Module):
         with torch.no_grad():  # the tower is frozen: no graph through it
             return self._image_features(x)
 
-    def text_features(self) -> Tensor:
-        """The prompted classes' normalised text features [C, d]."""
+    def text_features(self, low_rank: bool = True) -> Tensor:
+        """The prompted classes' normalised text features [C, d]; with a low-rank term, of the
+        context ctx + U V (`low_rank=False`: ctx alone)."""
+        if low_rank and self.lowrank_u is not None and self.lowrank_v is not None:
+            return self.prompt(ctx=self.prompt.ctx + self.lowrank_u @ self.lowrank_v)[:, 0]
         return self.prompt()[:, 0]
+
+    @torch.no_grad()
+    def written_text_features(self) -> Tensor:
+        """Features [C, d] of the prompts as tokenised, the context's own words in place ("X X
+        ... X {class}." for a random context, `ctx_init`'s words otherwise): nothing learnt."""
+        p = self.prompt
+        return _at_least_32(p.encoder.forward_embeddings(p.token_embeds, p.attention_mask))
 
     def forward_head(self, z: Tensor) -> Tensor:
         return self.logit_scale * z @ self.text_features().T

@@ -237,6 +237,73 @@ def test_fedotp_golden_two_rounds_global_averaged_local_kept(clip_file):
         assert not torch.equal(got["local_prompt.ctx"], init["local_prompt.ctx"])
 
 
+def test_fedpgp_golden_two_rounds_global_averaged_low_rank_kept(clip_file):
+    """FedPGP's step written out: the text tower reads "X X X X {class}." with the context
+    spliced in (σ + U V for the classifier, σ alone and the tokenised words for the
+    contrastive term), cross-entropy plus mu times the two-way contrastive cross-entropy."""
+    data = three_clients()
+    init, plans, states, host = _two_rounds("fedpgp", clip_file, data)
+    sizes, (mu, temp) = {0: 70, 1: 50, 2: 40}, (0.5, 0.5)  # the config's defaults
+    assert set(init) == {"prompt.ctx", "lowrank_u", "lowrank_v"}
+    assert init["lowrank_u"].shape == (4, 8) and init["lowrank_v"].shape == (8, 64)  # rank 8
+
+    def reference(dt: torch.dtype) -> tuple[list[dict], dict[int, dict]]:
+        model = prompt_model(clip_file, cache_features=False).to(dt)  # its image tower only
+        enc = OpenCLIPTextEncoder(arch=ARCH, pretrained=clip_file, device="cpu").to(dt)
+        ids, mask = enc.tokenize([f"X X X X {c}." for c in DIGIT_NAMES])
+        with torch.no_grad():
+            words = enc.embed_tokens(ids)
+            h0 = enc.forward_embeddings(words, mask)
+
+        def text(ctx: torch.Tensor) -> torch.Tensor:
+            spliced = torch.cat([words[:, :1], ctx.expand(10, -1, -1), words[:, 5:]], 1)  # "X"s replaced
+            return enc.forward_embeddings(spliced, mask)
+
+        def fit(cid: int, seed: int, sigma, u, v):
+            sigma, u, v = (t.clone().requires_grad_(True) for t in (sigma, u, v))
+            x, y = client_data(data, cid)
+            x = x.to(dt)
+            torch.manual_seed(seed)
+            loader = torch.utils.data.DataLoader(
+                torch.utils.data.TensorDataset(x, y), batch_size=BS, shuffle=True,
+                generator=torch.Generator().manual_seed(seed),
+            )  # fmt: skip
+            opt = torch.optim.SGD([sigma, u, v], lr=LR, momentum=0.0)
+            for xb, yb in loader:
+                opt.zero_grad()
+                hp, hs = text(sigma + u @ v), text(sigma)
+                img = model.encode_images(xb)
+                ce = F.cross_entropy(model.logit_scale * img @ hp.T, yb)
+                pair = torch.stack([(h0 * hs).sum(1), (hs * hp).sum(1)], 1) / temp
+                con = F.cross_entropy(pair, torch.zeros(10, dtype=torch.long))
+                (ce + mu * con).backward()
+                opt.step()
+            return sigma.detach(), u.detach(), v.detach()
+
+        mine, out = {}, []
+        glob = init["prompt.ctx"].to(dt)
+        for plan in plans:
+            trained = []
+            for p in plan.payloads:
+                u, v = mine.get(p.client_id, (init["lowrank_u"].to(dt), init["lowrank_v"].to(dt)))
+                sigma, u, v = fit(p.client_id, p.seed, glob, u, v)
+                trained.append({"prompt.ctx": sigma})
+                mine[p.client_id] = (u, v)
+            glob = written_mean(trained, [sizes[p.client_id] for p in plan.payloads])["prompt.ctx"]
+            out.append({"prompt.ctx": glob})
+        return out, {c: {"lowrank_u": u, "lowrank_v": v} for c, (u, v) in mine.items()}
+
+    (r32, l32), (r64, l64) = twin(reference)
+    for rnd in range(2):
+        match({"prompt.ctx": states[rnd].global_params["prompt.ctx"]}, (r32[rnd], r64[rnd]))
+    for cid in (0, 1, 2):  # each client's own U, V, as its last round left them
+        got = {k: host.states[cid]["personal"][k] for k in ("lowrank_u", "lowrank_v")}
+        match(got, (l32[cid], l64[cid]))
+        assert not torch.equal(got["lowrank_v"], init["lowrank_v"])
+    ups = [host.fit(plans[0].broadcast, p) for p in plans[0].payloads]  # (moves the hosts' U, V on)
+    assert all(set(u.params) == {"prompt.ctx"} for u in ups)  # U, V never leave a client
+
+
 TINY = ["data=fmnist", "data.train_subset=120", "data.test_subset=60", "fl.num_clients=3",
         "fl.clients_per_round=2", "fl.local_epochs=1", "fl.batch_size=16", "logger=none",
         f"model.arch={ARCH}", "model.n_ctx=4", "runtime.threads_per_client=1"]  # fmt: skip
@@ -269,8 +336,10 @@ def test_promptfl_runs_resumes_exactly_and_ray_matches_serial(clip_file, tmp_pat
 
 
 @pytest.mark.slow
-def test_fedotp_resumes_with_each_clients_local_prompt_exactly(clip_file, tmp_path, data_root):
-    args = [*TINY, "method=fedotp", f"model.pretrained={clip_file}", "data.client_test_fraction=0.25",
+@pytest.mark.parametrize("method", ["fedotp", "fedpgp"])
+def test_personal_prompts_resume_with_each_clients_own_part_exactly(method, clip_file, tmp_path, data_root):
+    """FedOTP's local context, FedPGP's U and V: kept by each client, checkpointed, resumed."""
+    args = [*TINY, f"method={method}", f"model.pretrained={clip_file}", "data.client_test_fraction=0.25",
             f"output_dir={tmp_path}", "runtime=serial"]  # fmt: skip
     full, full_dir = start_run(compose([*args, "fl.rounds=3", "run_id=full"]), console=False)
     assert full["accuracy_metric"] == "client_accuracy"
@@ -279,6 +348,8 @@ def test_fedotp_resumes_with_each_clients_local_prompt_exactly(clip_file, tmp_pa
     _, part_dir = start_run(compose([*args, "fl.rounds=2", "run_id=part"]), console=False)
     assert main(["resume", str(part_dir), "fl.rounds=3", "--quiet"]) == 0
     keys = ("round", "train_loss", "client_accuracy", "bytes_up")
+    if method == "fedpgp":
+        keys = (*keys, "client/loss/con", "client_global/accuracy")
     assert [[r[k] for k in keys] for r in _lines(part_dir)] == [[r[k] for k in keys] for r in lines]
 
 
@@ -289,6 +360,8 @@ def test_the_prompt_model_and_methods_refuse_each_other_in_one_line(capsys):
         (["method=promptfl", "model.align_holdout_from=55000"], "set data.train_subset<=55000"),
         (["method=zeroshot", "method.template=a {} photo."], "expected words then '{}.'"),
         (["method=fedotp", "data.client_test_fraction=0.25"], "model.arch=RN50 is no open_clip ViT"),
+        (["method=fedpgp", "method.rank=0", "data.client_test_fraction=0.25"], "method.rank must be >= 1"),
+        (["method=fedpgp", "method.temp=0", "data.client_test_fraction=0.25"], "method.temp must be > 0"),
     ):
         assert main(["run", "data=fmnist", "runtime=serial", "logger=none", *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()

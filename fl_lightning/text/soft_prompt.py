@@ -122,7 +122,8 @@ class ClassSoftPrompts(nn.Module):
             rows = rows[torch.isin(self.class_index, classes)]
         base, p, m = self.token_embeds[rows], self.encoder.prefix_tokens, self.n_ctx
         ctx = self.ctx if ctx is None else ctx
-        ctx = ctx[self.class_index[rows]] if self.class_specific else ctx.unsqueeze(0).expand(len(rows), -1, -1)
+        n = len(rows)
+        ctx = ctx[self.class_index[rows]] if self.class_specific else ctx.unsqueeze(0).expand(n, -1, -1)
         ctx = ctx.to(base.dtype)
         if self.class_token_position == "end":
             x = torch.cat([base[:, :p], ctx, base[:, p + m :]], dim=1)
@@ -136,7 +137,9 @@ class ClassSoftPrompts(nn.Module):
             x = torch.stack(parts)
         return x, self.attention_mask[rows]
 
-    def forward(self, reduce: str = "none", classes: Tensor | None = None, ctx: Tensor | None = None) -> Tensor:
+    def forward(
+        self, reduce: str = "none", classes: Tensor | None = None, ctx: Tensor | None = None
+    ) -> Tensor:
         """Features [C, k, d] (`reduce="none"`) or [C, d] (`"mean"`, re-normalised); with
         `classes`, only those classes (sorted), e.g. the labels present in a batch; with `ctx`,
         those context vectors in place of `self.ctx`."""

@@ -41,6 +41,8 @@ def small(paper: str, root: Path) -> list[str]:
         "fedlgt": [clip, "data.image_size=32", "fl.num_clients=3", "fl.clients_per_round=null",
                    "fl.batch_size=8"],
         "fedtsp": ["fl.num_clients=3", "data.min_size=2", "data.train_subset=45"],
+        **dict.fromkeys(("fedotp", "fedpgp"), [f"model.arch={root / 'weights' / (TINY_CLIP_ARCH + '.json')}",
+                                               "fl.num_clients=3", "data.min_size=2"]),
     }[paper]  # fmt: skip
 
 
@@ -89,6 +91,8 @@ SUITE_ROWS = {
     "fedglcl": ["fedavg_c2", "text_c2", "text_d03", "text_c100", "text_office"],
     "fedlgt": ["fedavg", "fedctran", "centralized", "fedlgt", "fedavg_voc", "fedlgt_coco"],
     "fedtsp": ["local", "fedtsp", "fedproto", "fedtgp"],
+    "fedotp": ["zeroshot", "promptfl", "fedotp"],
+    "fedpgp": ["zeroshot", "promptfl", "fedotp", "fedpgp"],
 }
 #: what makes two rows different settings rather than one setting with other method keys
 SETTING_KEYS = ("method", "model", "data", "+experiment", "text", "text.arch", "data.partition")
@@ -148,7 +152,7 @@ def _reproduce(paper: str, root: Path, out: Path, conf: Path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("paper", ["clip2fl", "feddtr", "fedglcl", "fedlgt", "fedtsp"])
+@pytest.mark.parametrize("paper", ["clip2fl", "feddtr", "fedglcl", "fedlgt", "fedtsp", "fedotp", "fedpgp"])
 def test_paper_scale_runs_its_rows(paper, paper_root, small_conf, tmp_path):
     _reproduce(paper, paper_root, tmp_path / "rep", small_conf)
 
@@ -160,6 +164,8 @@ DATASETS = {
     "fedglcl": ["Fashion-MNIST not found", "CIFAR-100 not found", "Office-Caltech-10 not found"],
     "fedlgt": ["FLAIR not found", "PASCAL VOC 2007 not found", "MS-COCO not found"],
     "fedtsp": ["CIFAR-100 not found"],
+    "fedotp": ["CIFAR-100 not found"],
+    "fedpgp": ["CIFAR-100 not found"],
 }
 
 

@@ -302,6 +302,14 @@ def test_fedpgp_golden_two_rounds_global_averaged_low_rank_kept(clip_file):
         assert not torch.equal(got["lowrank_v"], init["lowrank_v"])
     ups = [host.fit(plans[0].broadcast, p) for p in plans[0].payloads]  # (moves the hosts' U, V on)
     assert all(set(u.params) == {"prompt.ctx"} for u in ups)  # U, V never leave a client
+    # evaluation: "" scores σ + U V, "global" σ alone (equal once U V is zero)
+    obj = METHODS.get("fedpgp").objective_cls(prompt_model(clip_file, low_rank=8))
+    z = obj.model.encode_images(client_data(data, 0)[0][:5])
+    heads = obj.eval_heads()
+    assert not torch.allclose(heads[""](z), heads["global"](z))
+    with torch.no_grad():
+        obj.model.lowrank_v.zero_()
+    torch.testing.assert_close(heads[""](z), heads["global"](z))
 
 
 TINY = ["data=fmnist", "data.train_subset=120", "data.test_subset=60", "fl.num_clients=3",

@@ -27,33 +27,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-
-from ..core.messages import Broadcast
 from .configs.fedtpg import FedTPGConfig
 from .promptfl import PromptFL
-from .prompting import PromptObjective
-
-
-class FedTPGObjective(PromptObjective[Broadcast]):
-    def loss_terms(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Cross-entropy over the client's own classes, their context generated from their names."""
-        x, y = batch
-        z = self.represent(x)
-        self.batch_features = z
-        m: Any = self.model
-        counts = self.class_counts
-        held = (
-            torch.arange(len(m.prompt.class_names)) if counts is None else torch.nonzero(counts > 0).flatten()
-        ).to(y.device)
-        logits = m.logit_scale * z @ m.text_features(held).T
-        return {"ce": F.cross_entropy(logits, torch.searchsorted(held, y))}
 
 
 class FedTPG(PromptFL):
-    config_cls = FedTPGConfig
-    objective_cls = FedTPGObjective
+    config_cls = FedTPGConfig  # its clients: PromptFL's, scoring their own classes (own_classes)
 
     def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         c: Any = self.config

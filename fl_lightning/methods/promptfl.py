@@ -33,7 +33,7 @@ class PromptFL(PromptStrategy[PromptFLConfig, ServerState, Broadcast]):
     objective_cls = PromptObjective
 
     def objective_kwargs(self) -> dict[str, Any]:
-        return {}  # the clients train CoOp's plain objective; weighting is the server's
+        return {"own_classes": self.config.own_classes}  # weighting is the server's
 
     def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
         if self.config.weighted:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 @dataclass
 class FedTPGConfig(PromptFLConfig):
     # weighted (PromptFL's): false, the authors' plain mean of the selected clients' generators
+    own_classes: bool = True  # a client scores its own classes, their names the generator's input
     depth: int = 0  # self-attention blocks after the cross-attention (MODEL.DEPTH)
     heads: int = 4  # attention heads (cross_heads, self_heads)
     template: str = "{}"  # the text of a class name the generator reads (the code: the bare name)

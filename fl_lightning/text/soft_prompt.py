@@ -115,7 +115,8 @@ class ClassSoftPrompts(nn.Module):
 
     def embeddings(self, classes: Tensor | None = None, ctx: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The prompts' embedding sequences [n, L, h] with the class vectors spliced in, and masks;
-        `ctx`: other context vectors of `self.ctx`'s shape in its place (FedPGP's ctx + U V)."""
+        `ctx`: context vectors from outside in `self.ctx`'s place, [m, h] shared by the classes
+        (FedTPG's generated one) or [C, m, h] one per class (FedPGP's σ + U V, class-specific)."""
         rows = torch.arange(len(self.class_index), device=self.token_embeds.device)
         if classes is not None:
             classes = torch.as_tensor(classes, device=rows.device)
@@ -123,7 +124,7 @@ class ClassSoftPrompts(nn.Module):
         base, p, m = self.token_embeds[rows], self.encoder.prefix_tokens, self.n_ctx
         ctx = self.ctx if ctx is None else ctx
         n = len(rows)
-        ctx = ctx[self.class_index[rows]] if self.class_specific else ctx.unsqueeze(0).expand(n, -1, -1)
+        ctx = ctx[self.class_index[rows]] if ctx.dim() == 3 else ctx.unsqueeze(0).expand(n, -1, -1)
         ctx = ctx.to(base.dtype)
         if self.class_token_position == "end":
             x = torch.cat([base[:, :p], ctx, base[:, p + m :]], dim=1)
@@ -141,8 +142,8 @@ class ClassSoftPrompts(nn.Module):
         self, reduce: str = "none", classes: Tensor | None = None, ctx: Tensor | None = None
     ) -> Tensor:
         """Features [C, k, d] (`reduce="none"`) or [C, d] (`"mean"`, re-normalised); with
-        `classes`, only those classes (sorted), e.g. the labels present in a batch; with `ctx`,
-        those context vectors in place of `self.ctx`."""
+        `classes`, only those classes (sorted), e.g. the labels present in a batch; `ctx`: see
+        `embeddings`."""
         x, mask = self.embeddings(classes, ctx)
         feats = self.encoder.forward_embeddings(x, mask)
         feats = feats.float() if feats.dtype in (torch.float16, torch.bfloat16) else feats  # float64 stays

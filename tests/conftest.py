@@ -99,7 +99,7 @@ def small(tmp_path: Path, *extra: str) -> list[str]:
     width unless `extra` sets it."""
     base = [*SMALL, f"output_dir={tmp_path}"]
     try:
-        cnn = compose([*base, *extra]).model.name == "cnn"
+        cnn = compose([*base, *extra]).model["name"] == "cnn"
     except Exception:  # noqa: BLE001  (a test's deliberately bad arguments: as given)
         cnn = False
     return [*base, *(NARROW if cnn else []), *extra]

@@ -26,7 +26,9 @@ starts from those words and h0 is the handwritten prompt (the paper's "hand-craf
 the authors' code builds no U, V in that branch). Where we differ: their round 0 trains every
 client (here `fl.fraction` in every round); `--num_prompt 2` (one script: a second set of C
 prompts scored as extra classes) is not supported; fp16 and Dassl's schedule are left out, as
-for PromptFL. Evaluation: `""` the personalised prompt, `global` σ alone (same images).
+for PromptFL. Under `data.base_new` clients train on the base classes' prompts only, as their
+`plot_basetonew_base.sh` (`SUBSAMPLE_CLASSES base`) does. Evaluation: `""` the personalised
+prompt, `global` σ alone (same images).
 """
 
 from __future__ import annotations
@@ -75,13 +77,18 @@ class FedPGPObjective(PromptObjective[Broadcast]):
         return self._written
 
     def loss_terms(self, batch: tuple[Tensor, Tensor]) -> dict[str, Tensor]:
+        """Under `data.base_new` both terms see the base classes only (the authors'
+        `SUBSAMPLE_CLASSES base` leaves the new class names out of training)."""
         x, y = batch
         m: Any = self.model
         z = self.represent(x)
-        personal, glob = m.text_features(), m.text_features(low_rank=False)
-        terms = {"ce": F.cross_entropy(m.logit_scale * z @ personal.T, y)}
+        k = self.trained_classes
+        held = None if k is None else torch.arange(k, device=y.device)
+        personal, glob = m.text_features(held), m.text_features(held, low_rank=False)
+        terms = {"ce": F.cross_entropy(m.logit_scale * z @ personal.T, y)}  # base labels are < k
         if self.mu:
-            terms["con"] = self.mu * contrastive(self.written(), glob, personal, self.temp)
+            written = self.written() if k is None else self.written()[:k]
+            terms["con"] = self.mu * contrastive(written, glob, personal, self.temp)
         return terms
 
     def eval_heads(self) -> dict[str, Callable[[Tensor], Tensor]]:
@@ -97,7 +104,7 @@ class FedPGP(PromptStrategy[FedPGPConfig, ServerState, Broadcast]):
     objective_cls = FedPGPObjective
 
     def objective_kwargs(self) -> dict[str, Any]:
-        return {"mu": self.config.mu, "temp": self.config.temp}
+        return {"mu": self.config.mu, "temp": self.config.temp, "trained_classes": self.trained_classes()}
 
     def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         return super().model_kwargs(model, {**kwargs, "low_rank": self.config.rank})

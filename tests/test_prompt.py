@@ -349,6 +349,34 @@ def _same(a: list[dict], b: list[dict]) -> None:
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
 
 
+def test_the_global_evaluation_keeps_the_test_images_features(clip_file, tmp_path, data_root):
+    """The driver's evaluation of a prompt learner (frozen image tower) computes the test
+    images' features once and evaluates the text side on them: the same numbers as on the
+    images; with `model.cache_features=false` it keeps nothing."""
+    from fl_lightning.core.objective import evaluate
+    from fl_lightning.runtime.build import prepare
+    from fl_lightning.runtime.callbacks.base import WallClock
+    from fl_lightning.runtime.callbacks.evaluation import GlobalEval
+
+    args = [*TINY, "method=promptfl", f"model.pretrained={clip_file}", "runtime=serial"]
+    for cache in (True, False):
+        p = prepare(compose([*args, f"model.cache_features={cache}"]))
+        ev = GlobalEval(p, tmp_path, WallClock())
+        state = p.strategy.init_state(p.init_params)
+        first = ev.now(state)
+        assert (ev.test_features is not None) is cache
+        if cache:
+            assert ev.test_features.shape == (60, p.objective.model.feature_dim)
+            kept = ev.test_features
+            state.global_params["prompt.ctx"] += 0.5  # another round's context: the same features
+            again = ev.now(state)
+            assert ev.test_features is kept and again["loss"] != first["loss"]
+        obj = p.objective
+        images = evaluate(obj, *ev.test, spec=p.eval_spec, batch_size=ev.batch_size)
+        assert images["accuracy"] == (again if cache else first)["accuracy"]
+        assert images["loss"] == pytest.approx((again if cache else first)["loss"], rel=1e-5)
+
+
 @pytest.mark.slow
 def test_promptfl_runs_resumes_exactly_and_ray_matches_serial(clip_file, tmp_path, data_root, ray_session):
     args = [*TINY, "method=promptfl", f"model.pretrained={clip_file}", f"output_dir={tmp_path}"]

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -106,6 +107,7 @@ class GlobalEval:
         self.batch_size, self.save_predictions = int(ev.batch_size), bool(ev.save_predictions)
         self.device = driver_device(str(ev.device))
         self.test = p.dataset.tensors(p.dataset.test_x, p.dataset.test_y)
+        self.test_features: torch.Tensor | None = None  # a frozen image tower's, once (`_inputs`)
         self.pool = (
             ThreadPoolExecutor(
                 1, thread_name_prefix="fl-eval", initializer=torch.set_num_threads, initargs=(EVAL_THREADS,)
@@ -134,7 +136,12 @@ class GlobalEval:
             t = time.perf_counter()
             scores: list[torch.Tensor] | None = [] if keep else None
             out = evaluate(
-                obj, *self.test, spec=self.p.eval_spec, batch_size=self.batch_size, scores_out=scores
+                obj,
+                self._inputs(obj),
+                self.test[1],
+                spec=self.p.eval_spec,
+                batch_size=self.batch_size,
+                scores_out=scores,
             )
             if scores:
                 self._save_predictions(torch.cat(scores), rnd)
@@ -142,6 +149,20 @@ class GlobalEval:
             return out, end - t, end
 
         return job
+
+    def _inputs(self, obj: Any) -> torch.Tensor:
+        """The test images, or, for a model with a frozen image tower (`frozen_image_features`:
+        the CLIP prompt learner, which takes its own features as input), their pooled features,
+        computed at the first evaluation and kept: each later evaluation runs the text side
+        only, as the clients' own test splits do (`ClientHost._frozen_features`). Patch tokens
+        (`image_tokens`: ~200x the pooled size) are computed each time instead."""
+        model = obj.model
+        if not getattr(model, "frozen_image_features", False) or getattr(model, "image_tokens", False):
+            return self.test[0]
+        if self.test_features is None:
+            with torch.no_grad():
+                self.test_features = model.encode_images(self.test[0].to(self.device)).cpu()
+        return self.test_features
 
     def now(self, state: ServerState) -> dict[str, float]:
         """The evaluation of `state`, in line (a resume's line whose evaluation never ended)."""

@@ -275,7 +275,7 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
         for row in spec.run_rows(name):
             args = [*row.args(scale, out), f"output_dir={tmp_path}", "logger=none"]
             cfg = compose(args)
-            if cfg.text.name == "clip":
+            if cfg.text["name"] == "clip":
                 args.append(f"text.pretrained={clip}")
             weights = cfg.model.get("weights")
             if weights and not Path(str(weights)).exists():  # the ImageNet trunk a paper scale pins

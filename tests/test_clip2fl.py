@@ -469,7 +469,7 @@ def test_data_keys_added_later_keep_cached_teachers_unless_set():
     from fl_lightning.config import compose
     from fl_lightning.methods.teacher import AlignedTeacherConfig, teacher_key
 
-    data = dict(compose(["method=clip2fl", "data=fmnist"]).data)
+    data = dataclasses.asdict(compose(["method=clip2fl", "data=fmnist"]).data)
     before = {k: v for k, v in data.items() if k not in ("shots", "shots_seed", "personal_shots",
                                                          "personal_from_test", "base_new")}  # fmt: skip
     cfg = AlignedTeacherConfig()

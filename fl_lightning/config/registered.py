@@ -37,13 +37,14 @@ def check_weights_file(cfg: RootConfig) -> None:
 
 def validate_registered(cfg: RootConfig, trunk: str | None = None) -> MethodConfig:
     """Checks against the registries (imports the methods, models and datasets); the run's
-    method config (`method_config`), checked. `trunk`: where `model.weights` is read from
-    (a resumed run's own copy, `models.weights.KEPT`; default: the file it names)."""
+    method config, checked. `trunk`: where `model.weights` is read from (a resumed run's own
+    copy, `models.weights.KEPT`; default: the file it names)."""
     from ..data.partition import PARTITIONERS
     from ..data.registry import DATASETS
     from ..methods import METHODS
     from ..models import MODELS
 
+    cfg.check()  # the sections' own checks again (cheap): a value set since it was composed
     method_cfg = check_method(cfg)  # again (cheap): also where no command line ran it
     name, model = type(method_cfg).name, str(cfg.model["name"])
     strategy = METHODS.get(name)

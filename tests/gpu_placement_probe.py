@@ -7,14 +7,14 @@ declares fake GPUs, and the real placement + RayExecutor code creating the clien
 
 usage: python tests/gpu_placement_probe.py <num_gpus> '<json list of cases>'
 a case is [num_clients, gpus_per_client, placement] or ["busy", num_clients, timeout_s]
-(3 of the GPUs held by another placement group, then ask for one GPU per client) or
-["reuse", num_clients, gpus_per_client, other_num_clients] (warm workers in a `WorkerSource`, as a sweep's
-session keeps: the same placement twice, then another number of clients; prints each executor's
-worker pids, GPUs and reused count, and the placement groups left after the pool is cleared) or
-["early", num_clients, gpus_per_client, run_gpus_per_client] (workers and their placement group
-made as `Session.early_start` makes them (`WorkerSource.make`), then a run's executor asking
-for run_gpus_per_client: it takes them when the two agree, else ends them; then one line with
-the placement groups left after it closed).
+(all GPUs but one held by another placement group, then ask for one GPU per client) or
+["chain", num_clients, gpus_per_client, placement, other_num_clients, other_gpus_per_client]:
+one session's workers (`WorkerSource`) over three runs: workers and their placement group made
+as `Session.early_start` makes them (`WorkerSource.make`), a run that takes them, a second run
+of the same layout that gets them warm (`reuse_actors`, a sequential sweep), then a run of
+another layout, which ends them and makes its own; one line with each run's workers, GPUs and
+bundles and the placement groups left after the source is cleared. One chain of 2 + other
+workers covers what three cases of 2 workers each did: each worker costs ~7 CPU-seconds.
 """
 
 from __future__ import annotations
@@ -59,35 +59,34 @@ def main() -> None:
 
         return len([t for t in placement_group_table().values() if t["state"] != "REMOVED"])
 
+    def run_line(ex, placement, infos) -> dict:
+        return {
+            "gpu_ids": [i["gpu_ids"] for i in infos], "clients": [i["clients"] for i in infos],
+            "bundles": [placement.bundle_of(a) for a in range(placement.num_actors)],
+            "pids": [i["pid"] for i in infos], "reused": ex.reused, "prestarted": ex.prestarted,
+        }  # fmt: skip
+
     for case in cases:
-        if case[0] == "early":  # workers + group made as `early_start` does, then the run's executor
-            _, n, gpus, run_gpus = case
-            made = WorkerSource()
-            made.make(placed(compose([
+        if case[0] == "chain":  # early workers taken, kept warm for a second run, ended by a third
+            _, n, gpus, where, other_n, other_gpus = case
+            source = WorkerSource()
+            source.make(placed(compose([
                 "data=digits", "runtime=gpu", f"fl.num_clients={n}", f"runtime.gpus_per_client={gpus}",
+                f"runtime.placement={where}",
             ])))  # fmt: skip
-            (idle,) = made._idle.values()
-            made_actors, made_pg = list(idle.actors), idle.pg
-            ex, _ = executor(n, run_gpus, source=made)
-            infos = ex.ready()
-            print(json.dumps({
-                "case": case, "prestarted": ex.prestarted, "gpu_ids": [i["gpu_ids"] for i in infos],
-                "same_actors": [a._actor_id for a in ex.actors] == [a._actor_id for a in made_actors],
-                "same_pg": ex.pg.id == made_pg.id, "none_pending": len(made) == 0,
-            }), flush=True)  # fmt: skip
-            ex.close()
-            print(json.dumps({"case": ["left", *case], "placement_groups_left": left()}), flush=True)
-            continue
-        if case[0] == "reuse":  # a sequential sweep's runs (`Session(reuse_actors=True)`)
+            (idle,) = source._idle.values()
+            made_actors, made_pg = [a._actor_id for a in idle.actors], idle.pg.id
             runs = []
-            pool = WorkerSource()
-            for n in (case[1], case[1], case[3]):
-                ex, _ = executor(n, case[2], source=pool)
-                infos = ex.ready()
-                runs.append({"reused": ex.reused, "pids": [i["pid"] for i in infos],
-                             "gpu_ids": [i["gpu_ids"] for i in infos]})  # fmt: skip
-                ex.close(reuse=True)
-            pool.clear()
+            layouts = [(n, gpus, where), (n, gpus, where), (other_n, other_gpus, "auto")]
+            for k, (m, g, w) in enumerate(layouts):
+                ex, placement = executor(m, g, w, source=source)
+                line = run_line(ex, placement, ex.ready())
+                line["same_actors"] = [a._actor_id for a in ex.actors] == made_actors
+                line["same_pg"] = ex.pg.id == made_pg
+                line["idle_left"] = len(source)
+                runs.append(line)
+                ex.close(reuse=k < 2)
+            source.clear()
             print(json.dumps({"case": case, "runs": runs, "placement_groups_left": left()}), flush=True)
             continue
         busy = None
@@ -104,14 +103,7 @@ def main() -> None:
         except ConfigError as e:
             print(json.dumps({"case": case, "error": str(e)}), flush=True)
         else:
-            infos = ex.ready()
-            print(json.dumps({
-                "case": case,
-                "gpu_ids": [i["gpu_ids"] for i in infos],
-                "clients": [i["clients"] for i in infos],
-                "bundles": [placement.bundle_of(a) for a in range(placement.num_actors)],
-                "bundle_shapes": placement.bundles(),
-            }), flush=True)  # fmt: skip
+            print(json.dumps({"case": case, **run_line(ex, placement, ex.ready())}), flush=True)
             ex.close()
         if busy is not None:
             from ray.util.placement_group import remove_placement_group

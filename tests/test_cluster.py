@@ -122,57 +122,55 @@ def test_ray_places_client_actors_evenly_on_declared_gpus():
     `ray.get_gpu_ids()`: the GPU Ray gave it, which CUDA_VISIBLE_DEVICES then names for the
     Trainer's `devices=1`.
 
-    2 x 1 GPU: one each. 2 x 0.25: still one per GPU (Ray alone would stack both on GPU 0).
-    4 x 0.5: two per GPU. Inside `reuse_actors` (a sequential sweep) a second run with the
-    same layout gets the same workers on the same GPUs; another layout new ones. A run takes
-    the workers and placement group `early_start` made for it, and ends them when its layout
-    differs. Two GPUs tell spreading from stacking as four would (the round-robin over four
-    is `plan_placement`'s, tested above); each actor costs ~7 CPU-seconds (it imports
-    Lightning), so 4 GPUs (4 x 1, 4 x 0.25, 8 x 0.5, 16 x 0.25) run only with
-    FL_LIGHTNING_GPU_TEST_FULL=1."""
+    2 x 0.25: still one per GPU (Ray alone would stack both on GPU 0). One session's workers
+    over three runs ("chain"): 2 x 1 GPU per client made by `early_start`, which the run takes
+    (workers and placement group), the next run of that layout gets warm (a sequential
+    sweep's `reuse_actors`: same workers, same GPUs), and a run of another layout (4 x 0.5)
+    ends and replaces, two per GPU. Two GPUs tell spreading from stacking as four would (the
+    round-robin over four is `plan_placement`'s, tested above); each actor costs ~7
+    CPU-seconds (it imports Lightning), so 4 GPUs (4 x 1, 4 x 0.25, 8 x 0.5, 16 x 0.25) run
+    only with FL_LIGHTNING_GPU_TEST_FULL=1."""
     full = os.environ.get("FL_LIGHTNING_GPU_TEST_FULL") == "1"
     gpus = 4 if full else 2
-    cases = [[gpus, 1.0, "per_client"], [gpus, 0.25, "auto"], [2 * gpus, 0.5, "auto"], ["busy", gpus, 3]]
-    cases.append(["reuse", 2, 1.0, 1])  # 2 x 1 GPU twice (a sweep's runs), then 1 client
-    cases += [["early", 2, 1.0, 1.0], ["early", 1, 1.0, 0.5]]  # early_start's workers: taken, then not
+    cases = [[gpus, 0.25, "auto"], ["busy", gpus, 3], ["chain", 2, 1.0, "per_client", 2 * gpus, 0.5]]
     if full:
-        cases.append([16, 0.25, "auto"])
+        cases += [[gpus, 1.0, "per_client"], [2 * gpus, 0.5, "auto"], [16, 0.25, "auto"]]
     probe = [sys.executable, str(REPO / "tests" / "gpu_placement_probe.py"), str(gpus), json.dumps(cases)]
     res = subprocess.run(probe, capture_output=True, text=True, timeout=560)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     out = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    assert [o["case"] for o in out if o["case"][0] != "left"] == cases
-    for o in out:
-        if o["case"][0] == "left":  # after an "early" case's executor closed
-            assert o["placement_groups_left"] == 0, o
-            continue
-        if o["case"][0] == "early":  # the run takes early_start's workers and group when they fit
-            taken = o["case"][2] == o["case"][3]
-            assert o["prestarted"] == (o["case"][1] if taken else 0) and o["none_pending"], o
-            assert o["same_actors"] is taken and o["same_pg"] is taken, o
-            assert all(len(ids) == 1 for ids in o["gpu_ids"])
-            assert len({ids[0] for ids in o["gpu_ids"]}) == o["case"][1]  # one GPU each
-            continue
-        if o["case"][0] == "reuse":  # a sweep's next run on the same GPUs: the same workers
-            first, again, other = o["runs"]
-            assert [r["reused"] for r in o["runs"]] == [0, 2, 0]
-            assert again["pids"] == first["pids"] and again["gpu_ids"] == first["gpu_ids"]
-            assert not set(other["pids"]) & set(first["pids"])  # another layout: new workers
-            assert o["placement_groups_left"] == 0
-            continue
-        if o["case"][0] == "busy":  # all GPUs but one held by another placement group
-            assert f"could not reserve {gpus} GPU bundles" in o["error"] and "within 3s" in o["error"]
-            continue
-        n = o["case"][0]
+    assert [o["case"] for o in out] == cases
+
+    def spread(o: dict, n: int) -> None:  # n actors, n / gpus on each GPU, bundles = GPUs
         assert all(len(ids) == 1 for ids in o["gpu_ids"])  # each actor sees exactly one GPU
         per_gpu = collections.Counter(ids[0] for ids in o["gpu_ids"])
-        assert per_gpu == {str(g): n // gpus for g in range(gpus)}, (o["case"], per_gpu)
+        assert per_gpu == {str(g): max(n // gpus, 1) for g in range(min(n, gpus))}, (o, per_gpu)
         assert sorted(c for cs in o["clients"] for c in cs) == list(range(n))
-        # actors sharing a bundle share a GPU; different bundles, different GPUs
-        gpu_of_bundle = {}
+        gpu_of_bundle = {}  # actors sharing a bundle share a GPU; different bundles, different GPUs
         for b, ids in zip(o["bundles"], o["gpu_ids"], strict=True):
             assert gpu_of_bundle.setdefault(b, ids[0]) == ids[0]
-        assert len(set(gpu_of_bundle.values())) == gpus
+        assert len(set(gpu_of_bundle.values())) == min(n, gpus)
+
+    for o in out:
+        if o["case"][0] == "busy":  # all GPUs but one held by another placement group
+            assert f"could not reserve {gpus} GPU bundles" in o["error"] and "within 3s" in o["error"]
+        elif o["case"][0] == "chain":
+            _, n, _, _, other_n, _ = o["case"]
+            taken, warm, other = o["runs"]
+            for r, m in ((taken, n), (warm, n), (other, other_n)):
+                spread(r, m)
+            # the run takes early_start's workers and group; the next gets them warm, same GPUs
+            keys = ("prestarted", "reused", "same_actors", "same_pg")
+            assert [taken[k] for k in keys] == [n, 0, True, True]
+            assert [warm[k] for k in keys] == [0, n, True, True]
+            assert warm["pids"] == taken["pids"] and warm["gpu_ids"] == taken["gpu_ids"]
+            # another layout: the warm workers end, new ones (none idle left over)
+            assert (other["prestarted"], other["reused"], other["same_actors"]) == (0, 0, False)
+            assert not set(other["pids"]) & set(taken["pids"]) and other["idle_left"] == 0
+            assert taken["idle_left"] == warm["idle_left"] == 0
+            assert o["placement_groups_left"] == 0
+        else:
+            spread(o, o["case"][0])
 
 
 def test_impossible_gpu_request_ends_with_one_line(tmp_path):

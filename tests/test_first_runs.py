@@ -177,6 +177,9 @@ def test_c_tran_on_a_cpu_says_how_long_its_rounds_take_before_they_start(
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("client training (C-Tran")]
     plan = plan_of(announced)
     assert plan.client_steps == plan.fits * 3 and plan.fits == 2 * int(announced.cfg.fl.rounds)
+    # resumed after round 1 (`resume_run` prepares with first_round=2): the rounds left
+    assert prepare(compose(args), first_round=2) and plan_of(announced, 2).fits == plan.fits - 2
+    assert f"{plan_of(announced, 2).client_steps} steps" in capsys.readouterr().err
     assert len(lines) == 1 and f"{plan.client_steps} steps of batch 16" in lines[0], lines
     assert f"{plan.eval_images} images evaluated" in lines[0] and lines[0].endswith(CTRAN_SHORTER)
     counted = first_run_work(args, (announced.dataset, announced.split))

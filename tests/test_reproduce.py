@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fl_lightning.cli.estimate import SHAPES
 from fl_lightning.cli.main import main
 from fl_lightning.cli.reproduce import provenance
 from fl_lightning.cli.sweep import own_wandb_service
@@ -287,6 +288,8 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
                     torch.save(resnet18(weights=None).state_dict(), trunk)
                 args.append(f"model.weights={trunk}")
             validate_registered(compose(args))
+            if cfg.model["name"] != "clip_prompt":  # the estimate times trainable backbones, not CLIP's towers
+                assert str(cfg.data.name) in SHAPES, f"{paper}: --estimate cannot time {cfg.data.name}"
 
 
 #: a billion laughs: `i` stands for 9**9 strings (expanded, 112 s and a MemoryError)

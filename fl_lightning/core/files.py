@@ -78,8 +78,9 @@ def write_cache(path: str | Path, write: Callable[[BinaryIO], object]) -> bool:
 
 def save_figure(fig: Any, path: str | Path) -> Path:
     """`fig.savefig` as PNG, written atomically: a reader (the W&B upload, a dashboard) never
-    sees half a picture, and a failed write leaves nothing."""
-    return write_atomic(path, lambda f: fig.savefig(f, format="png"))
+    sees half a picture, and a failed write leaves nothing. zlib level 1: a third of the
+    encoding time of the default 6 for a few percent more bytes (plots are flat colour)."""
+    return write_atomic(path, lambda f: fig.savefig(f, format="png", pil_kwargs={"compress_level": 1}))
 
 
 def copy_atomic(src: str | Path, dst: str | Path) -> Path:

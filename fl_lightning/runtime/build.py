@@ -49,7 +49,7 @@ class Prepared:
     weights_info: dict[str, Any] | None = None  # `model.weights`: the pretrained trunk loaded
 
 
-def prepare(cfg: RootConfig, trunk: str | None = None) -> Prepared:
+def prepare(cfg: RootConfig, trunk: str | None = None, first_round: int = 1) -> Prepared:
     """Validate against the registries, load data, partition, build the initial model.
     `trunk`: the file `model.weights` is read from (a resumed run's own copy of it)."""
     method_cfg = validate_registered(cfg, trunk)  # checked before any data
@@ -157,7 +157,7 @@ def prepare(cfg: RootConfig, trunk: str | None = None) -> Prepared:
     if on_cpu(cfg):  # a slow step (C-Tran) says how long the rounds will take, before they start
         from .plan import announce_client_training
 
-        announce_client_training(prepared)
+        announce_client_training(prepared, first_round)
     return prepared
 
 

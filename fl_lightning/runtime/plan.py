@@ -86,8 +86,8 @@ def work_plan(
     return WorkPlan(fits, steps, images, evaluated)
 
 
-def plan_of(prep: Prepared) -> WorkPlan:
-    """`work_plan` of a prepared run."""
+def plan_of(prep: Prepared, first_round: int = 1) -> WorkPlan:
+    """`work_plan` of a prepared run, from round `first_round` (a resumed run: what is left)."""
     s = prep.spec
     return work_plan(
         prep.cfg,
@@ -96,6 +96,7 @@ def plan_of(prep: Prepared) -> WorkPlan:
         len(prep.dataset.test_y),
         prep.strategy.sample_clients,
         phase_lengths(prep.objective, s.local_epochs, s.local_steps),
+        first_round,
     )
 
 
@@ -125,14 +126,15 @@ def step_seconds(prep: Prepared, threads: int, timed: int = 1) -> tuple[float, f
     return step_s, eval_s / len(y)
 
 
-def announce_client_training(prep: Prepared) -> None:
+def announce_client_training(prep: Prepared, first_round: int = 1) -> None:
     """C-Tran trained on a CPU (3.5-14 s a step at batch 64 on 2 shared cores): before the
     first round, how long the clients' training and the evaluations will take, from
     `plan_of` and a timed step of each, once that passes `ANNOUNCE_ABOVE_S`. Other models'
-    steps are fast enough to go untimed; with progress off (`--quiet`) nothing is timed."""
+    steps are fast enough to go untimed; with progress off (`--quiet`) nothing is timed.
+    `first_round`: a resumed run announces the rounds it has left."""
     if prep.spec.model != "ctran" or not enabled() or not prep.split.train or not len(prep.split.train[0]):
         return
-    plan = plan_of(prep)
+    plan = plan_of(prep, first_round)
     if plan.client_images + plan.eval_images < MIN_TIMED_IMAGES:
         return
     threads = min(torch.get_num_threads(), cores_given())

@@ -402,5 +402,5 @@ def resume_run(
                 summary = {}
             return summary if isinstance(summary, dict) else {}
         trunk = kept_weights(run_dir, str(cfg.model["weights"])) if cfg.model.get("weights") else None
-        prepared = prepare(cfg, trunk)
+        prepared = prepare(cfg, trunk, first_round=done + 1)  # a slow run announces what is left
         return Run(prepared, run_dir, s, resume=True, console=console, started_at=t0).execute()

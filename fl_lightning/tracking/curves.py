@@ -95,6 +95,8 @@ def save_run_curves(records: Sequence[dict[str, Any]], summary: dict[str, Any], 
     title += f"  ({summary.get('experiment', '')}/{summary.get('run_id', '')}: {status}"
     title += f", {done}/{total} rounds)" if done is not None and total is not None else ")"
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    # fixed margins for this fixed figure size: `tight_layout` drew the figure once more to
+    # measure it, half of a picture's time, paid at the end of every run
+    fig.subplots_adjust(left=0.065, right=0.985, bottom=0.12, top=0.87, wspace=0.2)
 
     return save_figure(fig, path)

@@ -288,7 +288,7 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
                     torch.save(resnet18(weights=None).state_dict(), trunk)
                 args.append(f"model.weights={trunk}")
             validate_registered(compose(args))
-            if cfg.model["name"] != "clip_prompt":  # the estimate times trainable backbones, not CLIP's towers
+            if cfg.model["name"] != "clip_prompt":  # the estimate times backbones, not CLIP's towers
                 assert str(cfg.data.name) in SHAPES, f"{paper}: --estimate cannot time {cfg.data.name}"
 
 

@@ -171,6 +171,7 @@ def test_c_tran_on_a_cpu_says_how_long_its_rounds_take_before_they_start(
                  "data.test_subset=40", "fl.num_clients=3", "fl.clients_per_round=2", "fl.local_steps=3",
                  "fl.batch_size=16", "model.layers=1", "data.image_size=28", "method=fedlgt",
                  "runtime=serial")  # fmt: skip
+    monkeypatch.setattr(progress, "_enabled", True)  # an earlier `run --quiet` in this process: off
     monkeypatch.setattr(centralized, "ANNOUNCE_ABOVE_S", -1.0)  # every estimate is announced
     monkeypatch.setattr(plan_module, "MIN_TIMED_IMAGES", 0)  # however small the run
     announced = prepare(compose(args))

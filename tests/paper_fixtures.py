@@ -12,7 +12,9 @@ Formats written (what `fl_lightning/data/` reads):
   VOCdevkit/VOC2007/{ImageSets/Main/{trainval,test}.txt, Annotations/*.xml, JPEGImages/*.jpg};
   coco/{train2014,val2014}/*.jpg + annotations/instances_{train2014,val2014}.json;
   flair/flair_federated.hdf5 (ml-flair's prepare_dataset.py layout: /<split>/<user>/{images,
-  labels, fine_grained_labels, image_ids}, /metadata/label_counter).
+  labels, fine_grained_labels, image_ids}, /metadata/label_counter);
+  caltech-101/101_ObjectCategories/<class>/*.jpg with CoOp's split_zhou_Caltech101.json (6
+  classes, 3 training and 2 test images each).
 Training sets hold each image and its mirror image (and a 2-pixel shift for CIFAR); test
 sets the originals. Office, VOC, COCO and FLAIR labels are assigned (ImageNet photos, not
 those datasets' classes): the format is what is tested, not the labels' meaning.
@@ -189,6 +191,21 @@ def _flair(root: Path, photos: list[np.ndarray], users: int = 6) -> None:
         f["metadata/fine_grained_label_counter"] = json.dumps({c: 1 for c in fine})
 
 
+def _caltech101(root: Path, photos: list[np.ndarray]) -> None:
+    """CoOp's layout: the split JSON of [relative path, label, class name] rows."""
+    base = root / "caltech-101" / "101_ObjectCategories"
+    split: dict[str, list[list[object]]] = {"train": [], "val": [], "test": []}
+    k = 0
+    for label, name in enumerate(["accordion", "airplanes", "anchor", "ant", "barrel", "bass"]):
+        for part, n in (("train", 3), ("test", 2)):
+            for _ in range(n):
+                rel = f"{name}/image_{k:04d}.jpg"
+                _jpeg(base / rel, photos[k % len(photos)])
+                split[part].append([rel, label, name])
+                k += 1
+    (root / "caltech-101" / "split_zhou_Caltech101.json").write_text(json.dumps(split))
+
+
 def _weights(root: Path) -> None:
     import open_clip
     import torch
@@ -237,6 +254,7 @@ def build_root(root: Path, fmnist_root: str | Path) -> Path:
     _voc(root, photos)
     _coco(root, photos)
     _flair(root, photos)
+    _caltech101(root, photos)
     _weights(root)
     fmnist = Path(fmnist_root).expanduser() / "fashion-mnist"
     os.symlink(fmnist, root / "fashion-mnist", target_is_directory=True)

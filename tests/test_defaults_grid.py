@@ -76,7 +76,7 @@ NEEDS = {
     "fedtgp": ["method.server_epochs=10"],
     # the prompt learners' default tower is a random RN50 (real CLIP weights are the user's file):
     # the cell trains the same prompt on open_clip's tiny test ViT (FedOTP needs a ViT)
-    **{m: ["model.arch=clip-tiny-random"] for m in ("promptfl", "zeroshot", "fedotp")},
+    **{m: ["model.arch=clip-tiny-random"] for m in ("promptfl", "zeroshot", "fedotp", "fedtpg")},
     "fedtsp": ["method.server_epochs=5"],
 }
 

@@ -41,6 +41,9 @@ def small(paper: str, root: Path) -> list[str]:
         "fedlgt": [clip, "data.image_size=32", "fl.num_clients=3", "fl.clients_per_round=null",
                    "fl.batch_size=8"],
         "fedtsp": ["fl.num_clients=3", "data.min_size=2", "data.train_subset=45"],
+        # 6 classes: 3 base in blocks of 2 (round(3/2) = 2 clients, the scale's)
+        "fedtpg": [f"model.arch={root / 'weights' / (TINY_CLIP_ARCH + '.json')}", "data.classes_per_client=2",
+                   "data.image_size=32"],
     }[paper]  # fmt: skip
 
 
@@ -89,6 +92,7 @@ SUITE_ROWS = {
     "fedglcl": ["fedavg_c2", "text_c2", "text_d03", "text_c100", "text_office"],
     "fedlgt": ["fedavg", "fedctran", "centralized", "fedlgt", "fedavg_voc", "fedlgt_coco"],
     "fedtsp": ["local", "fedtsp", "fedproto", "fedtgp"],
+    "fedtpg": ["zeroshot", "fedcoop", "fedtpg"],
 }
 #: what makes two rows different settings rather than one setting with other method keys
 SETTING_KEYS = ("method", "model", "data", "+experiment", "text", "text.arch", "data.partition")
@@ -148,7 +152,7 @@ def _reproduce(paper: str, root: Path, out: Path, conf: Path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("paper", ["clip2fl", "feddtr", "fedglcl", "fedlgt", "fedtsp"])
+@pytest.mark.parametrize("paper", ["clip2fl", "feddtr", "fedglcl", "fedlgt", "fedtsp", "fedtpg"])
 def test_paper_scale_runs_its_rows(paper, paper_root, small_conf, tmp_path):
     _reproduce(paper, paper_root, tmp_path / "rep", small_conf)
 
@@ -160,6 +164,7 @@ DATASETS = {
     "fedglcl": ["Fashion-MNIST not found", "CIFAR-100 not found", "Office-Caltech-10 not found"],
     "fedlgt": ["FLAIR not found", "PASCAL VOC 2007 not found", "MS-COCO not found"],
     "fedtsp": ["CIFAR-100 not found"],
+    "fedtpg": ["Caltech101 not found"],
 }
 
 

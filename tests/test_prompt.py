@@ -300,9 +300,11 @@ def test_aligned_stand_in_is_built_once_and_scores_above_chance(tmp_path, monkey
     """The mini scales' stand-in: the random model's image tower aligned on held-out images
     against its own frozen text tower's "a photo of a {class}." (a few hundred images here)."""
     monkeypatch.setenv("FL_LIGHTNING_TEACHER_CACHE", str(tmp_path / "cache"))
+    # k shots of the base classes for the clients (FedTPG's protocol): the held-out images are
+    # still the training set's 55,000.. of every class
     args = [*TINY, "method=zeroshot", "model.align_holdout_from=55000", "model.align_holdout_size=600",
             "model.align_epochs=4", "data.test_subset=300", f"output_dir={tmp_path}",
-            "runtime=serial"]  # fmt: skip
+            "runtime=serial", "data.shots=8", "data.base_new=true"]  # fmt: skip
     summary, run_dir = start_run(compose(args), console=False)
     info = summary["aligned_clip"]
     assert info["train_range"] == [55000, 55600] and (tmp_path / "cache").is_dir()

@@ -14,7 +14,8 @@ their examples as FedAvg does). Where we differ, on purpose: that script never e
 `local_weights` list, so from round 2 on its "average" also holds every earlier round's
 uploads (a bug; we average the round's clients); its clients all train every round (set
 `fl.fraction`); Dassl's cosine learning-rate schedule with a warm-up epoch and fp16 are left
-out (constant rate, float32).
+out (constant rate, float32). `method.own_classes=true`: each client scores only the classes
+it holds (FedTPG's FedCoOp baseline; PromptFL's clients score every class).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class PromptFL(PromptStrategy[PromptFLConfig, ServerState, Broadcast]):
     objective_cls = PromptObjective
 
     def objective_kwargs(self) -> dict[str, Any]:
-        return {}  # the clients train CoOp's plain objective; weighting is the server's
+        return {"own_classes": self.config.own_classes}  # weighting is the server's
 
     def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
         if self.config.weighted:

@@ -42,9 +42,26 @@ ALIGN_LR = 0.001  # SGD, momentum 0.9, cosine: 0.05 (the teacher's) diverges at 
 
 class PromptObjective(ClientObjective[BroadcastT]):
     """Cross-entropy on scale · cos(image, prompted class text); only the context trains (the
-    model's only parameters). Not batched: the text tower runs inside the step."""
+    model's only parameters). Not batched: the text tower runs inside the step. `own_classes`:
+    a client scores only the classes it holds, its labels relabelled among them (FedTPG's
+    clients, its FedCoOp's too: `available_classes`), not every class of the task."""
 
     batched_step = False
+
+    def __init__(self, model: nn.Module, own_classes: bool = False, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self.own_classes = own_classes
+
+    def loss_terms(self, batch: tuple[Tensor, Tensor]) -> dict[str, Tensor]:
+        if not self.own_classes or self.class_counts is None:
+            return super().loss_terms(batch)
+        x, y = batch
+        z = self.represent(x)
+        self.batch_features = z
+        held = torch.nonzero(self.class_counts > 0).flatten().to(y.device)  # sorted
+        m: Any = self.model
+        logits = m.logit_scale * z @ m.text_features(held).T
+        return {"ce": F.cross_entropy(logits, torch.searchsorted(held, y))}
 
 
 class PromptStrategy(Strategy[ConfigT, StateT, BroadcastT]):
@@ -119,7 +136,10 @@ def _align(data: Mapping[str, Any], kw: Mapping[str, Any]) -> tuple[dict[str, Te
         text = OpenCLIPTextEncoder.of_model(clip, name).encode(
             [ALIGN_TEMPLATE.format(clean_class_name(c)) for c in kw["class_names"]]
         )
-    ds = _load_data(data)
+    # the held-out images are the training set's, before the few-shot protocols pick the clients'
+    # (k shots, base classes only): the stand-in, like CLIP, has seen every class
+    unpicked = {"shots": None, "personal_shots": None, "personal_from_test": False, "base_new": False}
+    ds = _load_data({**data, **unpicked})
     lo = int(kw["align_holdout_from"])
     size = kw.get("align_holdout_size")
     hi = len(ds.train_y) if size is None else min(len(ds.train_y), lo + int(size))

@@ -21,6 +21,7 @@ tower (`encode_images`): hosts keep them with the client's shard (`cache_feature
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -71,6 +72,8 @@ class CLIPPrompt(nn.Module):
     visual: nn.Module  # held outside the module tree (frozen, never saved or sent)
     data_mean: Tensor
     data_std: Tensor
+    name_features: Tensor  # with a generator: the class names' frozen text features [C, d]
+    base_classes: int | None = None
 
     def __init__(
         self,
@@ -95,13 +98,18 @@ class CLIPPrompt(nn.Module):
         align_holdout_from: int | None = None,
         align_holdout_size: int | None = None,
         align_epochs: int = 15,
+        generator: dict[str, Any] | None = None,
     ) -> None:
         """`aligned`: a file of the whole model's weights loaded over `pretrained`'s (the mini
         scale's towers aligned on held-out images, built by the prompt methods from the
         `align_*` keys on the driver; see methods/prompting.py). `local_prompt`: a second
         context of the same shape (`local_prompt.ctx`, FedOTP's local prompt); `image_tokens`:
         the image side is the tower's projected patch tokens [B, M, d] (a ViT tower), not its
-        pooled feature. Both are set by the methods that use them."""
+        pooled feature. Both are set by the methods that use them. `generator`: FedTPG's
+        (`methods/fedtpg.py`): the shared context is no parameter but generated from the class
+        names' text features (`models/prompt_generator.py`); keys `depth`, `heads`, `template`
+        (the text of a class name) and `base_classes` (base and new classes are scored with
+        contexts generated from their own names only)."""
         super().__init__()
         if torch.empty(()).is_meta:  # `check_image_size`'s probe: any size is resized to the tower's
             raise NotImplementedError("clip_prompt is not built on the meta device")
@@ -137,6 +145,7 @@ class CLIPPrompt(nn.Module):
             self.local_prompt = (
                 ClassSoftPrompts(text, class_names, **settings) if local_prompt else None  # type: ignore[arg-type]
             )
+            self.generator = None if generator is None else self._generator(text, class_names, generator)
         if image_tokens and not hasattr(clip.visual, "_embeds"):
             raise ValueError(f"model.arch={arch}: patch tokens need a ViT image tower")
         self.image_tokens = image_tokens
@@ -145,6 +154,19 @@ class CLIPPrompt(nn.Module):
         #: hosts compute each image's features once and train on them (`encode_images`)
         self.frozen_image_features = bool(cache_features)
         self.feature_dim = text.embed_dim
+
+    def _generator(self, text: Any, class_names: Sequence[str], g: dict[str, Any]) -> nn.Module:
+        from ..text.prompts import clean_class_name
+        from .prompt_generator import PromptGenerator
+
+        del self.prompt.ctx  # generated, not learned: neither trained, saved nor sent
+        names = [str(g.get("template", "{}")).format(clean_class_name(c)) for c in class_names]
+        self.register_buffer("name_features", text.encode(names), persistent=False)  # [C, d], frozen
+        self.base_classes = g.get("base_classes")
+        width = self.prompt.token_embeds.shape[-1]
+        return PromptGenerator(
+            self.prompt.n_ctx, width, text.embed_dim, int(g.get("depth", 0)), int(g.get("heads", 4))
+        )
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> CLIPPrompt:
         super()._apply(fn, *args, **kwargs)
@@ -173,9 +195,20 @@ class CLIPPrompt(nn.Module):
         with torch.no_grad():  # the tower is frozen: no graph through it
             return self._image_features(x)
 
-    def text_features(self) -> Tensor:
-        """The prompted classes' normalised text features [C, d]."""
-        return self.prompt()[:, 0]
+    def text_features(self, classes: Tensor | None = None) -> Tensor:
+        """The prompted classes' normalised text features [C, d] (`classes`: those, sorted).
+        With a generator, the classes scored together get the context generated from their
+        names: `classes`, else all of them (base and new apart under `base_classes`)."""
+        if self.generator is None:
+            return self.prompt(classes=classes)[:, 0]
+        c, dev = len(self.prompt.class_names), self.name_features.device
+        cuts = [0, self.base_classes, c] if self.base_classes else [0, c]
+        groups = (
+            [classes] if classes is not None else [torch.arange(a, b, device=dev) for a, b in pairwise(cuts)]
+        )
+        return torch.cat(
+            [self.prompt(classes=g, ctx=self.generator(self.name_features[g]))[:, 0] for g in groups]
+        )
 
     def forward_head(self, z: Tensor) -> Tensor:
         return self.logit_scale * z @ self.text_features().T

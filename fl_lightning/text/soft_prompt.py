@@ -113,18 +113,22 @@ class ClassSoftPrompts(nn.Module):
         self.encoder._apply(fn, *args, **kwargs)  # .to(device) moves the frozen encoder too
         return self
 
-    def embeddings(self, classes: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """The prompts' embedding sequences [n, L, h] with the class vectors spliced in, and masks."""
+    def embeddings(self, classes: Tensor | None = None, ctx: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The prompts' embedding sequences [n, L, h] with the class vectors spliced in, and masks;
+        `ctx` [m, h]: a context given from outside, shared by the classes (FedTPG's generated one)."""
         rows = torch.arange(len(self.class_index), device=self.token_embeds.device)
         if classes is not None:
             classes = torch.as_tensor(classes, device=rows.device)
             rows = rows[torch.isin(self.class_index, classes)]
         base, p, m = self.token_embeds[rows], self.encoder.prefix_tokens, self.n_ctx
-        ctx = (
-            self.ctx[self.class_index[rows]]
-            if self.class_specific
-            else self.ctx.unsqueeze(0).expand(len(rows), -1, -1)
-        )
+        if ctx is not None:
+            ctx = ctx.unsqueeze(0).expand(len(rows), -1, -1)
+        else:
+            ctx = (
+                self.ctx[self.class_index[rows]]
+                if self.class_specific
+                else self.ctx.unsqueeze(0).expand(len(rows), -1, -1)
+            )
         ctx = ctx.to(base.dtype)
         if self.class_token_position == "end":
             x = torch.cat([base[:, :p], ctx, base[:, p + m :]], dim=1)
@@ -138,10 +142,13 @@ class ClassSoftPrompts(nn.Module):
             x = torch.stack(parts)
         return x, self.attention_mask[rows]
 
-    def forward(self, reduce: str = "none", classes: Tensor | None = None) -> Tensor:
+    def forward(
+        self, reduce: str = "none", classes: Tensor | None = None, ctx: Tensor | None = None
+    ) -> Tensor:
         """Features [C, k, d] (`reduce="none"`) or [C, d] (`"mean"`, re-normalised); with
-        `classes`, only those classes (sorted), e.g. the labels present in a batch."""
-        x, mask = self.embeddings(classes)
+        `classes`, only those classes (sorted), e.g. the labels present in a batch; `ctx`: see
+        `embeddings`."""
+        x, mask = self.embeddings(classes, ctx)
         feats = self.encoder.forward_embeddings(x, mask)
         feats = feats.float() if feats.dtype in (torch.float16, torch.bfloat16) else feats  # float64 stays
         feats = feats.view(-1, self.k, feats.shape[-1])

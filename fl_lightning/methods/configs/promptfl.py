@@ -12,3 +12,4 @@ from .prompting import PromptConfig
 @dataclass
 class PromptFLConfig(PromptConfig):
     weighted: bool = False  # false: the authors' plain mean of the contexts; true: example-weighted
+    own_classes: bool = False  # true: a client scores only its own classes (FedTPG's FedCoOp)

@@ -87,5 +87,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lane)  # stable: the collection order within each lane
 
 
+#: FedAvg's CNN at a quarter of its width where a test runs it (`small`): ~13x fewer
+#: multiply-adds a step (conv 8/16, hidden 64 instead of 32/64, 512), the same layers and code.
+#: What the tests here check is the engine's, not the default model's capacity; the defaults
+#: grid (test_defaults_grid.py) and the README example train the default width.
+NARROW = ["model.channels=[8,16]", "model.hidden=64"]
+#: its default width, for a test that needs a checkpoint of its size or a run that learns fast
+WIDE = ["model.channels=[32,64]", "model.hidden=512"]
+
+
 def small(tmp_path: Path, *extra: str) -> list[str]:
-    return [*SMALL, f"output_dir={tmp_path}", *extra]
+    """`SMALL` in `tmp_path`, then `extra`; on FedAvg's CNN (the default model) at `NARROW`
+    width unless `extra` sets it or names a weights file (of the default width)."""
+    base = [*SMALL, f"output_dir={tmp_path}"]
+    try:
+        cnn = compose([*base, *extra]).model["name"] == "cnn"
+        cnn = cnn and not any(a.startswith("model.weights=") for a in extra)  # a trunk file's width
+    except Exception:  # noqa: BLE001  (a test's deliberately bad arguments: as given)
+        cnn = False
+    return [*base, *(NARROW if cnn else []), *extra]

@@ -84,13 +84,13 @@ def test_the_model_holds_only_the_prompt_and_a_phrase_reproduces_the_handwritten
     torch.testing.assert_close(shared(shared.encode_images(x)), want, atol=1e-5, rtol=1e-5)
 
 
-def _two_rounds(name: str, clip_file: str, data, **model_kw):
+def _two_rounds(name: str, clip_file: str, data, task_data: dict | None = None, **model_kw):
     """Two rounds of `name` through its strategy and a real host: 3 clients, 2 a round
     (round 1: clients 0, 1; round 2: clients 0, 2), plain SGD at the kit's rate."""
     ds, shards = data
     task = TaskInfo(
         num_classes=10, class_names=tuple(DIGIT_NAMES), image_mean=(0.3,), image_std=(0.4,),
-        has_client_test_split=True,
+        has_client_test_split=True, data=task_data or {},
     )  # fmt: skip
     cls = METHODS.get(name)
     strategy = cls(cls.config_cls(), num_clients=3, clients_per_round=2, seed=0, task=task)
@@ -114,27 +114,45 @@ def test_promptfl_golden_two_rounds_and_cached_features_equal_the_uncached_path(
     for a, b in zip(states, uncached, strict=True):  # same batches, same steps: rounding apart
         torch.testing.assert_close(a.global_params, b.global_params, atol=1e-6, rtol=1e-5)
 
-    def reference(dt: torch.dtype) -> list[dict[str, torch.Tensor]]:
-        """Each client's CoOp step written out on images (no cache), then the plain mean."""
-        model = prompt_model(clip_file, cache_features=False).to(dt)
+    def reference(data, init, plans, classes: int = 10):
+        def run(dt: torch.dtype) -> list[dict[str, torch.Tensor]]:
+            """Each client's CoOp step written out on images (no cache) over the first
+            `classes` classes' scores, then the plain mean."""
+            model = prompt_model(clip_file, cache_features=False).to(dt)
 
-        def client(cid: int, seed: int, start: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            model.load_state_dict(start)
-            x, y = client_data(data, cid)
-            manual_fit(model, x.to(dt), y, seed, lambda m, xb, yb: F.cross_entropy(m(xb), yb), momentum=0.0)
-            return {k: v.detach().clone() for k, v in model.state_dict().items()}
+            def loss(m, xb, yb):
+                return F.cross_entropy(m(xb)[:, :classes], yb)
 
-        out, start = [], {k: v.to(dt) for k, v in init.items()}
-        for plan in plans:
-            trained = [client(p.client_id, p.seed, start) for p in plan.payloads]
-            start = written_mean(trained, [1] * len(trained))  # utils.average_weights: unweighted
-            out.append(start)
-        return out
+            def client(cid: int, seed: int, start: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+                model.load_state_dict(start)
+                x, y = client_data(data, cid)
+                manual_fit(model, x.to(dt), y, seed, loss, momentum=0.0)
+                return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    r32, r64 = twin(reference)
+            out, start = [], {k: v.to(dt) for k, v in init.items()}
+            for plan in plans:
+                trained = [client(p.client_id, p.seed, start) for p in plan.payloads]
+                start = written_mean(trained, [1] * len(trained))  # utils.average_weights: unweighted
+                out.append(start)
+            return out
+
+        return run
+
+    r32, r64 = twin(reference(data, init, plans))
     for rnd in range(2):
         match(states[rnd].global_params, (r32[rnd], r64[rnd]))
         assert not torch.equal(states[rnd].global_params["prompt.ctx"], init["prompt.ctx"])
+
+    # data.base_new: the clients' softmax holds the base half only (CoOp's subsample_classes;
+    # the new names stay unseen): the same steps on base-class images, scores of classes 0-4
+    ds, shards = data
+    kept = {c: s[ds.train_y[s] < 5] for c, s in shards.items()}
+    # (a last batch of one example is dropped by the engine, not by the written-out loop)
+    base = (ds, {c: k[:-1] if len(k) % BS == 1 else k for c, k in kept.items()})
+    binit, bplans, bstates, _ = _two_rounds("promptfl", clip_file, base, {"base_new": True})
+    b32, b64 = twin(reference(base, binit, bplans, classes=5))
+    for rnd in range(2):
+        match(bstates[rnd].global_params, (b32[rnd], b64[rnd]))
     # weighted=true: FedAvg's example-weighted mean of the same uploads (70 and 50 examples)
     ups = [host.fit(plans[0].broadcast, p) for p in plans[0].payloads]
     cls = METHODS.get("promptfl")
@@ -289,6 +307,7 @@ def test_the_prompt_model_and_methods_refuse_each_other_in_one_line(capsys):
         (["method=promptfl", "model.align_holdout_from=55000"], "set data.train_subset<=55000"),
         (["method=zeroshot", "method.template=a {} photo."], "expected words then '{}.'"),
         (["method=fedotp", "data.client_test_fraction=0.25"], "model.arch=RN50 is no open_clip ViT"),
+        (["method=fedotp", "data.client_test_fraction=0.25", "data.base_new=true"], "takes no data.base_new"),
     ):
         assert main(["run", "data=fmnist", "runtime=serial", "logger=none", *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -45,7 +45,7 @@ def test_config_yaml_holds_what_ran_and_a_run_from_it_repeats_the_numbers(tmp_pa
     assert saved["runtime"]["placement"] in ("per_client", "pool")
     assert saved["runtime"]["accelerator"] == "cpu" and saved["eval"]["device"] == "cpu"
     assert saved["logger"]["group"] == "saved"  # the experiment, which W&B groups by
-    built = {"name": "cnn", "channels": [32, 64], "hidden": 512, "neck": "relu", "weights": None}
+    built = {"name": "cnn", "channels": [8, 16], "hidden": 64, "neck": "relu", "weights": None}  # small()'s
     assert saved["model"] == built  # as built
     assert saved["logger"]["mode"] == "auto"  # the one `auto` left: logger=none, no W&B to decide on
     assert "auto" not in (run_dir / "config.yaml").read_text().replace("mode: auto", "")

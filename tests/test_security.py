@@ -26,7 +26,7 @@ from fl_lightning.core.messages import Broadcast, ServerState
 from fl_lightning.core.strategy import MethodConfig, Strategy
 from fl_lightning.data.registry import DATASETS
 
-from .conftest import small
+from .conftest import WIDE, small
 
 # tiny, so that code which wrongly accepts a value (the old code) ends soon
 QUICK = [
@@ -487,7 +487,7 @@ def test_a_file_size_limit_during_a_checkpoint_is_one_line_and_resumable(tmp_pat
     """RLIMIT_FSIZE below a checkpoint's size (a quota): the checkpoint write fails with EFBIG.
     One line, exit 1, no temporary file, summary.json saying why; resumed without the limit,
     the run finishes."""
-    args = small(tmp_path, "runtime=serial", "run_id=r")
+    args = small(tmp_path, "runtime=serial", "run_id=r", *WIDE)  # a checkpoint over 1 MiB (6.4 MiB)
     r = _cli("run", *args, "--quiet", preexec_fn=_limit_file_size(1 << 20))
     run_dir = tmp_path / "default" / "r"
     assert r.returncode == 1
@@ -524,10 +524,11 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(tmp_path,
     temporary file left (it would fill the disk), summary.json written and saying why, round 1's
     checkpoint intact; on a larger disk, `resume` finishes the run."""
     probe = tmp_path / "probe"
-    assert main(["run", *small(probe, "runtime=serial", "fl.rounds=1", "run_id=p"), "--quiet"]) == 0
+    # at full width: a checkpoint (6.4 MiB) larger than the run's other files
+    assert main(["run", *small(probe, "runtime=serial", "fl.rounds=1", "run_id=p", *WIDE), "--quiet"]) == 0
     ckpt = (probe / "default" / "p" / "checkpoints" / "round-000001.pt").stat().st_size
     disk = tiny_disk(ckpt + ckpt // 2 + (1 << 20))  # round 1's checkpoint, the run's small files
-    args = small(disk, "runtime=serial", "run_id=r")
+    args = small(disk, "runtime=serial", "run_id=r", *WIDE)
     r = _cli("run", *args, "--quiet")
     run_dir = disk / "default" / "r"
     assert r.returncode == 1

@@ -34,7 +34,8 @@ class PromptFL(PromptStrategy[PromptFLConfig, ServerState, Broadcast]):
     objective_cls = PromptObjective
 
     def objective_kwargs(self) -> dict[str, Any]:
-        return {"own_classes": self.config.own_classes}  # weighting is the server's
+        # weighting is the server's
+        return {"own_classes": self.config.own_classes, "trained_classes": self.trained_classes()}
 
     def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
         if self.config.weighted:

@@ -44,21 +44,29 @@ class PromptObjective(ClientObjective[BroadcastT]):
     """Cross-entropy on scale · cos(image, prompted class text); only the context trains (the
     model's only parameters). Not batched: the text tower runs inside the step. `own_classes`:
     a client scores only the classes it holds, its labels relabelled among them (FedTPG's
-    clients, its FedCoOp's too: `available_classes`), not every class of the task."""
+    clients, its FedCoOp's too: `available_classes`), not every class of the task.
+    `trained_classes`: else the first that many classes (`data.base_new`: the base half, as
+    CoOp's `subsample_classes` leaves the training softmax; the new names stay unseen)."""
 
     batched_step = False
 
-    def __init__(self, model: nn.Module, own_classes: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, model: nn.Module, own_classes: bool = False, trained_classes: int | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(model, **kwargs)
         self.own_classes = own_classes
+        self.trained_classes = trained_classes
 
     def loss_terms(self, batch: tuple[Tensor, Tensor]) -> dict[str, Tensor]:
-        if not self.own_classes or self.class_counts is None:
-            return super().loss_terms(batch)
         x, y = batch
+        if self.own_classes and self.class_counts is not None:
+            held = torch.nonzero(self.class_counts > 0).flatten().to(y.device)  # sorted
+        elif self.trained_classes is not None:
+            held = torch.arange(self.trained_classes, device=y.device)
+        else:
+            return super().loss_terms(batch)
         z = self.represent(x)
         self.batch_features = z
-        held = torch.nonzero(self.class_counts > 0).flatten().to(y.device)  # sorted
         m: Any = self.model
         logits = m.logit_scale * z @ m.text_features(held).T
         return {"ce": F.cross_entropy(logits, torch.searchsorted(held, y))}
@@ -70,6 +78,13 @@ class PromptStrategy(Strategy[ConfigT, StateT, BroadcastT]):
 
     prompt_learner: ClassVar[bool] = True  # models/clip_prompt.py accepts only such methods
     aligned_info: dict[str, Any] | None = None
+
+    def trained_classes(self) -> int | None:
+        """How many classes (the first) the clients' softmax holds: under `data.base_new` the
+        base half, else None (all)."""
+        from ..core.metrics import base_class_count
+
+        return base_class_count(self.task.num_classes) if self.task.data.get("base_new") else None
 
     def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         out = dict(kwargs, class_names=list(self.task.class_names))

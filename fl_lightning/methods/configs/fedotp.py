@@ -26,6 +26,11 @@ class FedOTPConfig(PromptConfig):
         if not 0 < self.top_percent <= 1 or self.eps <= 0 or self.max_iter < 1:
             raise ConfigError("method.top_percent must be in (0, 1], method.eps > 0, method.max_iter >= 1")
         super().check(run)
+        if run.data.base_new:
+            raise ConfigError(
+                "method=fedotp takes no data.base_new: its clients' transport logits score every class, "
+                "the new ones included, so nothing would be unseen (base-to-new: method=promptfl or fedtpg)"
+            )
         import open_clip  # (only for this method: which architectures have patch tokens)
 
         from ...text.encoders import _register_open_clip_configs

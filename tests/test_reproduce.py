@@ -451,3 +451,29 @@ def test_provenance_commits_and_pre_registration_in_a_real_git_repo(tmp_path):
     _, nums = provenance(claims, [at_c1, at_c2])
     assert nums["claims_commit"] == c3 and not nums["pre_registered"]
     assert provenance(claims, [run("e_s0", {"commit": c3, "dirty": False})])[1]["pre_registered"]
+
+
+def test_a_model_key_the_method_set_is_no_other_setting(tmp_path):
+    """config.yaml records the model's arguments as built: a key the run leaves at the model
+    file's default and its method sets (FedTSP's feature_dim, to the text's) is not "made with
+    other settings" when the reproduction continues; a model key the run's overrides give is
+    compared as every other key."""
+    import yaml
+
+    from fl_lightning.cli.reproduce import config_changes
+    from fl_lightning.cli.sweep import SweepRun
+    from fl_lightning.config import to_yaml
+
+    def changes(args: list[str], built: dict) -> list[str]:
+        cfg = compose(["data=digits", f"output_dir={tmp_path}", *args])
+        run_dir = tmp_path / "r"
+        run_dir.mkdir(exist_ok=True)
+        stored = yaml.safe_load(to_yaml(cfg))
+        stored["model"].update(built)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(stored))
+        return config_changes(SweepRun(0, args, cfg, run_dir), tmp_path)
+
+    assert changes([], {"hidden": 99}) == []  # left to the model file: recorded as built
+    assert changes(["model.hidden=64"], {"hidden": 99}) == ["model.hidden: 99 -> 64"]
+    assert changes(["optim.lr=0.5"], {}) == []
+    assert changes([], {"name": "mlp"}) == ["model.name: mlp -> cnn"]

@@ -396,10 +396,15 @@ def test_promptfl_runs_resumes_exactly_and_ray_matches_serial(clip_file, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fedotp", "fedpgp"])
-def test_personal_prompts_resume_with_each_clients_own_part_exactly(method, clip_file, tmp_path, data_root):
-    """FedOTP's local context, FedPGP's U and V: kept by each client, checkpointed, resumed."""
+def test_personal_prompts_resume_with_each_clients_own_part_exactly(
+    method, clip_file, tmp_path, data_root, ray_session
+):
+    """FedOTP's local context, FedPGP's U and V: kept by each client, checkpointed, resumed;
+    on Ray's workers, round 1 as in one process."""
     args = [*TINY, f"method={method}", f"model.pretrained={clip_file}", "data.client_test_fraction=0.25",
-            f"output_dir={tmp_path}", "runtime=serial"]  # fmt: skip
+            f"output_dir={tmp_path}"]  # fmt: skip
+    ray, ray_dir = start_run(compose([*args, "runtime=ray", "fl.rounds=1", "run_id=ray"]), console=False)
+    args.append("runtime=serial")
     full, full_dir = start_run(compose([*args, "fl.rounds=3", "run_id=full"]), console=False)
     assert full["accuracy_metric"] == "client_accuracy"
     lines = _lines(full_dir)
@@ -410,6 +415,8 @@ def test_personal_prompts_resume_with_each_clients_own_part_exactly(method, clip
     if method == "fedpgp":
         keys = (*keys, "client/loss/con", "client_global/accuracy")
     assert [[r[k] for k in keys] for r in _lines(part_dir)] == [[r[k] for k in keys] for r in lines]
+    assert ray["executor"] == "ray"
+    assert [[r[k] for k in keys] for r in _lines(ray_dir)] == [[r[k] for k in keys] for r in lines[:1]]
 
 
 def test_the_prompt_model_and_methods_refuse_each_other_in_one_line(capsys):

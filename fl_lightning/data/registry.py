@@ -203,7 +203,7 @@ PROTOCOL_OPTIONS = ("shots", "shots_seed", "personal_shots")
 
 def load_from_config(data: Any) -> ArrayDataset:
     """Load the dataset a `data` config section names, with its options, protocols and subsets."""
-    from .protocols import apply
+    from .protocols import append_test_pool, apply
 
     options = dataset_options(data)
     proto = {k: data.get(k) for k in PROTOCOL_OPTIONS}
@@ -215,9 +215,10 @@ def load_from_config(data: Any) -> ArrayDataset:
     size = None if takes_size else options.pop("image_size")
     ds = load_dataset(data.name, data.root, bool(data.download), **options, **(proto if by_loader else {}))
     rest = {"shots": None, "personal_shots": None} if by_loader else {}
-    flags = {k: bool(data.get(k, False)) for k in ("base_new", "personal_from_test")}
-    ds = apply(ds, **{**proto, **rest, **flags})
+    ds = apply(ds, **{**proto, **rest}, base_new=bool(data.get("base_new", False)))
     ds = ds.subset(data.get("train_subset"), data.get("test_subset"))
+    if data.get("personal_from_test", False):  # the (cut) test split: after the subsets
+        ds = append_test_pool(ds)
     from .resize import resized
 
     return resized(ds, size, data.root)

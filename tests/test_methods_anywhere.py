@@ -104,6 +104,8 @@ import sys
 import fl_lightning.methods as m
 print("where", m.__file__)
 print("names", " ".join(m.METHODS.names()))
+from fl_lightning.config import compose
+print("composed", compose(["method=fedtoyfile", "data=digits"]).method.name)  # no conf/method file
 import fl_lightning.testing
 print("loaded", " ".join(x for x in ("ray", "wandb") if x in sys.modules))
 from extpkg import test_fedext
@@ -127,6 +129,7 @@ def fresh_names(tmp_path_factory) -> tuple[str, str, str, dict[str, str]]:
     method's golden test, on the method and on a copy with a planted bug."""
     tmp = tmp_path_factory.mktemp("fresh")
     shutil.copytree(REPO / "fl_lightning", tmp / "fl_lightning", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "conf", tmp / "conf")  # as shipped: no conf/method file for the new one
     (tmp / "fl_lightning" / "methods" / "fedtoyfile.py").write_text(
         "from dataclasses import dataclass\n\nfrom ..core.strategy import FedAvgStrategy, MethodConfig\n"
         "from . import METHODS\n\n\n"
@@ -156,6 +159,7 @@ def test_a_file_dropped_into_methods_registers_without_editing_init(fresh_names,
     assert where.startswith(str(tmp_path_factory.getbasetemp()))  # the copy, not the installed package
     shipped = {n for n in METHODS.names() if METHODS.get(n).__module__.startswith("fl_lightning.methods.")}
     assert "fedtoyfile" in names.split() and shipped <= set(names.split())  # not other tests' toys
+    assert fresh_names[3]["composed"] == "fedtoyfile"  # a run may name it: its config holds the defaults
 
 
 def test_an_installed_package_registers_its_methods_through_the_entry_point_group(fresh_names):

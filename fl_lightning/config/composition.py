@@ -72,6 +72,12 @@ def _unlisted_method(name: str, modules: list[str]) -> bool:
         return False
     if modules:
         return True
+    # a method of this package without a file in conf/method/ (its config holds the defaults):
+    # its `METHODS.register("name")` read as text, as `methods._import_package_configs` finds it
+    here = Path(__file__).resolve().parents[1] / "methods"
+    needle = f'register("{name}")'
+    if any(needle in f.read_text() for f in [*here.glob("configs/*.py"), *here.glob("*.py")]):
+        return True
     from importlib.metadata import entry_points
 
     return any(ep.name == name for ep in entry_points(group=METHOD_ENTRY_POINTS))

@@ -51,13 +51,11 @@ def _data(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
 
 def _model(spec: dict[str, Any], device: torch.device) -> torch.nn.Module:
     """fl_lightning's model for the config (FedAvg's CNN), built from its registry."""
-    from omegaconf import OmegaConf
-
     from fl_lightning.models import build_model
     from fl_lightning.models.weights import MODEL_GENERIC_KEYS
 
     cfg, ds, _ = _data(spec)
-    kwargs = dict(OmegaConf.to_container(cfg.model, resolve=True))  # type: ignore[arg-type]
+    kwargs = dict(cfg.model)
     name = kwargs.pop("name")
     kwargs = {k: v for k, v in kwargs.items() if k not in MODEL_GENERIC_KEYS}  # `weights`: not the builder's
     return build_model(name, ds.num_classes, ds.in_channels, ds.image_size, **kwargs).to(device)

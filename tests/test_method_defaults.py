@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from omegaconf import OmegaConf
 from torch import nn
 
 from fl_lightning.cli.main import main
@@ -24,8 +23,9 @@ from fl_lightning.config import (
     conf_dir,
     load_run_config,
     method_defaults,
+    to_yaml,
+    tree,
     validate_registered,
-    with_method_defaults,
 )
 from fl_lightning.core.errors import ConfigError
 from fl_lightning.methods.fedglcl import FedGLCLConfig, GLCLObjective, projector_kind
@@ -56,7 +56,7 @@ def test_precedence_config_yaml_method_defaults_preset_command_line(conf):
     cfg = compose(["method=toydef"])  # the method's defaults over config.yaml
     assert (cfg.optim.lr, cfg.optim.momentum, cfg.fl.local_epochs) == (0.2, 0.5, 3)
     assert (cfg.optim.weight_decay, cfg.fl.batch_size) == (base.optim.weight_decay, base.fl.batch_size)
-    assert "optim" not in cfg.method and "fl" not in cfg.method  # run-level, not method keys
+    assert not {"optim", "fl"} & set(tree(cfg)["method"])  # run-level, not method keys
     cfg = compose(["method=toydef", "+experiment=pin"])  # the preset over the method
     assert (cfg.optim.lr, cfg.optim.momentum) == (0.2, 0.7)
     cfg = compose(["method=toydef", "+experiment=pin", "optim.momentum=0.1"])  # the command line over all
@@ -67,14 +67,14 @@ def test_precedence_config_yaml_method_defaults_preset_command_line(conf):
 def test_method_group_defaults_below_preset_and_command_line(conf):
     """A method file's `defaults:` picks groups (FedTSP: its HtFE family, MiniLM), recorded in
     the config; an experiment preset or the command line choosing the group wins."""
-    tsp = with_method_defaults(compose(["method=fedtsp"]))  # the dataclass fills the method keys
-    assert (tsp.model.name, tsp.text.name) == ("htfe_cnn3", "minilm")
-    assert "defaults" not in tsp.method
-    assert compose(["method=fedtsp", "model=cnn"]).model.name == "cnn"
-    assert compose(["method=fedglcl"]).text.name == "minilm"  # what ran, not `none`
-    assert compose(["method=fedavg"]).text.name == "none"
+    tsp = compose(["method=fedtsp"])  # the dataclass fills the method keys
+    assert (tsp.model["name"], tsp.text["name"]) == ("htfe_cnn3", "minilm")
+    assert "defaults" not in tree(tsp)["method"]
+    assert compose(["method=fedtsp", "model=cnn"]).model["name"] == "cnn"
+    assert compose(["method=fedglcl"]).text["name"] == "minilm"  # what ran, not `none`
+    assert compose(["method=fedavg"]).text["name"] == "none"
     write(conf / "experiment" / "pick.yaml", "defaults:\n  model: cnn_bn\n")
-    assert compose(["method=fedtsp", "+experiment=pick"]).model.name == "cnn_bn"
+    assert compose(["method=fedtsp", "+experiment=pick"]).model["name"] == "cnn_bn"
     write(conf / "method" / "toybad.yaml", "name: fedavg\ndefaults:\n  method: fedprox\n")
     with pytest.raises(ConfigError, match="toybad.yaml: 'defaults' must map groups"):
         compose(["method=toybad"])
@@ -116,7 +116,7 @@ def test_the_papers_defaults():
     (its paper's optimiser is the benchmark protocol of every method: the presets pin it)."""
     scaffold = compose(["method=scaffold"])
     assert (scaffold.optim.name, scaffold.optim.momentum) == ("sgd", 0.0)
-    tsp = with_method_defaults(compose(["method=fedtsp"]))  # the dataclass fills the method keys
+    tsp = compose(["method=fedtsp"])  # the dataclass fills the method keys
     assert (tsp.optim.lr, tsp.optim.momentum, tsp.optim.weight_decay) == (0.01, 0.0, 0.0)
     assert (tsp.fl.local_epochs, tsp.fl.batch_size, tsp.method.server_epochs) == (5, 100, 20)
     assert tsp.method.logit_scale_init < tsp.method.logit_scale_max
@@ -157,18 +157,16 @@ def test_scaffold_runs_out_of_the_box_and_accepts_momentum_when_told():
 
 
 def test_an_older_scaffold_run_with_momentum_can_resume_when_told(tmp_path):
-    cfg = with_method_defaults(compose(["method=scaffold", "optim.momentum=0.9"]))  # as a run writes it
-    container = OmegaConf.to_container(cfg)
-    assert isinstance(container, dict)
+    container = tree(compose(["method=scaffold", "optim.momentum=0.9"]))  # as a run writes it
     del container["method"]["allow_momentum"]  # written before the key existed
-    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(container))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(container))
     resumed = load_run_config(tmp_path, ["method.allow_momentum=true"])
     assert resumed.method.allow_momentum is True and resumed.optim.momentum == 0.9
     validate_registered(resumed)
     with pytest.raises(ConfigError, match="cannot change 'method.name'"):
         load_run_config(tmp_path, ["method.name=fedavg"])
     # the key is SCAFFOLD's to declare (`resumable`): another method's run may not take it
-    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(with_method_defaults(compose(["method=fedavg"]))))
+    (tmp_path / "config.yaml").write_text(to_yaml(compose(["method=fedavg"])))
     with pytest.raises(ConfigError) as e:
         load_run_config(tmp_path, ["method.allow_momentum=true"])
     assert str(e.value) == (
@@ -210,7 +208,7 @@ def test_fedglcl_auto_projector_follows_the_backbone_and_final_relu_still_works(
     with pytest.raises(ConfigError, match="is not one of: auto, linear, bn, bn_relu"):
         projector_kind("mlp")
     assert FedGLCLConfig().projector == "auto" and FedGLCLConfig().final_relu is None
-    assert with_method_defaults(compose(["method=fedglcl"])).method.projector == "auto"
+    assert compose(["method=fedglcl"]).method.projector == "auto"
 
 
 # --- the method's dataclass: the one source of its defaults --------------------------------
@@ -242,7 +240,7 @@ def test_a_run_records_every_method_key_with_its_dataclass_default(tmp_path, dat
     args = ["method=fedadam", "method.server_lr=0.3", "logger=none", "runtime=serial", "fl.rounds=1",
             "fl.num_clients=2", "data.train_subset=200", "data.test_subset=100", "run_id=adam",
             f"data.root={data_root}", f"output_dir={tmp_path}", "eval.clients=false"]  # fmt: skip
-    shown = with_method_defaults(compose(args)).method
+    shown = compose(args).method
     assert (shown.server_lr, shown.beta2, shown.tau) == (0.3, FedAdamConfig.beta2, FedAdamConfig.tau)
     assert main(["run", "--quiet", *args]) == 0
     saved = yaml.safe_load((tmp_path / "default" / "adam" / "config.yaml").read_text())["method"]

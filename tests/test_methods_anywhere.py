@@ -305,12 +305,11 @@ def test_a_failed_fit_leaves_the_resident_state_as_it_was(digits, monkeypatch): 
 
 # --- `methods=`: a run's own modules, and what a run directory may not do -------------------
 def test_a_method_outside_conf_is_named_with_methods_and_checked_once_imported(tmp_path):
-    from fl_lightning.config import compose, validate_registered
+    from fl_lightning.config import compose
 
-    cfg = compose(["method=fedelsewhere", "methods=json", f"output_dir={tmp_path}"])
-    assert cfg.method.name == "fedelsewhere" and cfg.methods == "json"  # no conf/method file needed
+    # no conf/method file needed: the name composes, and typing it imports the module named
     with pytest.raises(ConfigError, match="methods=json registers no method"):
-        validate_registered(cfg)
+        compose(["method=fedelsewhere", "methods=json", f"output_dir={tmp_path}"])
     with pytest.raises(ConfigError, match="unknown method 'fedelsewhere'"):  # without methods=
         compose(["method=fedelsewhere"])
 
@@ -328,10 +327,13 @@ def test_a_run_directory_alone_never_imports_a_module(tmp_path):
         load_run_config(run_dir, ["fl.rounds=3"])
     with pytest.raises(ConfigError, match="cannot change 'methods' on resume"):
         load_run_config(run_dir, ["methods=otherpkg.x"])
-    assert load_run_config(run_dir, ["methods=somepkg.fedfoo"]).methods == "somepkg.fedfoo"
+    # consent given, the module is imported (to type the method's config): here it is no module
+    with pytest.raises(ConfigError, match="methods=somepkg.fedfoo: cannot import it"):
+        load_run_config(run_dir, ["methods=somepkg.fedfoo"])
     with pytest.raises(ConfigError, match="run --from it with methods=somepkg.fedfoo"):
         rerun_config(run_dir, [])
-    assert rerun_config(run_dir, ["methods=otherpkg.x"]).methods == "otherpkg.x"  # a new run may
+    with pytest.raises(ConfigError, match="methods=otherpkg.x: cannot import it"):  # a new run may
+        rerun_config(run_dir, ["methods=otherpkg.x"])
 
 
 def test_a_method_is_named_once_by_its_registration():

@@ -43,6 +43,9 @@ def small(paper: str, root: Path) -> list[str]:
         "fedtsp": ["fl.num_clients=3", "data.min_size=2", "data.train_subset=45"],
         **dict.fromkeys(("fedotp", "fedpgp"), [f"model.arch={root / 'weights' / (TINY_CLIP_ARCH + '.json')}",
                                                "fl.num_clients=3", "data.min_size=2"]),
+        # 48 images (8 shots of 6 classes) over the scale's 10 clients (Dirichlet 0.1)
+        "promptfl": [f"model.arch={root / 'weights' / (TINY_CLIP_ARCH + '.json')}", "data.min_size=1",
+                     "data.image_size=32"],
         # 6 classes: 3 base in blocks of 2 (round(3/2) = 2 clients, the scale's)
         "fedtpg": [f"model.arch={root / 'weights' / (TINY_CLIP_ARCH + '.json')}", "data.classes_per_client=2",
                    "data.image_size=32"],
@@ -97,6 +100,7 @@ SUITE_ROWS = {
     "fedotp": ["zeroshot", "promptfl", "fedotp"],
     "fedpgp": ["zeroshot", "promptfl", "fedotp", "fedpgp"],
     "fedtpg": ["zeroshot", "fedcoop", "fedtpg"],
+    "promptfl": ["zeroshot", "promptfl", "central"],
 }
 #: what makes two rows different settings rather than one setting with other method keys
 SETTING_KEYS = ("method", "model", "data", "+experiment", "text", "text.arch", "data.partition")
@@ -157,7 +161,7 @@ def _reproduce(paper: str, root: Path, out: Path, conf: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "paper", ["clip2fl", "feddtr", "fedglcl", "fedlgt", "fedtsp", "fedtpg", "fedotp", "fedpgp"]
+    "paper", ["clip2fl", "feddtr", "fedglcl", "fedlgt", "fedtsp", "fedtpg", "fedotp", "fedpgp", "promptfl"]
 )
 def test_paper_scale_runs_its_rows(paper, paper_root, small_conf, tmp_path):
     _reproduce(paper, paper_root, tmp_path / "rep", small_conf)
@@ -173,6 +177,7 @@ DATASETS = {
     "fedotp": ["CIFAR-100 not found"],
     "fedpgp": ["CIFAR-100 not found"],
     "fedtpg": ["Caltech101 not found"],
+    "promptfl": ["Caltech101 not found"],
 }
 
 

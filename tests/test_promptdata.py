@@ -6,6 +6,7 @@ independently; one serial run of the whole protocol on scikit-learn's digits."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -276,7 +277,7 @@ def test_protocols_on_a_coop_tree_with_personal_splits(images, tmp_path):
     again = make_split(ds, "class_blocks", 3, seed=0, cache_dir=tmp_path / "cache", classes_per_client=1)
     assert again.from_cache and all(np.array_equal(a, b) for a, b in zip(again.test, split.test, strict=True))
     # base half (ceil(3/2) = 2 classes): training images of class 2 are gone, its test images stay
-    given = [f"data.{k}={v}" for k, v in data.items() if v is not None and k != "augment"]
+    given = [f"data.{k}={v}" for k, v in dataclasses.asdict(data).items() if v is not None and k != "augment"]
     base = load_from_config(compose([*given, "data.base_new=true"]).data)
     assert set(base.train_y.tolist()) == {0, 1} and set(base.test_y.tolist()) == {0, 1, 2}
     # PromptFL / FedOTP: each client tests on the test split's images of its own classes

@@ -276,7 +276,7 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
         for row in spec.run_rows(name):
             args = [*row.args(scale, out), f"output_dir={tmp_path}", "logger=none"]
             cfg = compose(args)
-            if cfg.text.name == "clip":
+            if cfg.text["name"] == "clip":
                 args.append(f"text.pretrained={clip}")
             weights = cfg.model.get("weights")
             if weights and not Path(str(weights)).exists():  # the ImageNet trunk a paper scale pins
@@ -288,7 +288,7 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
                     torch.save(resnet18(weights=None).state_dict(), trunk)
                 args.append(f"model.weights={trunk}")
             validate_registered(compose(args))
-            if cfg.model.name != "clip_prompt":  # the estimate times trainable backbones, not CLIP's towers
+            if cfg.model["name"] != "clip_prompt":  # the estimate times backbones, not CLIP's towers
                 assert str(cfg.data.name) in SHAPES, f"{paper}: --estimate cannot time {cfg.data.name}"
 
 

@@ -8,7 +8,7 @@ import os
 import yaml
 
 from fl_lightning.cli.main import main
-from fl_lightning.config import compose, load_run_config, rerun_config, with_method_defaults
+from fl_lightning.config import compose, load_run_config, rerun_config
 
 from .conftest import small
 
@@ -31,7 +31,7 @@ def _numbers(run_dir):
 
 def test_config_yaml_holds_what_ran_and_a_run_from_it_repeats_the_numbers(tmp_path, data_root, capsys):
     first, again = tmp_path / "first", tmp_path / "again"
-    assert with_method_defaults(compose(small(first, *LEFT_OPEN))).method.projector == "auto"  # given
+    assert compose(small(first, *LEFT_OPEN)).method.projector == "auto"  # given
     assert main(["run", "--quiet", *small(first, *LEFT_OPEN)]) == 0
     run_dir = _run_dir(first)
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -70,7 +70,7 @@ def test_config_yaml_holds_what_ran_and_a_run_from_it_repeats_the_numbers(tmp_pa
     # a resume decides the machine's parts again (the run may have moved), keeps the rest
     resumed = load_run_config(run_dir, ["fl.rounds=3"])
     assert (resumed.runtime.placement, resumed.runtime.accelerator, resumed.eval.device) == ("auto",) * 3
-    assert resumed.method.projector == "linear" and resumed.text.name == "minilm" and resumed.fl.rounds == 3
+    assert (resumed.method.projector, resumed.text["name"], resumed.fl.rounds) == ("linear", "minilm", 3)
     assert load_run_config(run_dir, ["runtime.placement=pool"]).runtime.placement == "pool"
 
 

@@ -229,7 +229,7 @@ def test_text_configs_match_builders_and_unknown_names():
     for name in ("minilm", "clip", "hf"):
         cfg = compose([f"text={name}", "logger=none"])
         validate_registered(cfg)  # every yaml key is an argument of the registered builder
-        assert cfg.text.name == name and name in TEXT_ENCODERS
+        assert cfg.text["name"] == name and name in TEXT_ENCODERS
     with pytest.raises(ConfigError, match="valid: clip, hf, minilm"):
         validate_registered(compose(["text=minilm", "text.name=bogus"]))
     with pytest.raises(ConfigError, match="valid: clip, hf, minilm"):

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import compose
+from ..config import RootConfig, compose
 from ..core.errors import ConfigError
 
 #: (channels, image size, training images) of the datasets the paper scales name, as their
@@ -45,35 +45,31 @@ STEPS_TIMED = 3
 REPEATS = 3
 
 
-def train_images(cfg: Any) -> int | None:
+def train_images(cfg: RootConfig) -> int | None:
     name = str(cfg.data.name)
     if name not in SHAPES:
         return None
     n = SHAPES[name][2]
-    factor = float(cfg.data.get("imbalance_factor") or 1.0)
+    factor = float(cfg.data.imbalance_factor or 1.0)
     if factor > 1 and name.startswith("cifar"):  # the long-tailed profile n_c = n_max * IF^(-c/(K-1))
         k = 100 if name.startswith("cifar100") else 10
         n = sum(int(n // k * factor ** (-c / (k - 1))) for c in range(k))
-    subset = cfg.data.get("train_subset")
+    subset = cfg.data.train_subset
     return min(n, int(subset)) if subset else n
 
 
-def steps_per_round(cfg: Any, n: int) -> int:
+def steps_per_round(cfg: RootConfig, n: int) -> int:
     fl = cfg.fl
     clients = int(fl.num_clients)
-    per_round = (
-        int(fl.clients_per_round) if fl.get("clients_per_round") else math.ceil(float(fl.fraction) * clients)
-    )
+    per_round = int(fl.clients_per_round) if fl.clients_per_round else math.ceil(float(fl.fraction) * clients)
     each = math.ceil(n / clients)
     local = (
-        int(fl.local_steps)
-        if fl.get("local_steps")
-        else int(fl.local_epochs) * math.ceil(each / int(fl.batch_size))
+        int(fl.local_steps) if fl.local_steps else int(fl.local_epochs) * math.ceil(each / int(fl.batch_size))
     )
     return per_round * local
 
 
-def seconds_per_step(cfg: Any, device: str, cache: dict[Any, float] | None = None) -> float:
+def seconds_per_step(cfg: RootConfig, device: str, cache: dict[Any, float] | None = None) -> float:
     """Wall time of one SGD step of the row's backbone (client 0's, in a family of models) on
     a synthetic batch: the median of REPEATS timings of STEPS_TIMED steps (a shared machine's
     noise); rows with the same backbone, shape and batch share one timing (`cache`)."""
@@ -87,14 +83,15 @@ def seconds_per_step(cfg: Any, device: str, cache: dict[Any, float] | None = Non
     if name not in SHAPES:
         raise ConfigError(f"no shape known for dataset {name!r} (estimate knows {', '.join(SHAPES)})")
     channels, size, _ = SHAPES[name]
-    size = int(cfg.data.get("image_size") or size)
+    size = int(cfg.data.image_size or size)
     entry = DATASETS.get(name)
     classes = len(entry.class_names) if entry.class_names else CLASSES.get(name, 10)
     kwargs = {k: v for k, v in model_kwargs(cfg).items() if k != "weights"}
-    key = (str(cfg.model.name), repr(sorted(kwargs.items())), channels, size, classes, int(cfg.fl.batch_size))
+    model_name = str(cfg.model["name"])
+    key = (model_name, repr(sorted(kwargs.items())), channels, size, classes, int(cfg.fl.batch_size))
     if cache is not None and key in cache:
         return cache[key]
-    model = build_client_model(str(cfg.model.name), 0, classes, channels, size, **kwargs).to(device)
+    model = build_client_model(model_name, 0, classes, channels, size, **kwargs).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     batch = int(cfg.fl.batch_size)

@@ -23,11 +23,11 @@ _SETTING = re.compile(
 
 def method_needs(name: str) -> list[str]:
     """What method `name` needs beyond `fl-lightning run method=<name>`'s defaults."""
-    from ..config import check_method, compose, method_config, method_group_defaults
+    from ..config import check_method, compose, method_group_defaults
 
     needs: list[str] = []
     try:
-        method_cfg = method_config(compose([f"method={name}"]))
+        method_cfg = compose([f"method={name}"]).method
     except ConfigError as e:
         return [*needs, f"(its config does not compose: {e})"]
     if method_cfg.keeps_personal_models():  # at its defaults (FedTSP: unless share_weights)

@@ -205,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "fetch":
             _cmd_fetch(args.dataset, args.root)
         elif args.cmd == "config":
-            from ..config import compose, to_yaml, with_method_defaults
+            from ..config import compose, to_yaml
 
-            print(to_yaml(with_method_defaults(compose(args.overrides))), end="")
+            print(to_yaml(compose(args.overrides)), end="")
         elif args.cmd == "run":
             from ..config import check_method, check_weights_file, compose, rerun_config
 

@@ -18,15 +18,18 @@ summary that loads it.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from ..core.centralized import fit_centralized
 from ..core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config import RootConfig
 
 
 @dataclass(frozen=True)
@@ -49,28 +52,21 @@ class PretrainConfig:
             raise ConfigError("--weight-decay and --seed must be >= 0")
 
 
-def model_kwargs(cfg: Any) -> dict[str, Any]:
-    """The builder's arguments of `cfg.model` (plain values)."""
-    from omegaconf import OmegaConf
-
+def model_kwargs(cfg: RootConfig) -> dict[str, Any]:
+    """The builder's arguments of `cfg.model`."""
     from ..models.weights import MODEL_GENERIC_KEYS
 
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    assert isinstance(model, dict)
-    return {str(k): v for k, v in model.items() if k not in MODEL_GENERIC_KEYS}
+    return {str(k): v for k, v in cfg.model.items() if k not in MODEL_GENERIC_KEYS}
 
 
-def pretrain(cfg: Any, pc: PretrainConfig) -> tuple[torch.nn.Module, dict[str, Any]]:
+def pretrain(cfg: RootConfig, pc: PretrainConfig) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Train `cfg.model` on the held-out training images of `cfg.data`; (model, info)."""
-    from omegaconf import OmegaConf
-
     from ..core.metrics import EvalSpec, TaskMetrics, primary_metric
     from ..data.registry import load_from_config
     from ..models import build_model
 
-    data = OmegaConf.to_container(cfg.data, resolve=True)
-    assert isinstance(data, dict)
-    ds = load_from_config(OmegaConf.create({**data, "train_subset": None}))
+    ds = load_from_config(replace(cfg.data, train_subset=None))
+    name = str(cfg.model["name"])
     n = len(ds.train_y)
     stop = n if pc.holdout_size is None else min(n, pc.holdout_from + pc.holdout_size)
     if pc.holdout_from >= n or stop <= pc.holdout_from:
@@ -87,9 +83,9 @@ def pretrain(cfg: Any, pc: PretrainConfig) -> tuple[torch.nn.Module, dict[str, A
 
     start = time.perf_counter()
     model = fit_centralized(
-        lambda: build_model(cfg.model.name, ds.num_classes, ds.in_channels, ds.image_size, **kwargs),
+        lambda: build_model(name, ds.num_classes, ds.in_channels, ds.image_size, **kwargs),
         loss_fn, x, y, epochs=pc.epochs, lr=pc.lr, momentum=pc.momentum, weight_decay=pc.weight_decay,
-        batch_size=pc.batch_size, seed=pc.seed, what=f"pretrain {cfg.model.name} ({len(y)} images)",
+        batch_size=pc.batch_size, seed=pc.seed, what=f"pretrain {name} ({len(y)} images)",
         shorten="shorter: --epochs or --holdout-size",
     )  # fmt: skip
     metrics = TaskMetrics(spec)
@@ -100,7 +96,7 @@ def pretrain(cfg: Any, pc: PretrainConfig) -> tuple[torch.nn.Module, dict[str, A
     scores = metrics.compute()
     metric = primary_metric(spec)
     info = {
-        "dataset": cfg.data.name, "arch": cfg.model.name, "train_range": [pc.holdout_from, stop],
+        "dataset": cfg.data.name, "arch": name, "train_range": [pc.holdout_from, stop],
         "train_images": int(len(y)), "test_images": int(len(ty)), "metric": metric,
         "held_out_" + metric: scores[metric], "pretrain": asdict(pc),
         "in_channels": ds.in_channels, "image_size": ds.image_size, "num_classes": ds.num_classes,
@@ -126,11 +122,11 @@ def pretrain_command(overrides: list[str], out: str | None, pc: PretrainConfig) 
     validate_registered(cfg)  # model keys, data names: one line before any training
     check_dataset(cfg.data.name, cfg.data.root, cfg.data.download)
     model, info = pretrain(cfg, pc)
-    save_weights(path, model, cfg.model.name, model_kwargs(cfg), info)
+    save_weights(path, model, info["arch"], model_kwargs(cfg), info)
     lo, hi = info["train_range"]
     metric = info["metric"]
     print(
-        f"pretrained {cfg.model.name} on {cfg.data.name} training images [{lo}, {hi}) "
+        f"pretrained {info['arch']} on {cfg.data.name} training images [{lo}, {hi}) "
         f"({info['train_images']}, "
         f"{pc.epochs} epochs): {metric} {info['held_out_' + metric]:.4f} on {info['test_images']} test images"
     )

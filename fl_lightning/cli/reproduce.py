@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import RESUMABLE, compose, conf_dir, method_modules, resumable_keys, tree
+from ..config import RESUMABLE, RootConfig, compose, conf_dir, method_modules, resumable_keys, tree
 from ..core.errors import ConfigError
 from ..runtime.paths import resolve_output_dir
 from ..tracking.reproduce import (
@@ -235,11 +235,9 @@ def plan(
     return todo, done, wipe, stale
 
 
-def missing_inputs(scale: Scale, cfg: Any) -> list[str]:
+def missing_inputs(scale: Scale, cfg: RootConfig) -> list[str]:
     """What a run of `scale` lacks on disk: its dataset (unless it may be downloaded) and the
     files the scale `requires` (the paper's weights), each as what to get and where."""
-    from omegaconf import OmegaConf
-
     from .. import data  # noqa: F401  (registers every loader)
     from ..data.registry import check_dataset
 
@@ -248,8 +246,9 @@ def missing_inputs(scale: Scale, cfg: Any) -> list[str]:
         check_dataset(str(cfg.data.name), str(Path(str(cfg.data.root)).expanduser()), bool(cfg.data.download))
     except ConfigError as e:
         found.append(str(e))
+    given = _flat(tree(cfg))
     for key, what in scale.requires.items():
-        value = OmegaConf.select(cfg, key)
+        value = given.get(key)
         if not value:
             found.append(f"{what}: pass {key}=<path>")
         elif not Path(str(value)).expanduser().exists():

@@ -47,7 +47,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import CheckpointError, ClientFailure, ConfigError, DivergedError, StartupError
 from ..core.files import open_new
@@ -57,6 +57,9 @@ from ..runtime.paths import resolve_output_dir
 from ..runtime.session import Session
 from .progress import RoundMonitor, monitored
 from .spawn import fl_lightning_command
+
+if TYPE_CHECKING:
+    from ..config import RootConfig
 
 
 def split_top_level(value: str) -> list[str]:
@@ -105,7 +108,7 @@ def expand(overrides: Sequence[str]) -> tuple[list[list[str]], list[str]]:
 class SweepRun:
     index: int
     overrides: list[str]
-    cfg: Any
+    cfg: RootConfig
     run_dir: Path
     status: str = "pending"  # pending | ok | failed
     message: str = ""
@@ -197,7 +200,7 @@ def _unfinished_sweep(output_dir: Path, overrides: Sequence[str]) -> Path | None
         except ConfigError:
             continue  # not a record of ours: plan_sweep names a new folder
         for args, cfg in runs:
-            if continue_run(SweepRun(0, args, cfg, folder / cfg.run_id), check_lock=False) != "finished":
+            if continue_run(SweepRun(0, args, cfg, folder / str(cfg.run_id)), check_lock=False) != "finished":
                 return folder
     return None
 
@@ -259,7 +262,7 @@ def plan_sweep(
             args.append(f"variant={variant(cfg.method.name, args, swept)}")
         if resume is None:
             cfg = compose(args)
-        run_dir = resolve_output_dir(cfg.output_dir) / cfg.experiment / cfg.run_id
+        run_dir = resolve_output_dir(cfg.output_dir) / cfg.experiment / str(cfg.run_id)
         if resume is None and run_dir.exists():
             raise ConfigError(f"run directory {run_dir} exists")
         runs.append(SweepRun(i, args, cfg, run_dir))

@@ -13,15 +13,14 @@ its training, the text encoder and prompts. See docs/clip2fl.md for what it stan
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Any
 
 from ..core.errors import ConfigError
 
 
 def teacher_command(action: str, overrides: list[str], rebuild: bool = False) -> int:
-    from omegaconf import OmegaConf
-
-    from ..config import compose, method_config, validate_registered
+    from ..config import compose, validate_registered
 
     if action != "build":
         raise ConfigError(f"unknown teacher action {action!r}; valid: build")
@@ -35,15 +34,12 @@ def teacher_command(action: str, overrides: list[str], rebuild: bool = False) ->
     from ..methods.teacher import load_or_build_aligned
     from .text import dataset_class_names
 
-    method = method_config(cfg)
+    method = cfg.method
     assert isinstance(method, CLIP2FLConfig)
     if method.teacher != "aligned":
         raise ConfigError(f"method.teacher={method.teacher}: only the aligned teacher is built")
-    data = OmegaConf.to_container(cfg.data, resolve=True)
-    text = OmegaConf.to_container(cfg.text, resolve=True)
-    assert isinstance(data, dict) and isinstance(text, dict)
-    data_cfg: dict[str, Any] = {str(k): v for k, v in data.items()}
-    text_cfg = text_config("aligned", {str(k): v for k, v in text.items()})
+    data_cfg: dict[str, Any] = asdict(cfg.data)
+    text_cfg = text_config("aligned", dict(cfg.text))
     _, _, info, path = load_or_build_aligned(
         data_cfg, text_cfg, dataset_class_names(cfg), aligned_config(method), rebuild=rebuild
     )

@@ -110,15 +110,16 @@ def text_command(
 
     cfg = compose(overrides)
     text_cfg = cfg.text
-    if text_cfg.name == "none":
+    if text_cfg["name"] == "none":
         print("fl-lightning text: text=none, using the default encoder text=minilm", file=sys.stderr)
         text_cfg = compose([*overrides, "text=minilm"]).text
     from ..config import check_kwargs
     from ..text import TEXT_ENCODERS, class_text_features
     from ..text import prompts as P
 
-    builder = TEXT_ENCODERS.get(text_cfg.name)
-    check_kwargs("text", text_cfg.name, builder, {k: v for k, v in text_cfg.items() if k != "name"})
+    encoder = str(text_cfg["name"])
+    builder = TEXT_ENCODERS.get(encoder)
+    check_kwargs("text", encoder, builder, {k: v for k, v in text_cfg.items() if k != "name"})
     names = dataset_class_names(cfg)
     descs = P.descriptions(cfg.data.name, names) if descriptions else None
     tmpl = None if descriptions else (templates or "simple")
@@ -129,7 +130,7 @@ def text_command(
     label = [P.clean_class_name(n) for n in names]
     what = "descriptions" if descriptions else f"templates={tmpl}"
     print(
-        f"class-text cosine similarity: data={cfg.data.name} text={text_cfg.name} {what} "
+        f"class-text cosine similarity: data={cfg.data.name} text={encoder} {what} "
         f"({len(names)} classes, {feats.shape[1]}-d, cache {'hit' if info['cache_hit'] else 'miss'})"
     )
     if len(names) <= FULL_MATRIX_MAX:
@@ -137,13 +138,13 @@ def text_command(
     else:
         print("nearest classes:")
         print(format_neighbours(sim, label))
-    stem = f"{cfg.data.name}_{text_cfg.name}" + ("_descriptions" if descriptions else "")
+    stem = f"{cfg.data.name}_{encoder}" + ("_descriptions" if descriptions else "")
     path = (
         resolve_output_dir(out)
         if out
         else resolve_output_dir(cfg.output_dir) / "text" / f"{stem}_similarity.png"
     )
-    save_heatmap(sim, label, path, f"{cfg.data.name}: {text_cfg.name} class-text cosine ({what})")
+    save_heatmap(sim, label, path, f"{cfg.data.name}: {encoder} class-text cosine ({what})")
     print(f"heatmap: {path}")
     if rsa:
         print_rsa(cfg, feats, label)

@@ -1,13 +1,16 @@
-"""Configuration, in four parts:
+"""Configuration, in five parts:
 
 - `composition`: `conf/` and the command line into one tree (groups, presets, a method's own
   defaults, overrides), every key checked against the schema; one-line errors. No torch.
 - `schema`: the typed `RootConfig`, one dataclass per section, each with its own `check()`,
   and the checks across sections in one place (`cross_check`).
-- `registered`: the checks against the registries (the method's config and its own checks,
-  models, datasets, text encoders) and the typed config the rest of the package reads.
-- `saved`: a run's config.yaml read back (resume, `run --from`) and the consent rule.
+- `typed`: the tree turned into the typed `RootConfig` (`compose` does both), the only form of
+  a config that leaves this package, and its plain forms (`tree`, `to_yaml`).
+- `registered`: the typed config's checks against the registries (the method's own checks,
+  models, datasets, text encoders) and the config as a run records it (`resolved_config`).
+- `saved`: a run's config.yaml read back, typed (resume, `run --from`), and the consent rule.
 
+OmegaConf stays inside: the rest of the package reads and passes `RootConfig`.
 Everything below is importable from `fl_lightning.config`.
 """
 
@@ -16,30 +19,21 @@ from .composition import (
     METHOD_DEFAULT_BLOCKS,
     SAFE_NAME,
     VARIANT,
-    Composed,
     _group_file,
     check_bools,
     check_names,
     choices,
-    compose,
     conf_dir,
     method_defaults,
     method_group_defaults,
     method_modules,
-    sections,
-    validate,
 )
 from .registered import (
     check_kwargs,
     check_method,
     check_weights_file,
-    method_config,
     resolved_config,
-    to_yaml,
-    tree,
-    typed,
     validate_registered,
-    with_method_defaults,
 )
 from .saved import (
     MACHINE_CHOICES,
@@ -63,6 +57,7 @@ from .schema import (
     participation,
     variant_of,
 )
+from .typed import compose, to_yaml, tree
 
 __all__ = [
     "GROUPS",
@@ -72,7 +67,6 @@ __all__ = [
     "SAFE_NAME",
     "VARIANT",
     "CheckpointConfig",
-    "Composed",
     "DataConfig",
     "EvalConfig",
     "FLConfig",
@@ -92,7 +86,6 @@ __all__ = [
     "conf_dir",
     "cross_check",
     "load_run_config",
-    "method_config",
     "method_defaults",
     "method_group_defaults",
     "method_modules",
@@ -101,12 +94,8 @@ __all__ = [
     "rerun_config",
     "resolved_config",
     "resumable_keys",
-    "sections",
     "to_yaml",
     "tree",
-    "typed",
-    "validate",
     "validate_registered",
     "variant_of",
-    "with_method_defaults",
 ]

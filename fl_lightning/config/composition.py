@@ -1,4 +1,5 @@
-"""Composition: `conf/` and command-line overrides into one checked tree (one-line errors).
+"""Composition: `conf/` and command-line overrides into one checked tree (one-line errors),
+which `typed.compose` turns into the typed `RootConfig`, the only form that leaves the package.
 
     fl-lightning run method=fedavg data=fmnist fl.rounds=5 data.alpha=0.3 seed=1
 
@@ -45,11 +46,6 @@ from ..core.registry import METHOD_ENTRY_POINTS
 from .schema import RootConfig
 
 GROUPS = ("method", "data", "model", "text", "runtime", "logger")
-
-#: the composed tree (`compose`, `load_run_config`, `rerun_config`): the other modules read it by
-#: attribute only and hand it back to this package, which alone turns it into the typed
-#: `RootConfig` (`typed`, `sections`) or writes it out (`to_yaml`, `tree`)
-Composed = DictConfig
 
 
 def conf_dir() -> Path:
@@ -308,8 +304,9 @@ def _schema_errors(e: OmegaConfBaseException) -> ConfigError:
     return ConfigError(f"bad value for {key!r}: {msg}" if key else msg)
 
 
-def compose(overrides: list[str]) -> DictConfig:
-    """Build the run config from `conf/` and overrides; raise ConfigError on any problem."""
+def compose_tree(overrides: list[str]) -> DictConfig:
+    """The run config's tree from `conf/` and overrides, checked (`validate`); ConfigError on
+    any problem. What `compose` types: the rest of the package reads only that."""
     base = _read_yaml(conf_dir() / "config.yaml")
     defaults = dict(base.pop("defaults", {}) or {})
     groups, experiment, dotted = _parse(overrides)

@@ -1,23 +1,19 @@
-"""Checks against the registries (methods, models, datasets, text encoders: imported here, lazily)
-and the typed config the rest of the package reads (`typed`), with its two plain forms
-(`tree`: W&B's run config; `to_yaml`: a run's config.yaml)."""
+"""Checks of the typed config against the registries (methods, models, datasets, text encoders:
+imported here, lazily), and the config as a run records it (`resolved_config`)."""
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import inspect
 import os
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import OmegaConf
 
 from ..core.errors import ConfigError
 from ..core.method import MethodConfig
-from .composition import _bool_keys, _nonfinite, _schema_errors, check_bools, method_modules, sections
 from .schema import RootConfig, client_tests, variant_of
+from .typed import to_node, typed
 
 
 def check_kwargs(kind: str, name: str, fn: Any, given: dict) -> None:
@@ -31,7 +27,7 @@ def check_kwargs(kind: str, name: str, fn: Any, given: dict) -> None:
         raise ConfigError(f"unknown config key {kind}.{unknown[0]!r} for {kind} {name!r}; valid: {valid}")
 
 
-def check_weights_file(cfg: DictConfig) -> None:
+def check_weights_file(cfg: RootConfig) -> None:
     """`model.weights` names an existing file (cheap, no torch: before Ray starts); what it
     holds is read safely in `validate_registered`, whether it fits once the model is built."""
     w = cfg.model.get("weights")
@@ -39,24 +35,25 @@ def check_weights_file(cfg: DictConfig) -> None:
         raise ConfigError(f"model.weights={w}: no such file (write one with `fl-lightning pretrain`)")
 
 
-def validate_registered(cfg: DictConfig, trunk: str | None = None) -> Any:
+def validate_registered(cfg: RootConfig, trunk: str | None = None) -> MethodConfig:
     """Checks against the registries (imports the methods, models and datasets); the run's
-    method config (`method_config`), checked. `trunk`: where `model.weights` is read from
-    (a resumed run's own copy, `models.weights.KEPT`; default: the file it names)."""
+    method config, checked. `trunk`: where `model.weights` is read from (a resumed run's own
+    copy, `models.weights.KEPT`; default: the file it names)."""
     from ..data.partition import PARTITIONERS
     from ..data.registry import DATASETS
     from ..methods import METHODS
     from ..models import MODELS
 
+    cfg.check()  # the sections' own checks again (cheap): a value set since it was composed
     method_cfg = check_method(cfg)  # again (cheap): also where no command line ran it
-    strategy = METHODS.get(cfg.method.name)
-    optim_cfg = sections(cfg).optim
+    name, model = type(method_cfg).name, str(cfg.model["name"])
+    strategy = METHODS.get(name)
     if cfg.runtime.batched:  # before any data; the model's layers once it is built (`model_refusal`)
         from ..core.batched import batched_refusal
         from ..models import family
 
-        why = batched_refusal(cfg.method.name, strategy.objective_cls, optim_cfg, cfg.runtime.precision,
-                              family(cfg.model.name) is not None)  # fmt: skip
+        why = batched_refusal(name, strategy.objective_cls, cfg.optim, cfg.runtime.precision,
+                              family(model) is not None)  # fmt: skip
         if why:
             raise ConfigError(f"runtime.batched={cfg.runtime.batched}: {why}; use runtime.batched=0")
     entry = DATASETS.get(cfg.data.name)  # what is known of the data before loading it
@@ -69,50 +66,41 @@ def validate_registered(cfg: DictConfig, trunk: str | None = None) -> Any:
     from ..models.weights import MODEL_GENERIC_KEYS, read_weights
 
     model_kwargs = {k: v for k, v in cfg.model.items() if k not in MODEL_GENERIC_KEYS}
-    check_kwargs("model", cfg.model.name, MODELS.get(cfg.model.name), model_kwargs)
-    flag = getattr(MODELS.get(cfg.model.name), "method_flag", None)  # a model some methods only train
+    check_kwargs("model", model, MODELS.get(model), model_kwargs)
+    flag = getattr(MODELS.get(model), "method_flag", None)  # a model some methods only train
     if flag and not getattr(strategy, flag, False):
         trainers = ", ".join(n for n in METHODS.names() if getattr(METHODS.get(n), flag, False))
-        raise ConfigError(
-            f"model={cfg.model.name} is trained by method={trainers} only (got method={cfg.method.name})"
-        )
+        raise ConfigError(f"model={model} is trained by method={trainers} only (got method={name})")
     if cfg.data.image_size is not None:  # (the channel count is not known yet; sizes do not depend on it)
         from ..models import check_image_size
 
         num_classes = len(entry.class_names) if entry.class_names else 10
-        check_image_size(cfg.model.name, num_classes, 3, int(cfg.data.image_size), **model_kwargs)
+        check_image_size(model, num_classes, 3, int(cfg.data.image_size), **model_kwargs)
     if cfg.model.get("weights"):  # readable and safe now; whether it fits, once the model is built
-        if family(cfg.model.name) is not None:
-            raise ConfigError(
-                f"model.weights loads one trunk; model {cfg.model.name} is a family of architectures"
-            )
-        read_weights(trunk or str(cfg.model.weights))
+        if family(model) is not None:
+            raise ConfigError(f"model.weights loads one trunk; model {model} is a family of architectures")
+        read_weights(trunk or str(cfg.model["weights"]))
     DATASETS.get(cfg.data.name)
     PARTITIONERS.get(cfg.data.partition)
-    if cfg.text.name != "none":
+    if cfg.text["name"] != "none":
         from ..text import TEXT_ENCODERS
 
         text_kwargs = {k: v for k, v in cfg.text.items() if k != "name"}
-        check_kwargs("text", cfg.text.name, TEXT_ENCODERS.get(cfg.text.name), text_kwargs)
+        check_kwargs("text", cfg.text["name"], TEXT_ENCODERS.get(cfg.text["name"]), text_kwargs)
     return method_cfg
 
 
-def check_method(cfg: DictConfig) -> Any:
-    """The run's method config, checked: its keys and values (`method_config`), its own
-    `check` on the typed run config, and the data it needs (clients' own test splits for
-    personal models, single-label data where it says so). Torch-free for a method whose config
-    module is (every method of this package): the command line calls it before Ray starts."""
+def check_method(cfg: RootConfig) -> MethodConfig:
+    """The run's method config, checked: its own `check` on the run config, and the data it
+    needs (clients' own test splits for personal models, single-label data where it says so).
+    Torch-free for a method whose config module is (every method of this package): the command
+    line calls it before Ray starts."""
     from ..core.method import needs_test_split_error
     from ..data.registry import DATASETS
-    from ..methods import METHODS, import_methods
 
-    import_methods(method_modules(cfg.methods))
-    cls = METHODS.config(cfg.method.name)
-    method_cfg = method_config(cfg)
-    run = OmegaConf.to_object(cfg)
-    assert isinstance(run, RootConfig)
-    run.method = method_cfg
-    method_cfg.check(run)  # its own values first: the refusal names what the user set
+    method_cfg: MethodConfig = cfg.method
+    cls = type(method_cfg)
+    method_cfg.check(cfg)  # its own values first: the refusal names what the user set
     # clients' own test splits come from the data config alone (data/federated.py)
     if method_cfg.keeps_personal_models() and not client_tests(cfg.data):
         raise ConfigError(needs_test_split_error(cls.name))
@@ -123,85 +111,8 @@ def check_method(cfg: DictConfig) -> Any:
     return method_cfg
 
 
-def method_config(cfg: DictConfig) -> Any:
-    """The run's method config: its dataclass (the one source of its defaults) with the keys
-    the conf file, a preset and the command line set; ConfigError naming a bad value. The
-    method must be registered (`validate_registered` imports the modules)."""
-    from ..methods import METHODS
-
-    cls = METHODS.config(cfg.method.name)
-    raw = OmegaConf.to_container(cfg.method, resolve=True)
-    assert isinstance(raw, dict)
-    keys = {k: v for k, v in raw.items() if k != "name"}  # the registered name: not a key of the dataclass
-    check_bools({"method": keys}, _bool_keys(cls, "method."))  # cfg.method is untyped: its raw values
-    try:
-        values = OmegaConf.create(keys)
-        method_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), values))
-    except OmegaConfBaseException as e:
-        raise _schema_errors(e) from None
-    if dataclasses.is_dataclass(method_cfg) and not isinstance(method_cfg, type):
-        bad = _nonfinite(dataclasses.asdict(method_cfg), "method")
-        if bad is not None:  # e.g. method.mu=nan: a string until the method's schema types it
-            raise ConfigError(f"{bad} must be a finite number (got {cfg.method[bad.split('.', 1)[1]]})")
-    return method_cfg
-
-
-def with_method_defaults(cfg: DictConfig) -> DictConfig:
-    """`cfg` with every key of its method written out: the dataclass's defaults under what was
-    set. What `fl-lightning config` prints and a run's config.yaml records, so that a default
-    changed later does not change what `run --from` or a resume of that run does."""
-    from ..methods import import_methods
-
-    import_methods(method_modules(cfg.methods))
-    values = OmegaConf.to_container(OmegaConf.structured(method_config(cfg)), resolve=True)
-    assert isinstance(values, dict)
-    out = copy.deepcopy(cfg)
-    OmegaConf.set_struct(out, False)
-    out.method = OmegaConf.create({"name": str(cfg.method.name), **values})
-    OmegaConf.set_struct(out, True)
-    return out
-
-
-def typed(cfg: DictConfig) -> RootConfig:
-    """The composed tree turned once into the typed `RootConfig` the runtime reads (mypy checks
-    every read of it): `method` the method's own config dataclass; `model` and `text` stay
-    mappings, since each builder takes keys of its own (`name` plus its arguments)."""
-    run = OmegaConf.to_object(cfg)
-    assert isinstance(run, RootConfig)
-    run.method = method_config(cfg)
-    return run
-
-
-def _node(cfg: DictConfig | RootConfig) -> DictConfig:
-    """`cfg` as an OmegaConf tree; a typed one's method config gets its registered `name` back
-    (a class attribute of the dataclass, a key of config.yaml)."""
-    if isinstance(cfg, DictConfig):
-        return cfg
-    node = OmegaConf.structured(cfg)
-    if isinstance(cfg.method, MethodConfig):
-        method = OmegaConf.to_container(node.method, resolve=True)
-        assert isinstance(method, dict)
-        OmegaConf.set_struct(node, False)
-        node.method = OmegaConf.create({"name": type(cfg.method).name, **method})
-        OmegaConf.set_struct(node, True)
-    return node
-
-
-def tree(cfg: DictConfig | RootConfig) -> dict[str, Any]:
-    """A config as plain data (W&B's run config)."""
-    node = _node(cfg)
-    out = OmegaConf.to_container(node, resolve=True)
-    assert isinstance(out, dict)
-    return {str(k): v for k, v in out.items()}
-
-
-def to_yaml(cfg: DictConfig | RootConfig) -> str:
-    node = _node(cfg)
-    return OmegaConf.to_yaml(node, resolve=True)
-
-
 def resolved_config(
-    cfg: DictConfig, chosen: dict[str, Any], model: str, model_kwargs: dict[str, Any]
+    cfg: RootConfig, chosen: dict[str, Any], model: str, model_kwargs: dict[str, Any]
 ) -> RootConfig:
     """The typed config with the choices made while building written in as values, so that
     config.yaml and W&B hold what runs and a run from config.yaml builds the same: the method's
@@ -212,7 +123,7 @@ def resolved_config(
     (`runtime/runner.py`)."""
     from ..text.encoders import resolved_text
 
-    out = copy.deepcopy(with_method_defaults(cfg))  # every method key, its dataclass's defaults too
+    out = to_node(cfg)  # a copy: every method key, its dataclass's defaults too
     OmegaConf.set_struct(out, False)
     OmegaConf.set_struct(out.method, False)  # a key the method file leaves to its schema
     if "text" in chosen:  # the whole group: an encoder's keys are not `none`'s

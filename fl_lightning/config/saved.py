@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..core.errors import ConfigError
@@ -25,6 +25,7 @@ from .composition import (
     validate,
 )
 from .schema import RootConfig
+from .typed import typed
 
 #: what a resume may change: nothing that changes the numbers; a method may name keys of its
 #: own (`MethodConfig.resumable`: SCAFFOLD's allow_momentum lets a run from before it refused
@@ -52,8 +53,8 @@ MACHINE_CHOICES = {"runtime.placement": "auto", "runtime.accelerator": "auto", "
                    "runtime.num_actors": "null"}  # fmt: skip
 
 
-def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
-    """The resolved config of an existing run, with the few overrides a resume may change."""
+def load_run_config(run_dir: Path, overrides: list[str]) -> RootConfig:
+    """The typed config of an existing run, with the few overrides a resume may change."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
@@ -119,7 +120,7 @@ def require_consent(saved: list[str], overrides: Sequence[str], source: object, 
         )
 
 
-def rerun_config(source: Path, overrides: list[str]) -> DictConfig:
+def rerun_config(source: Path, overrides: list[str]) -> RootConfig:
     """A new run with the values of a saved config.yaml (`source`: the file or its run
     directory), then `overrides` (key=value). Its run id is left to be made anew (a
     `run_id=` override names it); groups and presets are the saved file's already."""
@@ -140,8 +141,9 @@ def rerun_config(source: Path, overrides: list[str]) -> DictConfig:
     return _saved_config(path, ["run_id=null", *(["variant=null"] if relabel else []), *overrides])
 
 
-def _saved_config(path: Path, overrides: list[str]) -> DictConfig:
-    """A run's config.yaml (checked like any shared file: untrusted) with `overrides` on top."""
+def _saved_config(path: Path, overrides: list[str]) -> RootConfig:
+    """A run's config.yaml (checked like any shared file: untrusted) with `overrides` on top,
+    typed (the modules it names imported: the caller has the user's consent)."""
     doc = _read_yaml(path)
     check_bools(doc, _bool_keys(RootConfig), f"{path}: ")  # shared run dirs are untrusted
     missing = [g for g in ("method", "data", "model", "fl") if not isinstance(doc.get(g), dict)]
@@ -166,4 +168,4 @@ def _saved_config(path: Path, overrides: list[str]) -> DictConfig:
     except OmegaConfBaseException as e:
         raise _schema_errors(e) from None
     validate(cfg)
-    return cfg
+    return typed(cfg)

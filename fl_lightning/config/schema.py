@@ -258,10 +258,12 @@ class RootConfig:
     #: reproduction row, else the method. `sweep` sets it to the method and the swept keys
     #: (`fedprox tau=0.1`); config.yaml records the value the run used
     variant: str | None = None
+    #: the method's config dataclass (`MethodConfig`; a mapping only inside composition)
     method: Any = None
     data: DataConfig = field(default_factory=DataConfig)
-    model: Any = None
-    text: Any = None
+    #: the model and the text encoder: `name` and the builder's own arguments
+    model: dict[str, Any] = field(default_factory=dict)
+    text: dict[str, Any] = field(default_factory=dict)
     fl: FLConfig = field(default_factory=FLConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

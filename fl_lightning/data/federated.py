@@ -17,7 +17,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from .cache import atomic_savez, load_npz
 from .partition import PARTITIONERS, class_histogram, split_train_test
 from .protocols import assign_personal
 from .registry import ArrayDataset, load_from_config
+
+if TYPE_CHECKING:
+    from ..config import DataConfig, RootConfig
 
 log = logging.getLogger("fl_lightning")
 PARTITION_CACHE_VERSION = 1
@@ -220,25 +223,24 @@ def make_split(
     return FederatedSplit(train, test, partition, scalars, key)
 
 
-def partition_options(data: Any) -> dict[str, Any]:
+def partition_options(data: DataConfig) -> dict[str, Any]:
     """The partitioner options a `data` config section carries."""
     return {
         "alpha": float(data.alpha),
         "min_size": int(data.min_size),
-        "classes_per_client": int(data.get("classes_per_client", 2)),
-        "imbalance_factor": float(data.get("imbalance_factor", 1.0)),
+        "classes_per_client": int(data.classes_per_client),
+        "imbalance_factor": float(data.imbalance_factor),
     }
 
 
-def partition_cache_dir(data: Any) -> Path | None:
-    """Where splits (and their plots) are cached; None with `data.cache_partitions=false`.
-    `data`: a run config's `data` section, as a mapping or the typed `DataConfig`."""
-    if not getattr(data, "cache_partitions", True):
+def partition_cache_dir(data: DataConfig) -> Path | None:
+    """Where splits (and their plots) are cached; None with `data.cache_partitions=false`."""
+    if not data.cache_partitions:
         return None
     return Path(str(data.root)).expanduser() / ".partitions"
 
 
-def split_from_config(dataset: ArrayDataset, cfg: Any) -> FederatedSplit:
+def split_from_config(dataset: ArrayDataset, cfg: RootConfig) -> FederatedSplit:
     """The split a run config asks for (cached under `<data.root>/.partitions/`)."""
     d = cfg.data
     return make_split(
@@ -248,7 +250,7 @@ def split_from_config(dataset: ArrayDataset, cfg: Any) -> FederatedSplit:
     )  # fmt: skip
 
 
-def prepare_data(cfg: Any) -> tuple[ArrayDataset, FederatedSplit]:
+def prepare_data(cfg: RootConfig) -> tuple[ArrayDataset, FederatedSplit]:
     """Load the dataset and split it, as `fl-lightning run` does."""
     dataset = load_from_config(cfg.data)
     return dataset, split_from_config(dataset, cfg)

@@ -15,8 +15,8 @@ all of them, so every name is registered whichever data module is imported first
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,8 @@ from ..core.registry import Registry
 
 if TYPE_CHECKING:
     import torch
+
+    from ..config import DataConfig
 
 
 def text_name(raw: str) -> str:
@@ -183,7 +185,7 @@ def load_dataset(name: str, root: str, download: bool = False, **options: Any) -
     return resized(ds, options.get("image_size"), root)
 
 
-def dataset_options(data: Any) -> dict[str, Any]:
+def dataset_options(data: Mapping[str, Any]) -> dict[str, Any]:
     """The loader options a `data` config section carries."""
     domains = data.get("domains")
     return {
@@ -201,19 +203,22 @@ def dataset_options(data: Any) -> dict[str, Any]:
 PROTOCOL_OPTIONS = ("shots", "shots_seed", "personal_shots")
 
 
-def load_from_config(data: Any) -> ArrayDataset:
-    """Load the dataset a `data` config section names, with its options, protocols and subsets."""
+def load_from_config(section: DataConfig | Mapping[str, Any]) -> ArrayDataset:
+    """Load the dataset a `data` config section names, with its options, protocols and subsets;
+    `section`: the typed one, or its keys as a mapping (a method's `TaskInfo.data`)."""
     from .protocols import append_test_pool, apply
 
+    data = section if isinstance(section, Mapping) else asdict(section)
     options = dataset_options(data)
-    proto = {k: data.get(k) for k in PROTOCOL_OPTIONS}
+    proto: dict[str, Any] = {k: data.get(k) for k in PROTOCOL_OPTIONS}
     proto["shots_seed"] = int(proto["shots_seed"] if proto["shots_seed"] is not None else 1)
-    load = DATASETS.get(data.name).load
+    load = DATASETS.get(str(data["name"])).load
     by_loader = "shots" in _accepted(load, proto)
     # a loader that decodes at a size takes it; the others' images are resized after the subset
     takes_size = "image_size" in _accepted(load, options)
     size = None if takes_size else options.pop("image_size")
-    ds = load_dataset(data.name, data.root, bool(data.download), **options, **(proto if by_loader else {}))
+    name, root = data["name"], data["root"]
+    ds = load_dataset(name, root, bool(data.get("download")), **options, **(proto if by_loader else {}))
     rest = {"shots": None, "personal_shots": None} if by_loader else {}
     ds = apply(ds, **{**proto, **rest}, base_new=bool(data.get("base_new", False)))
     ds = ds.subset(data.get("train_subset"), data.get("test_subset"))
@@ -221,4 +226,4 @@ def load_from_config(data: Any) -> ArrayDataset:
         ds = append_test_pool(ds)
     from .resize import resized
 
-    return resized(ds, size, data.root)
+    return resized(ds, size, root)

@@ -188,12 +188,10 @@ def teacher_path(data: Mapping[str, Any], text_cfg: Mapping[str, Any], class_nam
 
 
 def _load_data(data: Mapping[str, Any]) -> Any:
-    from omegaconf import OmegaConf
-
     from ..data.registry import load_from_config
 
-    full = {**data, "train_subset": None}  # test_subset: the held-out accuracy's test images
-    return load_from_config(OmegaConf.create(full))
+    # every training image (the hold-out's); test_subset: the held-out accuracy's test images
+    return load_from_config({**data, "train_subset": None})
 
 
 #: how a long teacher build is made shorter (said when one starts); it is cached once built

@@ -15,15 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import (
-    Composed,
-    RootConfig,
-    clients_per_round,
-    participation,
-    resolved_config,
-    sections,
-    validate_registered,
-)
+from ..config import RootConfig, clients_per_round, participation, resolved_config, validate_registered
 from ..core.augment import Augment, black
 from ..core.batched import model_refusal
 from ..core.errors import ConfigError
@@ -57,23 +49,22 @@ class Prepared:
     weights_info: dict[str, Any] | None = None  # `model.weights`: the pretrained trunk loaded
 
 
-def prepare(cfg: Composed, trunk: str | None = None, first_round: int = 1) -> Prepared:
+def prepare(cfg: RootConfig, trunk: str | None = None, first_round: int = 1) -> Prepared:
     """Validate against the registries, load data, partition, build the initial model.
     `trunk`: the file `model.weights` is read from (a resumed run's own copy of it)."""
     method_cfg = validate_registered(cfg, trunk)  # checked before any data
-    run = sections(cfg)  # typed; `model` and `text` plain mappings
-    d = cfg.data
+    d, model = cfg.data, str(cfg.model["name"])
     check_dataset(d.name, d.root, d.download)
     dataset = load_from_config(d)  # with data.image_size, domains, ... and train/test subsets
     server_x = None
     if d.server_subset:  # the server's unlabeled images: out of the training set, before the split
         dataset, server_x = dataset.hold_out(int(d.server_subset))
-    model_kwargs = {k: v for k, v in run.model.items() if k not in MODEL_GENERIC_KEYS}
+    model_kwargs = {k: v for k, v in cfg.model.items() if k not in MODEL_GENERIC_KEYS}
     if d.image_size is None:  # the native size, known now (a configured one was checked before the data)
         size = dataset.image_size
-        check_image_size(cfg.model.name, dataset.num_classes, dataset.in_channels, size, **model_kwargs)
+        check_image_size(model, dataset.num_classes, dataset.in_channels, size, **model_kwargs)
     split = split_from_config(dataset, cfg)  # cached under <data.root>/.partitions/
-    strategy_cls = METHODS.get(cfg.method.name)
+    strategy_cls = METHODS.get(type(method_cfg).name)
     used = np.concatenate([np.asarray(t) for t in split.train]) if split.train else np.zeros(0, np.int64)
     if dataset.multilabel:  # per label: the training samples that carry it
         train_counts = tuple(int(c) for c in np.asarray(dataset.train_y[used]).sum(axis=0).round())
@@ -84,11 +75,11 @@ def prepare(cfg: Composed, trunk: str | None = None, first_round: int = 1) -> Pr
         num_classes=dataset.num_classes,
         class_names=tuple(dataset.class_names),
         dataset=cfg.data.name,
-        text=dict(run.text),
+        text=dict(cfg.text),
         has_client_test_split=bool(split.test),
         multilabel=bool(dataset.multilabel),
         train_class_counts=train_counts,
-        data=dataclasses.asdict(run.data),
+        data=dataclasses.asdict(d),
         rounds=int(cfg.fl.rounds),
         image_mean=tuple(np.atleast_1d(np.asarray(dataset.mean, np.float64)).tolist()),
         image_std=tuple(np.atleast_1d(np.asarray(dataset.std, np.float64)).tolist()),
@@ -112,12 +103,12 @@ def prepare(cfg: Composed, trunk: str | None = None, first_round: int = 1) -> Pr
     if cfg.data.name in COARSE_GROUPS and not dataset.multilabel:  # the within-group error share
         eval_spec = dataclasses.replace(eval_spec, coarse_groups=COARSE_GROUPS[cfg.data.name])
     spec = ClientSpec(
-        method=cfg.method.name,
+        method=type(method_cfg).name,
         method_module=strategy_cls.__module__,
         objective_kwargs=strategy.objective_kwargs(),
-        model=cfg.model.name,
-        model_kwargs=strategy.model_kwargs(cfg.model.name, model_kwargs),
-        optim=run.optim,
+        model=model,
+        model_kwargs=strategy.model_kwargs(model, model_kwargs),
+        optim=cfg.optim,
         num_classes=dataset.num_classes,
         in_channels=dataset.in_channels,
         image_size=dataset.image_size,
@@ -144,9 +135,10 @@ def prepare(cfg: Composed, trunk: str | None = None, first_round: int = 1) -> Pr
     if spec.batched and (why := model_refusal(objective)):  # before Ray or any file
         raise ConfigError(f"runtime.batched={spec.batched}: {why}; use runtime.batched=0")
     weights_info = None
-    if cfg.model.get("weights"):  # the pretrained trunk: in the initial global weights every client gets
-        weights_info = load_trunk(objective.model, trunk or str(cfg.model.weights))
-        weights_info["path"] = str(Path(str(cfg.model.weights)).expanduser())  # the file named, as it started
+    weights = cfg.model.get("weights")
+    if weights:  # the pretrained trunk: in the initial global weights every client gets
+        weights_info = load_trunk(objective.model, trunk or str(weights))
+        weights_info["path"] = str(Path(str(weights)).expanduser())  # the file named, as it started
     if family(spec.model) is None:
         init_params: dict[str, torch.Tensor] | None = to_cpu(objective.model.state_dict())
         spec = dataclasses.replace(spec, init_params=init_params)
@@ -190,12 +182,12 @@ def _family_shared_params(spec: ClientSpec, objective: ClientObjective[Any]) -> 
     return shared
 
 
-def local_resources(cfg: Composed | RootConfig) -> tuple[float, float]:
+def local_resources(cfg: RootConfig) -> tuple[float, float]:
     gpus = cfg.runtime.num_gpus if cfg.runtime.num_gpus is not None else torch.cuda.device_count()
     return float(cfg.runtime.num_cpus or os.cpu_count() or 1), float(gpus)
 
 
-def on_cpu(cfg: Composed | RootConfig) -> bool:
+def on_cpu(cfg: RootConfig) -> bool:
     """The clients will train on this machine's CPU (not a GPU, not a cluster's nodes)."""
     from .local_ray import cluster_address
 

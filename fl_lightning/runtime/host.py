@@ -478,6 +478,8 @@ class ClientHost:
 
     def _evaluate(self, obj: ClientObjective[Any], cid: ClientId) -> ClientEval:
         x, y = self.test[cid]
+        if len(y) == 0:  # no test images of its own: no metrics (`client_*` leaves it out)
+            return ClientEval(cid, 0)
         x = self._frozen_features(obj, ("test", cid), x)
         spec = obj.eval_spec or EvalSpec(num_classes=self.spec.num_classes)
         return ClientEval(cid, len(y), evaluate(obj, x, y, spec, self.spec.eval_batch_size))

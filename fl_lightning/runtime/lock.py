@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from ..core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..config import Composed
+    from ..config import RootConfig
 
 LOCK_NAME = ".lock"
 #: the folders under a run directory that a run writes into, besides its top level
@@ -206,7 +206,7 @@ def create_run_dir(run_dir: Path) -> None:
         raise ConfigError(f"cannot create run directory {run_dir}: {e.strerror or e}") from None
 
 
-def new_run_path(cfg: Composed) -> Path:
+def new_run_path(cfg: RootConfig) -> Path:
     """Where a new run goes (`paths.new_run_dir`), checked before any work: a writable
     folder, and no run there already (ConfigError, one line)."""
     from ..tracking.loggers import check_wandb_dirs

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
-    from ..config import Composed
+    from ..config import RootConfig
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -133,7 +133,7 @@ def run_dir_message(run_dir: PathLike) -> str:
     return f"run dir: {os.path.abspath(os.path.expanduser(os.fspath(run_dir)))} (node {node_name()})"
 
 
-def new_run_dir(cfg: Composed) -> Path:
+def new_run_dir(cfg: RootConfig) -> Path:
     """Where a new run goes: <output_dir>/<experiment>/<run_id, or method_data_seed_time_hex>."""
     run_id: str = cfg.run_id or (
         f"{cfg.method.name}_{cfg.data.name}_s{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}_{secrets.token_hex(2)}"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..config import Composed, RootConfig
+    from ..config import RootConfig
     from .host import ClientSpec
 
 
@@ -163,7 +163,7 @@ def plan_placement(
     )
 
 
-def placement_for(cfg: Composed | RootConfig, cpus: float, gpus: float) -> Placement:
+def placement_for(cfg: RootConfig, cpus: float, gpus: float) -> Placement:
     """The run's placement on `cpus` and `gpus` (its `runtime` settings)."""
     rt = cfg.runtime
     return plan_placement(

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import Composed, RootConfig, to_yaml
+from ..config import RootConfig, to_yaml
 from ..core.errors import DivergedError
 from ..core.files import open_new
 from ..core.messages import ServerState
@@ -331,7 +331,7 @@ def _in(session: Session | None) -> Iterator[Session]:
 
 
 def start_run(
-    cfg: Composed,
+    cfg: RootConfig,
     console: bool = True,
     run_dir: Path | None = None,
     started_at: float | None = None,
@@ -360,7 +360,7 @@ def start_run(
         prepared.cfg.run_id = run_dir.name
         write_config(run_dir, prepared.cfg)
         if prepared.weights_info is not None:  # its own: `resume` needs no file outside the run
-            keep_weights(cfg.model.weights, run_dir)
+            keep_weights(cfg.model["weights"], run_dir)
         if console:
             print(run_dir_message(run_dir), file=sys.stderr)
         run = Run(prepared, run_dir, s, console=console, started_at=t0, callbacks=callbacks)
@@ -392,7 +392,7 @@ def _last_line_round(run_dir: Path) -> int:
 
 
 def resume_run(
-    run_dir: Path, cfg: Composed, console: bool = True, session: Session | None = None
+    run_dir: Path, cfg: RootConfig, console: bool = True, session: Session | None = None
 ) -> dict[str, Any]:
     """Continue a run from its newest intact checkpoint (`checkpoint.recover`), holding the run
     directory's lock from before anything is read or written. A finished run returns at once,
@@ -416,6 +416,6 @@ def resume_run(
             except (OSError, ValueError):
                 summary = {}
             return summary if isinstance(summary, dict) else {}
-        trunk = kept_weights(run_dir, str(cfg.model.weights)) if cfg.model.get("weights") else None
+        trunk = kept_weights(run_dir, str(cfg.model["weights"])) if cfg.model.get("weights") else None
         prepared = prepare(cfg, trunk, first_round=done + 1)  # a slow run announces what is left
         return Run(prepared, run_dir, s, resume=True, console=console, started_at=t0).execute()

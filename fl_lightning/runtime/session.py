@@ -24,7 +24,7 @@ from .placement import Placement, placement_for
 from .workers import WorkerSource
 
 if TYPE_CHECKING:
-    from ..config import Composed, RootConfig
+    from ..config import RootConfig
     from ..core.types import ClientId, ClientState
     from .build import Prepared
     from .executor import Executor
@@ -81,7 +81,7 @@ class Session:
             conn.shutdown()
 
     @contextlib.contextmanager
-    def early_start(self, cfg: Composed) -> Iterator[None]:
+    def early_start(self, cfg: RootConfig) -> Iterator[None]:
         """Around a `start_run` of `cfg` in this session: Ray and the run's workers start while
         the driver imports (`early.py`). A serial run, one that joins a cluster, or
         `runtime.early_start=false` is left as it was."""
@@ -112,7 +112,7 @@ class Session:
             if not self.keep_ray:
                 self.close()
 
-    def placement(self, cfg: Composed | RootConfig) -> Placement:
+    def placement(self, cfg: RootConfig) -> Placement:
         """Where run `cfg`'s clients run, decided once per run: `early_start`'s (it made the
         workers for it), else from this machine's resources (`runtime=serial`) or from the
         resources of the Ray the run uses (started or joined here, unless Ray is up)."""

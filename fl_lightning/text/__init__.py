@@ -24,12 +24,9 @@ TEXT_ENCODERS: Registry[type[TextEncoder]] = Registry("text encoder")
 
 
 def _split_cfg(cfg: Mapping) -> tuple[str, dict]:
-    from omegaconf import DictConfig, OmegaConf
-
-    raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
-    if not isinstance(raw, Mapping):
-        raise TypeError(f"text encoder config must be a mapping with a 'name', got {type(raw).__name__}")
-    kwargs = {str(k): v for k, v in raw.items()}
+    if not isinstance(cfg, Mapping):
+        raise TypeError(f"text encoder config must be a mapping with a 'name', got {type(cfg).__name__}")
+    kwargs = {str(k): v for k, v in cfg.items()}
     name = kwargs.pop("name", None)
     if not name or name == "none":
         raise ConfigError("no text encoder configured (text=none); pick one, e.g. text=minilm")

@@ -238,6 +238,7 @@ class ClientEval:
         else:
             plan = self.p.strategy.configure_evaluate(state, self.eval_clients())
             evals = sorted(executor.evaluate(plan), key=lambda e: e.client_id)
+        evals = [e for e in evals if e.num_examples > 0]  # a client with no test images: none
         if not evals:
             return
         primary = self.p.strategy.primary_metric().removeprefix("client_")

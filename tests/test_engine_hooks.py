@@ -171,6 +171,32 @@ def test_a_diverged_run_stops_with_one_line_and_is_marked(tmp_path, data_root, c
     assert not list(run_dir.glob("checkpoints/round-*.json"))  # nothing non-finite was checkpointed
 
 
+def test_a_failing_run_writes_its_summary_with_its_own_error(tmp_path, data_root, capsys, monkeypatch):
+    """summary.json of a failing run names the error that stopped it: a round that failed
+    part-way leaves a line without `wall_time_s` (the run's is the last line's that has one),
+    and a summary that cannot be made at all is written bare, never replacing the run's error."""
+    from fl_lightning.runtime import runner
+    from fl_lightning.runtime.summary import run_summary
+
+    args = small(tmp_path, "runtime=serial", "fl.rounds=1", "optim.lr=1e6", "run_id=bare")
+    cfg = compose(args)
+    lines = [{"round": 1, "accuracy": 0.5, "wall_time_s": 2.5}, {"round": 2, "accuracy": 0.25}]
+    out = run_summary(cfg, lines, "accuracy", "r", "failed", None, 0, 0, None, None, None, "boom")
+    assert out["wall_time_s"] == 2.5 and out["error"] == "boom" and out["rounds_completed"] == 2
+
+    def broken(*_a: object, **_k: object) -> dict[str, object]:
+        raise KeyError("wall_time_s")
+
+    monkeypatch.setattr(runner, "run_summary", broken)
+    assert main(["run", *args]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "diverged" in err[-1] and "KeyError" not in err[-1]
+    summary = json.loads((tmp_path / "default" / "bare" / "summary.json").read_text())
+    assert summary["status"] == "diverged" and "non-finite" in summary["error"]
+    assert summary["error"] in err[-1]  # the error the run printed
+    assert summary["run_id"] == "bare" and summary["method"] == "fedavg"
+
+
 def test_every_client_failing_is_one_clear_error(tmp_path, data_root, ray_session):
     from fl_lightning.runtime.placement import plan_placement
     from fl_lightning.runtime.ray_executor import RayExecutor

@@ -509,3 +509,30 @@ def test_eval_timing_through_the_cli(tmp_path, data_root, capsys):
 
 def _records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_client_without_test_images_is_left_out_of_client_evaluation(tmp_path):
+    """Digits' first 6 test images hold classes 0, 3, 8, 9 only: with each client's own split
+    from the test set (data.personal_from_test) in FedTPG blocks of 2 classes, clients 2 and 3
+    have no test images. The run completes; client_* is over the other three, both timings."""
+    from fl_lightning.data.registry import load_dataset
+
+    test_y = load_dataset("digits", str(tmp_path)).test_y[:6]  # the labels, without the protocols
+    sizes = [int(np.isin(test_y, [2 * k, 2 * k + 1]).sum()) for k in range(5)]
+    assert sizes[2] == sizes[3] == 0 < min(sizes[0], sizes[1], sizes[4])
+    for timing in ("received", "trained"):
+        cfg = compose(["method=fedper", "model=mlp", "data=digits", "data.train_subset=100",
+                       "data.test_subset=6", "data.personal_from_test=true", "data.partition=class_blocks",
+                       "data.classes_per_client=2", "fl.num_clients=5", "fl.rounds=1", "fl.batch_size=8",
+                       "runtime=serial", "logger=none",
+                       "data.cache_partitions=false", f"eval.timing={timing}", f"run_id={timing}",
+                       f"output_dir={tmp_path}"])  # fmt: skip
+        summary, run_dir = start_run(cfg, console=False)
+        assert json.loads((run_dir / "partition.json").read_text())["test_sizes"] == sizes
+        (line,) = _records(run_dir)
+        assert summary["status"] == "completed" and line["clients_evaluated"] == 3
+        assert 0.0 <= summary["final_client_accuracy"] <= 1.0
+        # the majority reference: over the same three clients, weighted by their test images
+        each = summary["client_majority_accuracies"]
+        ref = sum(a * n for a, n in zip(each, sizes, strict=True)) / sum(sizes)
+        assert line["client_majority_accuracy"] == pytest.approx(ref, abs=1e-6)

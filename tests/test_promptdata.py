@@ -312,3 +312,27 @@ def test_a_run_reports_base_new_and_personal(tmp_path):
     stats = json.loads((run_dir / "partition.json").read_text())
     assert stats["train_sizes"] == [16, 24] and stats["test_sizes"] == [8, 12]
     assert DATASETS.get("digits").class_names is not None
+
+
+def test_personal_from_test_with_subsets_gives_each_client_its_classes_test_images(tmp_path):
+    """data.train_subset cut the appended test pool away (every client's own split empty, or
+    of the wrong images): the pool is the first data.test_subset test images, each client's
+    those of its own classes. Digits, 4 shots, FedTPG blocks of 2 classes (5 clients), one
+    serial round."""
+    given = ["data=digits", "data.shots=4", "data.train_subset=40", "data.test_subset=25",
+             "data.personal_from_test=true", "data.partition=class_blocks", "data.classes_per_client=2",
+             "fl.num_clients=5", "data.cache_partitions=false"]  # fmt: skip
+    test_y = load_dataset("digits", str(tmp_path)).test_y[:25]  # the labels, without the protocols
+    blocks = [np.isin(test_y, [2 * k, 2 * k + 1]) for k in range(5)]
+    fed = load_from_config(compose(given).data)
+    split = make_split(fed, "class_blocks", 5, seed=0, classes_per_client=2)
+    for k in range(5):
+        assert np.array_equal(fed.train_x[split.test[k]], fed.test_x[blocks[k]])
+    assert len(fed.train_y) == 40 + 25 and len(fed.test_y) == 25
+    cfg = compose([*given, "fl.rounds=1", "fl.batch_size=8", "model=mlp", "runtime=serial", "logger=none",
+                   f"output_dir={tmp_path}"])  # fmt: skip
+    summary, run_dir = start_run(cfg, console=False)
+    part = json.loads((run_dir / "partition.json").read_text())
+    assert part["test_sizes"] == [int(b.sum()) for b in blocks] and part["unassigned"] == 0
+    line = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert line["clients_evaluated"] == sum(b.any() for b in blocks) and 0.0 <= line["client_accuracy"] <= 1.0

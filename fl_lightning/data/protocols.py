@@ -101,8 +101,7 @@ def apply(
 ) -> ArrayDataset:
     """`select` on a loaded dataset's training set (the test set is left whole); with
     `personal_from_test`, the test images are appended to the training arrays as the personal
-    pool (PromptFL/FedOTP: each client tests on the test split's images of its own classes; the
-    global test set is unchanged, so those images are held twice)."""
+    pool (`append_test_pool`)."""
     if not (shots or personal_shots or base_new or personal_from_test):
         return ds
     if ds.multilabel:
@@ -118,9 +117,17 @@ def apply(
         ds, train_x=ds.train_x[keep], train_y=ds.train_y[keep], train_domains=take(ds.train_domains),
         train_groups=take(ds.train_groups), train_personal=pool if pool.any() else None,
     )  # fmt: skip
-    if not personal_from_test:
-        return ds
-    if pool.any() or ds.train_groups is not None:
+    return append_test_pool(ds) if personal_from_test else ds
+
+
+def append_test_pool(ds: ArrayDataset) -> ArrayDataset:
+    """The test images appended to the training arrays as the personal pool (PromptFL/FedOTP:
+    each client tests on the test split's images of its own classes; the global test set is
+    unchanged, so those images are held twice). After `data.train_subset`/`test_subset` are
+    applied (`load_from_config`): a training cut would drop the appended pool."""
+    if ds.multilabel:
+        raise ConfigError("data.personal_from_test needs single-label data")
+    if ds.train_personal is not None or ds.train_groups is not None:
         raise ConfigError(
             "data.personal_from_test takes the clients' own test images from the test split: leave "
             "data.personal_shots unset (and it needs a dataset without natural users)"

@@ -206,7 +206,7 @@ PROTOCOL_OPTIONS = ("shots", "shots_seed", "personal_shots")
 def load_from_config(section: DataConfig | Mapping[str, Any]) -> ArrayDataset:
     """Load the dataset a `data` config section names, with its options, protocols and subsets;
     `section`: the typed one, or its keys as a mapping (a method's `TaskInfo.data`)."""
-    from .protocols import apply
+    from .protocols import append_test_pool, apply
 
     data = section if isinstance(section, Mapping) else asdict(section)
     options = dataset_options(data)
@@ -220,9 +220,10 @@ def load_from_config(section: DataConfig | Mapping[str, Any]) -> ArrayDataset:
     name, root = data["name"], data["root"]
     ds = load_dataset(name, root, bool(data.get("download")), **options, **(proto if by_loader else {}))
     rest = {"shots": None, "personal_shots": None} if by_loader else {}
-    flags = {k: bool(data.get(k, False)) for k in ("base_new", "personal_from_test")}
-    ds = apply(ds, **{**proto, **rest, **flags})
+    ds = apply(ds, **{**proto, **rest}, base_new=bool(data.get("base_new", False)))
     ds = ds.subset(data.get("train_subset"), data.get("test_subset"))
+    if data.get("personal_from_test", False):  # the (cut) test split: after the subsets
+        ds = append_test_pool(ds)
     from .resize import resized
 
     return resized(ds, size, root)

@@ -6,8 +6,8 @@ The loop fills the training part (clients, their metrics, bytes, times), then `s
 
     round, train_loss, clients, clients_failed, clients_retried, [client_failures],
     client/<k> (training, sample-weighted), server/<k>, <global evaluation: accuracy, loss, ...>,
-    client_<m> (evaluation on the clients' own test splits; client_majority_accuracy: its
-    reference), clients_evaluated,
+    client_<m> (evaluation on the clients' own test splits, over those clients that have test
+    images; client_majority_accuracy: its reference), clients_evaluated (those clients),
     bytes_down, bytes_up, time_fit_s, time_eval_wait_s, time_server_s, time_eval_s,
     round_time_s, driver_*_mb, wall_time_s
 
@@ -152,7 +152,8 @@ def strict_json(line: dict[str, Any]) -> dict[str, Any]:
 def client_metrics(evals: Sequence[ClientEval], primary: str = "accuracy") -> dict[str, float]:
     """Personalised metrics over clients' own test splits: `client_<m>` (sample-weighted
     mean over clients) for every metric m, and for the primary one also the unweighted
-    mean, std and the mean of the worst 10% of clients."""
+    mean, std and the mean of the worst 10% of clients. `evals`: the clients that have test
+    images (`ClientEval.evaluate` leaves out those with an empty split)."""
     n = np.array([e.num_examples for e in evals], dtype=float)
     out: dict[str, float] = {}
     for key in evals[0].metrics:

@@ -221,7 +221,13 @@ class Run:
         finally:
             # summary.json first: a second Ctrl-C during the teardown below (the overlapped
             # evaluation's thread, Ray's shutdown: seconds) must not leave the run without one
-            summary = self._summary(writer, client_eval, workers, status, error)
+            try:
+                summary = self._summary(writer, client_eval, workers, status, error)
+            except Exception as e:  # a failing run's summary names its own error, never this one
+                if error is None:
+                    raise
+                log.warning("summary.json of the failed run keeps to its error (%s)", outcome.reason(e))
+                summary = self._bare_summary(status, error)
             try:
                 writer.write_summary(summary, failing=error is not None)
                 global_eval.close()
@@ -270,6 +276,15 @@ class Run:
             0 if workers is None else workers.reused, 0 if workers is None else workers.prestarted,
             self.startup_s, client_eval.sampled_clients(), self._summary_extra(client_eval), error, chance,
         )  # fmt: skip
+
+    def _bare_summary(self, status: str, error: str) -> dict[str, Any]:
+        """What any summary.json holds, for a failing run whose full summary cannot be made."""
+        cfg = self.cfg
+        return {
+            "method": cfg.method.name, "dataset": cfg.data.name, "model": cfg.model["name"],
+            "seed": int(cfg.seed), "experiment": cfg.experiment, "run_id": self.run_dir.name,
+            "status": status, "error": error,
+        }  # fmt: skip
 
     def _summary_extra(self, client_eval: ClientEval) -> dict[str, Any]:
         """The method's own summary keys, the pretrained trunk the run started from and each

@@ -53,7 +53,8 @@ def run_summary(
         f"final_{primary}": None,
         f"best_{primary}": None,
         "best_round": None,
-        "wall_time_s": float(records[-1]["wall_time_s"]) if records else 0.0,
+        # a round that failed part-way has a line without one: the last line that has one
+        "wall_time_s": next((float(r["wall_time_s"]) for r in reversed(records) if "wall_time_s" in r), 0.0),
         "bytes_up_total": int(sum(r.get("bytes_up", 0) for r in records)),
         "bytes_down_total": int(sum(r.get("bytes_down", 0) for r in records)),
         "clients_failed_total": int(sum(r.get("clients_failed", 0) for r in records)),

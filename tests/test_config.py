@@ -35,6 +35,8 @@ BAD = [
         "data.augment: unknown augmentation 'flip'; valid: random_crop, hflip",
     ),
     (["data.augment=[hflip]", "runtime.batched=2"], "runtime.batched trains from precomputed batch indices"),
+    (["model.channels=[4]", "runtime=serial"], "model.channels=[4]: expected the two conv widths"),
+    (["model.channels=[4,0]", "runtime=serial"], "model.channels=[4, 0]: the widths must be integers >= 1"),
     # the model's smallest input, checked on the meta device before any data loads (serial: no Ray)
     (
         ["model=alexnet_bn", "data.image_size=62", "runtime=serial"],

@@ -74,7 +74,11 @@ class SmallCNN(nn.Module):
 
 
 def _pair(channels: Sequence[int]) -> tuple[int, int]:
-    """`model.channels` as a pair (a yaml list arrives as a list)."""
+    """`model.channels` as a pair (a yaml list arrives as a list); anything else is one line."""
+    if isinstance(channels, (str, bytes)) or not isinstance(channels, Sequence) or len(channels) != 2:
+        raise ConfigError(f"model.channels={channels!r}: expected the two conv widths, e.g. [32, 64]")
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in channels):
+        raise ConfigError(f"model.channels={list(channels)!r}: the widths must be integers >= 1")
     c1, c2 = channels
     return int(c1), int(c2)
 

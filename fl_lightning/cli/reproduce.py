@@ -149,11 +149,17 @@ def config_changes(run: SweepRun, folder: Path) -> list[str]:
         return ["its config.yaml is not a run config"]
     then_out = str(stored.get("output_dir", ""))
     planned = _flat(tree(run.cfg))
+    # the model's keyword arguments are recorded as built, and a method may set one the run
+    # leaves at the model file's default (FedTSP and CLIP2FL: the feature dimension, to the
+    # text's): those are compared only where the run's overrides give them
+    given = {a.split("=", 1)[0].lstrip("+") for a in run.overrides}
     changes = []
     for key, then in _flat(stored).items():
         if key not in planned or any(
             key == k or (k.endswith(".") and key.startswith(k)) for k in SAME_RUN_IGNORES
         ):
+            continue
+        if key.startswith("model.") and key != "model.name" and key not in given:
             continue
         now = planned[key]
         if (

@@ -61,7 +61,11 @@ def announce_long(what: str, seconds: float, detail: str, shorten: str = "") -> 
 
 @contextlib.contextmanager
 def torch_threads(n: int | None) -> Iterator[None]:
-    """Run with `n` intra-op threads (same count in every executor: same numbers)."""
+    """Run with `n` intra-op threads (same count in every executor: same numbers). `n=1` for
+    the server's loops of tiny ops (prototype training, CReFF's feature matching and
+    re-training, CCVR's calibration): with two threads on a busy 2-core machine a step waits on
+    the other thread's core (CReFF's 300 re-training epochs: 52 s vs 1 s), and their result
+    no longer depends on the driver's thread count."""
     if n is None:
         yield
         return

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.centralized import torch_threads
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState, extend
 from ..core.objective import ClientObjective, on_shared_features
 from ..core.params import to_cpu
@@ -119,7 +120,7 @@ def retrain_head(
     opt = torch.optim.SGD(head.parameters(), lr=lr, momentum=momentum)
     head.train()
     last = 0.0
-    with progress("classifier calibration", epochs, "epoch") as bar:
+    with torch_threads(1), progress("classifier calibration", epochs, "epoch") as bar:
         for _ in range(epochs):
             order = torch.randperm(len(y), generator=gen)
             total = torch.zeros((), dtype=torch.float64, device=z.device)

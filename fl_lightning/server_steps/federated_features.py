@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..core.centralized import torch_threads
 from ..core.progress import progress
 
 
@@ -104,7 +105,7 @@ def optimise_features(
 
     v = features.detach().clone()
     before: tuple[float, float] | None = None
-    with progress("federated feature optimisation", steps, "step") as bar:
+    with torch_threads(1), progress("federated feature optimisation", steps, "step") as bar:
         for _ in range(steps):
             v.requires_grad_(True)
             match, pcl = losses(v)
@@ -114,7 +115,7 @@ def optimise_features(
             (grad,) = torch.autograd.grad(total, v)
             v = (v.detach() - lr * grad).detach()
             bar.update()  # no loss shown: reading it would wait for the GPU every step
-    with torch.no_grad():
+    with torch.no_grad(), torch_threads(1):
         match, pcl = losses(v)
     after = (float(match), float(pcl) if pcl is not None else 0.0)
     before = before or after
@@ -138,7 +139,7 @@ def retrain_classifier(
     w = ((torch.rand(num_classes, d, generator=generator) * 2 - 1) * bound).to(x)
     b = ((torch.rand(num_classes, generator=generator) * 2 - 1) * bound).to(x)
     last = 0.0
-    with progress("classifier re-training", epochs, "epoch") as bar:
+    with torch_threads(1), progress("classifier re-training", epochs, "epoch") as bar:
         for _ in range(epochs):
             perm = torch.randperm(n, generator=generator).to(dev)
             total = torch.zeros((), dtype=torch.float64, device=dev)

@@ -7,13 +7,13 @@ FedDistill, FedTSP) and FedTGP's trainable global prototypes with an adaptive ma
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.centralized import torch_threads
 from ..core.progress import progress
 from ..core.types import StateDict
 
@@ -91,18 +91,6 @@ def adaptive_margin_loss(
     return F.cross_entropy(-dist, y)
 
 
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Tiny ops: one intra-op thread is faster (20 s vs 0.4 s for 100 epochs on a busy
-    2-core machine) and makes the result independent of the driver's thread count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def train_global_prototypes(
     params: StateDict,
     protos: torch.Tensor,
@@ -118,7 +106,7 @@ def train_global_prototypes(
     uploaded client prototypes `protos` [K, D] with classes `labels` [K], shuffled with
     `seed`. Returns the generator's new weights, the global prototypes [C, D] and the last
     batch's loss."""
-    with _one_thread():
+    with torch_threads(1):  # tiny ops: see `core.centralized.torch_threads`
         return _train_global_prototypes(params, protos, labels, margin, epochs, batch_size, lr, seed, device)
 
 

@@ -49,8 +49,8 @@ def main() -> None:
             "data=digits", "runtime=gpu", f"fl.num_clients={n}", f"runtime.gpus_per_client={gpus}",
             f"runtime.placement={where}", f"runtime.schedule_timeout_s={timeout}", "logger=none",
         ])  # fmt: skip
-        p = prepare(cfg)
         placement = placed(cfg)
+        p = prepare(cfg, placement=placement)  # as `early_start`'s placement reaches `prepare`
         ex = RayExecutor(p.spec, p.dataset, p.split.train, p.split.test, placement, 0, source=source)
         return ex, placement
 

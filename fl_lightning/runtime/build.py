@@ -1,6 +1,7 @@
 """Building a run before its first round: validate against the registries, load and
-partition the data, build the strategy, the client spec and the initial model (the run's
-placement is the session's: `Session.placement`). Nothing here starts Ray or writes a file
+partition the data, build the strategy, the client spec and the initial model, and decide
+where the clients run when they run on this machine (`Prepared.placement`; on a cluster, the
+session decides it on joining: `Session.placement`). Nothing here starts Ray or writes a file
 (`runner.py` runs what this builds).
 """
 
@@ -31,6 +32,7 @@ from ..models import check_image_size, family
 from ..models.ctran import pretrained_loaded
 from ..models.weights import MODEL_GENERIC_KEYS, load_trunk
 from .host import ClientSpec, build_objective, precision_of
+from .placement import Placement, placement_for
 
 
 @dataclass
@@ -47,12 +49,20 @@ class Prepared:
     eval_spec: EvalSpec
     server_x: np.ndarray | None = None  # `data.server_subset`: unlabeled images for the server
     weights_info: dict[str, Any] | None = None  # `model.weights`: the pretrained trunk loaded
+    # where its clients run, decided once: on this machine's resources (`runtime=serial`, a
+    # private local Ray) or `early_start`'s; None: a cluster's, known once joined
+    placement: Placement | None = None
 
 
-def prepare(cfg: RootConfig, trunk: str | None = None, first_round: int = 1) -> Prepared:
-    """Validate against the registries, load data, partition, build the initial model.
-    `trunk`: the file `model.weights` is read from (a resumed run's own copy of it)."""
+def prepare(
+    cfg: RootConfig, trunk: str | None = None, first_round: int = 1, placement: Placement | None = None
+) -> Prepared:
+    """Validate against the registries, decide the placement, load data, partition, build the
+    initial model. `trunk`: the file `model.weights` is read from (a resumed run's own copy of
+    it); `placement`: one already decided (`early_start`'s, on the Ray it started)."""
     method_cfg = validate_registered(cfg, trunk)  # checked before any data
+    if placement is None and not _on_cluster(cfg):
+        placement = placement_for(cfg, *local_resources(cfg))  # this machine cannot hold it: one line now
     d, model = cfg.data, str(cfg.model["name"])
     check_dataset(d.name, d.root, d.download)
     dataset = load_from_config(d)  # with data.image_size, domains, ... and train/test subsets
@@ -152,7 +162,17 @@ def prepare(cfg: RootConfig, trunk: str | None = None, first_round: int = 1) -> 
         kwargs["pretrained"] = pretrained_loaded(kwargs)
     resolved = resolved_config(cfg, strategy.resolved(objective.model), spec.model, kwargs)
     prepared = Prepared(
-        resolved, dataset, split, strategy, spec, init_params, objective, eval_spec, server_x, weights_info
+        resolved,
+        dataset,
+        split,
+        strategy,
+        spec,
+        init_params,
+        objective,
+        eval_spec,
+        server_x,
+        weights_info,
+        placement,
     )
     if on_cpu(cfg):  # a slow step (C-Tran) says how long the rounds will take, before they start
         from .plan import announce_client_training
@@ -187,11 +207,17 @@ def local_resources(cfg: RootConfig) -> tuple[float, float]:
     return float(cfg.runtime.num_cpus or os.cpu_count() or 1), float(gpus)
 
 
-def on_cpu(cfg: RootConfig) -> bool:
-    """The clients will train on this machine's CPU (not a GPU, not a cluster's nodes)."""
+def _on_cluster(cfg: RootConfig) -> bool:
+    """The clients run on a cluster's nodes, not this machine (`runtime.address`, `$RAY_ADDRESS`)."""
     from .local_ray import cluster_address
 
     rt = cfg.runtime
-    if rt.executor != "serial" and cluster_address(getattr(rt, "address", None)):
+    return rt.executor != "serial" and bool(cluster_address(getattr(rt, "address", None)))
+
+
+def on_cpu(cfg: RootConfig) -> bool:
+    """The clients will train on this machine's CPU (not a GPU, not a cluster's nodes)."""
+    rt = cfg.runtime
+    if _on_cluster(cfg):
         return False  # a cluster's nodes: not this machine's speed
     return rt.accelerator == "cpu" or (rt.accelerator == "auto" and local_resources(cfg)[1] == 0)

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Placement:
-    """A run's workers, decided once (`Session.placement`): how many, what each asks Ray for
+    """A run's workers, decided once (`prepare` on this machine's resources, else
+    `Session.placement` on a joined cluster's): how many, what each asks Ray for
     and is made with, which clients each hosts; immutable."""
 
     num_actors: int
@@ -40,6 +41,7 @@ class Placement:
     strategy: str = "PACK"  # runtime.placement_strategy: how the GPU bundles spread over nodes
     schedule_timeout_s: float | None = 120.0  # runtime.schedule_timeout_s: to reserve the bundles
     check_cuda: bool = True  # a GPU worker checks that CUDA works (off only for tests on declared GPUs)
+    resources: tuple[float, float] = (0.0, 0.0)  # the (CPUs, GPUs) it was decided on
 
     def place(self, spec: ClientSpec) -> ClientSpec:
         """`spec` as this placement's hosts run it: their threads and accelerator."""
@@ -160,6 +162,7 @@ def plan_placement(
         mode=placement,
         strategy=strategy,
         schedule_timeout_s=schedule_timeout_s,
+        resources=(float(total_cpus), float(total_gpus)),
     )
 
 

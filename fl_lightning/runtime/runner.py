@@ -343,18 +343,14 @@ def start_run(
     its lock (`lock.py`) while anything is written. `started_at`: the `perf_counter()` its
     start-up is measured from (default: now); `session`: the process's Ray and workers
     (default: its own); `callbacks`: more, after the run's own."""
-    from .build import local_resources
-    from .local_ray import cluster_address
     from .lock import RunLock, create_run_dir, new_run_path
     from .paths import run_dir_message
-    from .placement import placement_for
 
     t0 = time.perf_counter() if started_at is None else started_at
     if run_dir is None:
         run_dir = new_run_path(cfg)
-    prepared = prepare(cfg)
-    if cfg.runtime.executor == "serial" or not cluster_address(cfg.runtime.address):
-        placement_for(cfg, *local_resources(cfg))  # this machine cannot hold it: fail before any file
+    # fails before any file is written, also where this machine cannot hold the run
+    prepared = prepare(cfg, placement=session.planned if session is not None else None)
     create_run_dir(run_dir)
     with _in(session) as s, RunLock(run_dir):
         prepared.cfg.run_id = run_dir.name

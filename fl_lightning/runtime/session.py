@@ -112,22 +112,27 @@ class Session:
             if not self.keep_ray:
                 self.close()
 
-    def placement(self, cfg: RootConfig) -> Placement:
+    def placement(self, cfg: RootConfig, local: Placement | None = None) -> Placement:
         """Where run `cfg`'s clients run, decided once per run: `early_start`'s (it made the
-        workers for it), else from this machine's resources (`runtime=serial`) or from the
-        resources of the Ray the run uses (started or joined here, unless Ray is up)."""
+        workers for it), else `local`, the one `prepare` decided on this machine's resources,
+        wherever the run uses those (`runtime=serial`, a Ray with the same resources: one
+        started here); on another Ray (a cluster joined, a Ray up before with other resources),
+        from that Ray's resources, known only now."""
         if self.planned is not None:
             return self.planned
-        from .build import local_resources
-
         rt = cfg.runtime
         if rt.executor == "serial":
+            if local is not None:
+                return local
+            from .build import local_resources
+
             return placement_for(cfg, *local_resources(cfg))
         self.connect(rt.address, rt.num_cpus, rt.num_gpus)
         import ray
 
         res = ray.cluster_resources()
-        return placement_for(cfg, res.get("CPU", 1.0), res.get("GPU", 0.0))
+        on = (float(res.get("CPU", 1.0)), float(res.get("GPU", 0.0)))
+        return local if local is not None and local.resources == on else placement_for(cfg, *on)
 
     def workers(
         self, p: Prepared, restore: Callable[[list[ClientId]], Iterable[tuple[ClientId, ClientState]]]
@@ -139,7 +144,7 @@ class Session:
             from .executor import SerialExecutor
             from .host import ClientHost
 
-            placement = self.placement(cfg)
+            placement = self.placement(cfg, p.placement)
             train, test = dict(enumerate(p.split.train)), dict(enumerate(p.split.test))
             return Workers(
                 SerialExecutor(ClientHost(placement.place(p.spec), p.dataset, train, test)), placement
@@ -148,7 +153,7 @@ class Session:
         from .ray_executor import RayExecutor
 
         try:
-            placement = self.placement(cfg)
+            placement = self.placement(cfg, p.placement)
             ex = RayExecutor(
                 p.spec, p.dataset, p.split.train, p.split.test, placement, cfg.fl.max_client_failures,
                 restore=restore, source=self.source,

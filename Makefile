@@ -46,14 +46,17 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy fl_lightning
 
-# Two pytest workers (`TEST_WORKERS=0`: one process): most tests are small serial runs that keep
-# one core busy, so two of them at a time use a 2-core machine's second core. `worksteal`: a worker
-# that runs out takes half of the other's queue, so neither ends long after the other
+# Three pytest workers (`TEST_WORKERS=0`: one process) on a 2-core machine: with two, the cores
+# were idle a quarter of the suite while tests wait on Ray's start-up, subprocesses and killed
+# runs; a third fills those waits (a fresh clone with nothing else running: pytest 842 s with
+# three; 1,115 s with two a few commits before, which also ran the defaults grid's Dirichlet
+# column, ~100 s of it). Each worker's torch runs one thread (tests/conftest.py). `worksteal`: a worker
+# that runs out takes half of another's queue, so none ends long after the others
 # (tests/conftest.py orders the suite: unit lane, long tests, the rest).
 # `make lint` in full, with mypy (~40 s on one core) beside the suite rather than before it: niced,
 # it runs in the gaps the suite leaves while tests wait on Ray and subprocesses. Its report comes
 # after the suite's; either failing fails `make test`.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: venv data
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -7,6 +7,7 @@ loopback, real W&B offline files and the real dataset (small subsets for speed).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ install()
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     import torch
 
-    torch.set_num_threads(1)  # one core per pytest worker: two workers on 2 cores, not 4 threads
+    torch.set_num_threads(1)  # one thread per pytest worker: three workers on 2 cores, not 6 threads
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach W&B's servers
 os.environ.setdefault("WANDB_SILENT", "true")
 
@@ -66,6 +67,25 @@ def ray_session():
     yield ray
     if conn is not None:
         conn.shutdown()
+
+
+def once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder `name`, filled by `build` once for the whole suite: `make test`'s workers
+    share one (the first builds it under a file lock, the others wait for it), where a
+    module-scoped fixture would be built again by every worker that runs one of its tests
+    (the 200-client runs: ~75 s each time). For what its tests only read."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the workers' common folder
+    folder, done = base / name, base / f"{name}.done"
+    with FileLock(str(base / f"{name}.lock")):
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            build(folder)
+            done.touch()
+    return folder
 
 
 #: fixtures that make a test more than a unit test: the data set, a Ray, files on disk

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from fl_lightning.server_steps.prompt_tuning import LN_100, prototype_infonce
 from fl_lightning.testing import check
 from fl_lightning.testing import manual_fit as kit_manual_fit
 
+from .conftest import once
 from .test_methods import EPS32, match, twin
 
 LR, MOM, BS, LAM = 0.01, 0.9, 16, 7.0
@@ -308,13 +310,17 @@ def _records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def serial_run(tmp_path_factory, data_root):
-    out = tmp_path_factory.mktemp("fedtsp_runs")
+def _serial_run(out: Path) -> None:
     code = main(
         ["run", *ARGS, "runtime=serial", "fl.rounds=2", f"output_dir={out}", "run_id=serial", "--quiet"]
     )
-    return code, out / "default" / "serial"
+    (out / "exit_code").write_text(str(code))
+
+
+@pytest.fixture(scope="module")
+def serial_run(tmp_path_factory, data_root):
+    out = once(tmp_path_factory, "fedtsp_runs", _serial_run)
+    return int((out / "exit_code").read_text()), out / "default" / "serial"
 
 
 def test_cli_run_writes_personalised_metrics(serial_run):

@@ -19,6 +19,7 @@ import pytest
 from fl_lightning.core.params import nbytes
 from fl_lightning.models import build_model
 
+from .conftest import once
 from .run_files import assert_same_run
 
 pytestmark = pytest.mark.slow
@@ -79,14 +80,14 @@ def _records(run_dir: Path) -> list[dict]:
     ]
 
 
+def _build_runs(out: Path) -> None:
+    _finish(_run(_args(out, 20), "ray20"))
+    _finish(_run(_args(out, 200), "ray200"))
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, data_root):
-    out = tmp_path_factory.mktemp("resident")
-    small, big = _run(_args(out, 20), "ray20"), None
-    _finish(small)
-    big = _run(_args(out, 200), "ray200")
-    _finish(big)
-    return out / "default"
+    return once(tmp_path_factory, "resident", _build_runs) / "default"
 
 
 def test_driver_memory_stays_flat_from_20_to_200_clients(runs):

@@ -38,9 +38,17 @@ SHAPES: dict[str, tuple[int, int, int]] = {
     # issue 37's 20 classes: the 8,000 client images (the held-out part is not trained on), and
     # as frozen EfficientNet-Lite0 features, [1280, 1, 1] a sample
     "fmnist_digits20": (1, 28, 8000), "fmnist_digits20_eff": (1280, 1, 8000),
+    "fmnist_digits20_mosaic": (1, 56, 3000),  # its themed mosaics (E4)
 }  # fmt: skip
 #: class counts of the datasets whose names are known only once loaded
-CLASSES = {"cifar100": 100, "cifar100_lt": 100, "flair": 17, "voc2007": 20, "coco": 80}
+CLASSES = {
+    "cifar100": 100,
+    "cifar100_lt": 100,
+    "flair": 17,
+    "voc2007": 20,
+    "coco": 80,
+    "fmnist_digits20_mosaic": 20,
+}
 STEPS_TIMED = 3
 REPEATS = 3
 

@@ -27,6 +27,7 @@ from torchmetrics.classification import (
     MultilabelRecall,
     MultilabelStatScores,
 )
+from torchmetrics.functional.classification import binary_average_precision
 
 from .errors import ConfigError
 
@@ -121,6 +122,34 @@ def within_group_errors(confusion: torch.Tensor, groups: Sequence[int]) -> dict[
     if total == 0:
         return {"within_group_errors_chance": chance}
     return {"within_group_errors": float(errors[same].sum()) / total, "within_group_errors_chance": chance}
+
+
+def blanked_ap(
+    scores: torch.Tensor,
+    target: torch.Tensor,
+    blank: torch.Tensor,
+    groups: Sequence[int] | None = None,
+    group_names: Sequence[str] = (),
+) -> dict[str, float]:
+    """The AP on blanked labels (multi-label): for each label c, the AP of its scores over the
+    images where c is absent or blanked (its object cut out of the image, the label kept), the
+    blanked ones the positives; images where c is visible are left out. `blank_c_ap` is the
+    mean over the labels with a blanked positive, `blank_<group>_ap` the same within each
+    coarse group (`groups[c]` indexes `group_names`). A label is found there only from what
+    co-occurs with it in the image."""
+    scores = scores.detach().double().cpu()
+    squashed = 0.5 + 0.5 * (scores / (1.0 + scores.abs()))  # AP wants [0, 1]; order kept (TaskMetrics)
+    present, gone = target.cpu() > 0.5, blank.cpu().bool()
+    ap: dict[int, float] = {}
+    for c in torch.nonzero(gone.any(0)).flatten().tolist():
+        rows = ~present[:, c] | gone[:, c]
+        ap[c] = float(binary_average_precision(squashed[rows, c], gone[rows, c].long(), thresholds=None))
+    out = {"blank_c_ap": sum(ap.values()) / len(ap)} if ap else {}
+    for g, name in enumerate(group_names):
+        mine = [v for c, v in ap.items() if groups is not None and groups[c] == g]
+        if mine:
+            out[f"blank_{name}_ap"] = sum(mine) / len(mine)
+    return out
 
 
 def primary_metric(spec: EvalSpec) -> str:

@@ -56,6 +56,10 @@ class ArrayDataset:
     #: splits (`data.personal_shots`, `protocols.py`); None: none
     train_personal: np.ndarray | None = None
     standin: str = ""  # non-empty for an offline stand-in: what it stands in for
+    #: bool [N_test, num_classes], multi-label: the (image, label) pairs whose object is blanked
+    #: out of the image but still labelled (`themed_mosaics.py`); the global evaluation reads
+    #: out the AP on them (`core.metrics.blanked_ap`). None: none
+    test_blank: np.ndarray | None = None
 
     @property
     def num_classes(self) -> int:
@@ -93,7 +97,7 @@ class ArrayDataset:
         return replace(
             self,
             train_x=self.train_x[:train], train_y=self.train_y[:train],
-            test_x=self.test_x[:test], test_y=self.test_y[:test],
+            test_x=self.test_x[:test], test_y=self.test_y[:test], test_blank=cut(self.test_blank, test),
             train_domains=cut(self.train_domains, train), test_domains=cut(self.test_domains, test),
             train_groups=cut(self.train_groups, train), train_personal=cut(self.train_personal, train),
         )  # fmt: skip

@@ -17,8 +17,10 @@ import torch
 from ...core.centralized import torch_threads
 from ...core.files import open_new
 from ...core.messages import ClientUpdate, RoundPlan, ServerState
+from ...core.metrics import blanked_ap
 from ...core.objective import evaluate
 from ...core.types import ClientId
+from ...data.fmnist_digits20 import COARSE, COARSE_GROUPS
 from ..build import Prepared
 from ..executor import Executor
 from ..record import RoundRecord, client_metrics, majority_accuracies
@@ -108,6 +110,12 @@ class GlobalEval:
         self.device = driver_device(str(ev.device))
         self.test = p.dataset.tensors(p.dataset.test_x, p.dataset.test_y)
         self.test_features: torch.Tensor | None = None  # a frozen image tower's, once (`_inputs`)
+        #: the test set's blanked (image, label) pairs (`ArrayDataset.test_blank`), and the coarse
+        #: groups their AP is split by
+        blank = p.dataset.test_blank
+        self.blank = torch.from_numpy(np.asarray(blank, dtype=bool)) if blank is not None else None
+        groups = COARSE_GROUPS.get(p.cfg.data.name)
+        self.blank_groups = (groups, COARSE) if groups is not None else (None, ())
         self.pool = (
             ThreadPoolExecutor(
                 1, thread_name_prefix="fl-eval", initializer=torch.set_num_threads, initargs=(EVAL_THREADS,)
@@ -134,7 +142,7 @@ class GlobalEval:
 
         def job() -> EvalResult:
             t = time.perf_counter()
-            scores: list[torch.Tensor] | None = [] if keep else None
+            scores: list[torch.Tensor] | None = [] if keep or self.blank is not None else None
             out = evaluate(
                 obj,
                 self._inputs(obj),
@@ -143,7 +151,9 @@ class GlobalEval:
                 batch_size=self.batch_size,
                 scores_out=scores,
             )
-            if scores:
+            if scores and self.blank is not None:  # the AP on labels whose object was cut out
+                out.update(blanked_ap(torch.cat(scores), self.test[1], self.blank, *self.blank_groups))
+            if scores and keep:
                 self._save_predictions(torch.cat(scores), rnd)
             end = time.perf_counter()
             return out, end - t, end

@@ -941,7 +941,13 @@ def test_a_second_ctrl_c_on_the_way_out_still_leaves_a_summary(tmp_path, data_ro
         period = seen[2] - seen[1]
         time.sleep(period / 2)  # mid-evaluation, the next round's little training long done
         proc.send_signal(signal.SIGINT)
-        time.sleep(min(0.3, period / 5))
+        # the second once the first has been handled (summary.json there: under load that took
+        # longer than the 0.3 s this waited before), while the way out still waits for the
+        # evaluation (~period / 2 of it left); summary.json written only after that wait, it
+        # comes mid-wait and takes the summary with it
+        second = time.monotonic() + period / 4
+        while not (run_dir / "summary.json").exists() and time.monotonic() < second:
+            time.sleep(0.005)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=300)
     finally:

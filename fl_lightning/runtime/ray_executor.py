@@ -31,6 +31,7 @@ from ..core.types import ClientId, ClientState
 from ..data.registry import ArrayDataset
 from .host import ClientSpec
 from .placement import Placement
+from .signals import held
 from .workers import Idle, WorkerSource, new_worker
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,11 @@ class RayExecutor:
         self.actors: list[Any] = []
         try:
             for a in range(placement.num_actors):
-                self.actors.append(self._start(a, handles[a] if a < len(handles) else None))
+                # held: a signal between a worker's creation and its place in `actors` would
+                # leave it out of the clean-up below, alive (and its CPUs taken) until the
+                # traceback that holds its handle is collected; held, it raises once it is in
+                with held():
+                    self.actors.append(self._start(a, handles[a] if a < len(handles) else None))
         except BaseException:  # Ctrl-C, SIGTERM: what started ends with the run (a shared Ray stays up)
             Idle([*self.actors, *handles[len(self.actors) :]], self.pg).end()
             raise

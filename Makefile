@@ -48,9 +48,9 @@ lint: venv
 
 # Three pytest workers (`TEST_WORKERS=0`: one process) on a 2-core machine: with two, the cores
 # were idle a quarter of the suite while tests wait on Ray's start-up, subprocesses and killed
-# runs; a third fills those waits (a fresh clone with nothing else running: pytest 842 s with
-# three; 1,115 s with two a few commits before, which also ran the defaults grid's Dirichlet
-# column, ~100 s of it). Each worker's torch runs one thread (tests/conftest.py). `worksteal`: a worker
+# runs; a third fills those waits (fresh clones with nothing else running: pytest 842 s and
+# 1,052 s with three, 1,115 s with two a few commits before, which also ran the defaults grid's
+# Dirichlet column, ~100 s of it). Each worker's torch runs one thread (tests/conftest.py). `worksteal`: a worker
 # that runs out takes half of another's queue, so none ends long after the others
 # (tests/conftest.py orders the suite: unit lane, long tests, the rest).
 # `make lint` in full, with mypy (~40 s on one core) beside the suite rather than before it: niced,

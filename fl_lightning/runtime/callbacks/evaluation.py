@@ -110,10 +110,11 @@ class GlobalEval:
         self.device = driver_device(str(ev.device))
         self.test = p.dataset.tensors(p.dataset.test_x, p.dataset.test_y)
         self.test_features: torch.Tensor | None = None  # a frozen image tower's, once (`_inputs`)
-        #: the test set's blanked (image, label) pairs (`ArrayDataset.test_blank`), and the coarse
-        #: groups their AP is split by
+        #: the test set's blanked (image, label) pairs (`ArrayDataset.test_blank`; none where a
+        #: protocol changed the test set's rows), and the coarse groups their AP is split by
         blank = p.dataset.test_blank
-        self.blank = torch.from_numpy(np.asarray(blank, dtype=bool)) if blank is not None else None
+        rows = blank is not None and len(blank) == len(p.dataset.test_y)
+        self.blank = torch.from_numpy(np.asarray(blank, dtype=bool)) if rows else None
         groups = COARSE_GROUPS.get(p.cfg.data.name)
         self.blank_groups = (groups, COARSE) if groups is not None else (None, ())
         self.pool = (

@@ -46,17 +46,17 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy fl_lightning
 
-# Three pytest workers (`TEST_WORKERS=0`: one process) on a 2-core machine: with two, the cores
-# were idle a quarter of the suite while tests wait on Ray's start-up, subprocesses and killed
-# runs; a third fills those waits (fresh clones with nothing else running: pytest 842 s and
-# 1,052 s with three, 1,115 s with two a few commits before, which also ran the defaults grid's
-# Dirichlet column, ~100 s of it). Each worker's torch runs one thread (tests/conftest.py). `worksteal`: a worker
-# that runs out takes half of another's queue, so none ends long after the others
-# (tests/conftest.py orders the suite: unit lane, long tests, the rest).
+# Two pytest workers (`TEST_WORKERS=0`: one process): most tests are small serial runs that keep
+# one core busy, so two of them at a time use a 2-core machine's second core; each worker's torch
+# runs one thread (tests/conftest.py). Three were faster in fresh clones (pytest 842 s and 1,052 s
+# against ~1,115 s), but at their load test_reliability's second-Ctrl-C test failed in 2 of 5
+# fresh-clone runs (no summary.json after the second signal): two until that is robust.
+# `worksteal`: a worker that runs out takes half of another's queue, so none ends long after
+# the others (tests/conftest.py orders the suite: unit lane, long tests, the rest).
 # `make lint` in full, with mypy (~40 s on one core) beside the suite rather than before it: niced,
 # it runs in the gaps the suite leaves while tests wait on Ray and subprocesses. Its report comes
 # after the suite's; either failing fails `make test`.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 test: venv data
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

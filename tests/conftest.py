@@ -18,7 +18,7 @@ install()
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     import torch
 
-    torch.set_num_threads(1)  # one thread per pytest worker: three workers on 2 cores, not 6 threads
+    torch.set_num_threads(1)  # one thread per pytest worker: two workers on 2 cores, not 4 threads
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach W&B's servers
 os.environ.setdefault("WANDB_SILENT", "true")
 

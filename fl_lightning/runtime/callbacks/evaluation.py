@@ -152,10 +152,11 @@ class GlobalEval:
                 batch_size=self.batch_size,
                 scores_out=scores,
             )
-            if scores and self.blank is not None:  # the AP on labels whose object was cut out
-                out.update(blanked_ap(torch.cat(scores), self.test[1], self.blank, *self.blank_groups))
-            if scores and keep:
-                self._save_predictions(torch.cat(scores), rnd)
+            every = torch.cat(scores) if scores else None  # the main head's, in test-set order
+            if every is not None and self.blank is not None:  # the AP on labels whose object was cut out
+                out.update(blanked_ap(every, self.test[1], self.blank, *self.blank_groups))
+            if every is not None and keep:
+                self._save_predictions(every, rnd)
             end = time.perf_counter()
             return out, end - t, end
 

@@ -35,7 +35,7 @@ from ..data.stats import save_partition_plot
 from ..models import build_client_model
 from ..models.weights import keep_weights, kept_weights
 from ..tracking.chance import chance_level
-from . import checkpoint, outcome
+from . import checkpoint, outcome, signals
 from .build import Prepared, prepare
 from .callbacks import (
     Callback,
@@ -187,8 +187,9 @@ class Run:
         except BaseException as e:  # Ray did not start, Ctrl-C or SIGTERM while its workers start:
             # summary.json says why, as for any run that stops
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
-            stopped = self._summary(writer, client_eval, None, status, outcome.reason(e))
-            writer.write_summary(stopped, failing=True)
+            with signals.held():
+                stopped = self._summary(writer, client_eval, None, status, outcome.reason(e))
+                writer.write_summary(stopped, failing=True)
             raise
         self._record_choices(workers.placement)
         progress = Progress(cfg.fl.rounds, state.round, self.console, p.strategy.primary_metric())
@@ -219,17 +220,13 @@ class Run:
             callbacks.on_exception(e)
             raise
         finally:
-            # summary.json first: a second Ctrl-C during the teardown below (the overlapped
-            # evaluation's thread, Ray's shutdown: seconds) must not leave the run without one
             try:
-                summary = self._summary(writer, client_eval, workers, status, error)
-            except Exception as e:  # a failing run's summary names its own error, never this one
-                if error is None:
-                    raise
-                log.warning("summary.json of the failed run keeps to its error (%s)", outcome.reason(e))
-                summary = self._bare_summary(status, error)
-            try:
-                writer.write_summary(summary, failing=error is not None)
+                # summary.json first, whole: a second Ctrl-C while it is made waits for it (a third
+                # does not), and one during the teardown below (the overlapped evaluation's
+                # thread, Ray's shutdown: seconds) finds it written
+                with signals.held():
+                    summary = self._way_out_summary(writer, client_eval, workers, status, error)
+                    writer.write_summary(summary, failing=error is not None)
                 global_eval.close()
                 callbacks.on_run_end(status, summary)
             finally:  # the run's workers end (or stay warm) whatever happened on the way out
@@ -276,6 +273,18 @@ class Run:
             0 if workers is None else workers.reused, 0 if workers is None else workers.prestarted,
             self.startup_s, client_eval.sampled_clients(), self._summary_extra(client_eval), error, chance,
         )  # fmt: skip
+
+    def _way_out_summary(
+        self, writer: MetricsWriter, client_eval: ClientEval, workers: Workers, status: str, error: str | None
+    ) -> dict[str, Any]:
+        """The run's summary as it ends; a failing run's names its own error, never one of making it."""
+        try:
+            return self._summary(writer, client_eval, workers, status, error)
+        except Exception as e:
+            if error is None:
+                raise
+            log.warning("summary.json of the failed run keeps to its error (%s)", outcome.reason(e))
+            return self._bare_summary(status, error)
 
     def _bare_summary(self, status: str, error: str) -> dict[str, Any]:
         """What any summary.json holds, for a failing run whose full summary cannot be made."""

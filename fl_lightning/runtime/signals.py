@@ -49,8 +49,12 @@ def terminated() -> bool:
 
 
 def stop_signal() -> signal.Signals | None:
-    """The signal that stopped this process through our handler (SIGTERM, SIGHUP), if one did."""
+    """The signal that stopped this process through our handler (SIGTERM, SIGHUP), if one did;
+    inside a `held` block too (the way out writes summary.json in one: its `error` names the signal)."""
     handler = our_handler()
+    held_over = signal.getsignal(signal.SIGTERM)
+    if handler is None and isinstance(held_over, _Hold):
+        handler = held_over.sigterm
     return None if handler is None or handler.fired is None else signal.Signals(handler.fired)
 
 
@@ -89,14 +93,8 @@ def held() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    got: list[int] = []
     sigterm = our_handler()
-
-    def hold(signum: int, frame: FrameType | None) -> None:
-        if got:
-            _raise(signum, sigterm)
-        got.append(signum)
-
+    hold = _Hold(sigterm)
     previous = {}
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, hold)
@@ -109,8 +107,21 @@ def held() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if got:
-        _raise(next((s for s in got if s != signal.SIGINT), got[0]), sigterm)
+    if hold.got:
+        _raise(next((s for s in hold.got if s != signal.SIGINT), hold.got[0]), sigterm)
+
+
+class _Hold:
+    """`held`'s handler: the first signal waits for the block's end, a second raises at once.
+    It knows the handler it stands in for (`stop_signal` looks through it)."""
+
+    def __init__(self, sigterm: _Terminator | None) -> None:
+        self.sigterm, self.got = sigterm, list[int]()
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.got:
+            _raise(signum, self.sigterm)
+        self.got.append(signum)
 
 
 def _raise(signum: int, sigterm: _Terminator | None) -> None:

@@ -65,8 +65,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "suite_cpu_plugin.py").write_text(PLUGIN)
         lines = Path(tmp) / "tests.jsonl"
-        env = {**os.environ, "SUITE_CPU_CGROUP": str(group), "SUITE_CPU_OUT": str(lines),
-               "PYTHONPATH": os.pathsep.join([tmp, str(REPO), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+        # no empty entry (the working directory: the suite's tests that plant a module there to
+        # check that no child imports it would fail, as they did)
+        path = os.pathsep.join(filter(None, [tmp, str(REPO), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "SUITE_CPU_CGROUP": str(group), "SUITE_CPU_OUT": str(lines), "PYTHONPATH": path}
         t0 = time.time()
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "suite_cpu_plugin", "-p", "no:cacheprovider"]
         rc = subprocess.run([*cmd, *args.pytest_args], cwd=REPO, env=env).returncode

@@ -39,7 +39,7 @@ SMALL = [
 
 @pytest.fixture(scope="session")
 def data_root() -> str:
-    root = compose([]).data.root
+    root = str(Path(compose([]).data.root).expanduser())  # `~/...` without FL_LIGHTNING_DATA (make sets it)
     if not fmnist_present(root):
         fetch_fmnist(root)  # idempotent: the README commands normally did this already
     return root

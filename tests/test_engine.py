@@ -58,28 +58,47 @@ def test_issue_example_learns_well_above_chance(tmp_path, data_root):
 def test_serial_and_ray_give_identical_metrics(tmp_path, data_root, ray_session, monkeypatch):
     """Same config and seed, both executors (Ray with per-client actors and with a pool; the
     pool's actor gets one client at a time, so its next ones are submitted as each returns),
-    with training-time augmentation on (its draws seeded from seed, round, client and step)."""
+    with training-time augmentation on (its draws seeded from seed, round, client and step)
+    and client test splits (personalised client_* metrics, computed on the workers). The pool
+    run goes through the CLI, with `runtime.early_start` (its default): it creates the run's
+    worker before the driver has prepared anything and the run takes it; the same numbers as
+    the runs without it (`start_run` does not start early)."""
+    from fl_lightning.cli.main import main
     from fl_lightning.runtime import ray_executor
 
-    # 3 clients: one actor each, then all three in one pooled actor (actors are the cost here)
-    args = small(tmp_path, "fl.rounds=2", "fl.num_clients=3", "runtime.threads_per_client=1",
-                 "data.train_subset=600", "data.augment=[random_crop,hflip,rotate]")  # fmt: skip
+    # 2 clients: one actor each, then both in one pooled actor (actors are the cost here)
+    args = small(tmp_path, "fl.rounds=2", "fl.num_clients=2", "runtime.threads_per_client=1",
+                 "data.train_subset=600", "data.augment=[random_crop,hflip,rotate]",
+                 "data.client_test_fraction=0.25")  # fmt: skip
     serial, sdir = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False)
     ray_pc, pdir = start_run(
         compose([*args, "runtime=ray", "runtime.placement=per_client", "run_id=per_client"]), console=False
     )
-    monkeypatch.setattr(ray_executor, "_WINDOW", 1)
-    ray_pool, odir = start_run(
-        compose([*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=1", "run_id=pool"]),
-        console=False,
-    )
-    assert ray_pc["num_actors"] == 3 and ray_pool["num_actors"] == 1
-    assert "num_actors: 3" in (pdir / "config.yaml").read_text()  # what ran, not null
-    keys = ("accuracy", "loss", "train_loss", "bytes_up")
+    monkeypatch.setattr(ray_executor, "_WINDOW", 1)  # in this process: `main` runs here
+    pool = ["runtime=ray", "runtime.placement=pool", "runtime.num_actors=1", "run_id=pool"]
+    assert main(["run", *args, *pool, "--quiet"]) == 0
+    odir = tmp_path / "default" / "pool"
+    ray_pool = json.loads((odir / "summary.json").read_text())
+    assert ray_pc["num_actors"] == 2 and ray_pool["num_actors"] == 1
+    assert "num_actors: 2" in (pdir / "config.yaml").read_text()  # what ran, not null
+    assert ray_pool["actors_prestarted"] == 1 and ray_pool["actors_reused"] == 0
+    assert ray_pc["actors_prestarted"] == 0
+    keys = ("accuracy", "loss", "train_loss", "bytes_up", "client_accuracy", "client_loss")
     expect = [[r[k] for k in keys] for r in _records(sdir)]
     assert expect == [[r[k] for k in keys] for r in _records(pdir)]
     assert expect == [[r[k] for k in keys] for r in _records(odir)]
     assert serial["final_accuracy"] == ray_pc["final_accuracy"] == ray_pool["final_accuracy"]
+    # the personalised metrics (one client per actor: each evaluated on its own test split)
+    last = _records(pdir)[-1]
+    for k in ("client_accuracy", "client_accuracy_mean", "client_accuracy_std", "client_accuracy_worst10"):
+        assert 0.0 <= last[k] <= 1.0
+    assert last["client_accuracy_worst10"] <= last["client_accuracy_mean"]
+    assert ray_pc["final_client_accuracy"] == last["client_accuracy"]
+    stats = json.loads((pdir / "partition.json").read_text())
+    assert sum(stats["train_sizes"]) + sum(stats["test_sizes"]) == 600
+    alive = [a for a in ray_session._private.state.actors().values()  # GCS's table: no dashboard
+             if a["State"] == "ALIVE" and "ClientActor" in a["ActorClassName"]]  # fmt: skip
+    assert alive == []  # every early worker was taken (and ended with its run) or ended
 
 
 def test_local_ray_stays_on_loopback(ray_session):
@@ -93,18 +112,6 @@ def test_local_ray_stays_on_loopback(ray_session):
         return ray.util.get_node_ip_address()
 
     assert ray.get(where.remote()) == "127.0.0.1"
-
-
-def test_client_test_splits_give_personalised_metrics(tmp_path, data_root, ray_session):
-    cfg = compose(small(tmp_path, "data.client_test_fraction=0.25", "runtime=ray", "fl.num_clients=2"))
-    summary, run_dir = start_run(cfg, console=False)
-    last = _records(run_dir)[-1]
-    for k in ("client_accuracy", "client_accuracy_mean", "client_accuracy_std", "client_accuracy_worst10"):
-        assert 0.0 <= last[k] <= 1.0
-    assert last["client_accuracy_worst10"] <= last["client_accuracy_mean"]
-    assert summary["final_client_accuracy"] == last["client_accuracy"]
-    stats = json.loads((run_dir / "partition.json").read_text())
-    assert sum(stats["train_sizes"]) + sum(stats["test_sizes"]) == 2000
 
 
 def test_wandb_offline_run_holds_config_rounds_and_summary(tmp_path, data_root):
@@ -234,24 +241,3 @@ def test_client_evaluation_on_a_fixed_sample_of_clients(tmp_path, data_root, cap
     assert main(["run", *args, "eval.clients_sample=7"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "eval.clients_sample must be in [1, fl.num_clients=6]" in err
-
-
-@pytest.mark.slow
-def test_cli_ray_run_starts_its_workers_while_the_driver_imports(tmp_path, data_root, ray_session):
-    """`runtime.early_start` (default): the CLI creates the run's workers before the driver
-    has prepared anything and the run takes them; the same numbers as without it."""
-    from fl_lightning.cli.main import main
-
-    args = small(tmp_path, "runtime=ray", "fl.num_clients=3", "runtime.threads_per_client=1")
-    assert main(["run", *args, "run_id=early", "--quiet"]) == 0
-    assert main(["run", *args, "runtime.early_start=false", "run_id=late", "--quiet"]) == 0
-    sums = {r: json.loads((tmp_path / "default" / r / "summary.json").read_text()) for r in ("early", "late")}
-    assert sums["early"]["actors_prestarted"] == sums["early"]["num_actors"] >= 1
-    assert sums["late"]["actors_prestarted"] == 0 and sums["early"]["actors_reused"] == 0
-    keys = ("accuracy", "loss", "train_loss", "bytes_up")
-    assert [[r[k] for k in keys] for r in _records(tmp_path / "default" / "early")] == [
-        [r[k] for k in keys] for r in _records(tmp_path / "default" / "late")
-    ]
-    alive = [a for a in ray_session._private.state.actors().values()  # GCS's table: no dashboard
-             if a["State"] == "ALIVE" and "ClientActor" in a["ActorClassName"]]  # fmt: skip
-    assert alive == []  # every early worker was taken (and ended with its run) or ended

@@ -149,12 +149,46 @@ def test_the_loss_is_bce_summed_over_the_unknown_labels_only():
 
 
 # --- whole runs -----------------------------------------------------------------------------
-def test_fedlgt_on_local_ray_logs_multilabel_metrics_that_sklearn_recomputes(
+@pytest.mark.slow
+def test_fedlgt_runs_fedctran_bit_for_bit_ca_mle_eps_0_and_multilabel_metrics_on_ray(
     tmp_path, data_root, ray_session
 ):
-    cfg = compose(small(tmp_path, *ML, "method=fedlgt", "runtime=ray", "eval.save_predictions=true"))
+    """Four small runs, each doing double duty. (1) FedC-Tran is FedLGT with learned label
+    embeddings and CA-MLE off, bit for bit (lines and checkpoint); (2) CA-MLE with epsilon 0
+    equals CA-MLE off (it hides nothing); (3) FedLGT's label embeddings are never sent: its
+    bytes each way are FedC-Tran's less the label table; (4) FedLGT on local Ray (one pooled
+    worker) logs multilabel metrics that scikit-learn recomputes from the saved predictions."""
+
+    def run(name: str, *extra: str) -> tuple[list[dict], Path]:
+        cfg = compose(small(tmp_path, *ML, "runtime=serial", f"run_id={name}", *extra))
+        return _records(start_run(cfg, console=False)[1]), tmp_path / "default" / name
+
+    def same(r: dict) -> dict:
+        return {k: v for k, v in r.items() if "time" not in k and not k.startswith("driver_")}
+
+    ctran, ctran_dir = run("ctran", "method=fedctran")
+    learned = ("method=fedlgt", "method.label_embedding=learned")
+    off, off_dir = run("learned", *learned, "method.ca_mle=false")
+    eps0, _ = run("eps0", *learned, "method.epsilon=0")
+    assert [same(r) for r in eps0] == [same(r) for r in off]  # (2)
+    assert [same(r) for r in ctran] == [same(r) for r in off]  # (1)
+    a = torch.load(sorted((ctran_dir / "checkpoints").glob("round-*.pt"))[-1], weights_only=True)
+    b = torch.load(sorted((off_dir / "checkpoints").glob("round-*.pt"))[-1], weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    cfg = compose(small(tmp_path, *ML, "method=fedlgt", "runtime=ray", "runtime.num_actors=1",
+                        "eval.save_predictions=true", "run_id=lgt"))  # fmt: skip
     summary, run_dir = start_run(cfg, console=False)
     recs = _records(run_dir)
+    assert summary["executor"] == "ray" and summary["num_actors"] == 1
+    # (3) FedLGT sends everything FedC-Tran sends but the label embeddings: 10 labels, 384-d
+    # float32 (model.d_model null: both take MiniLM's width); FedC-Tran's state embeddings are
+    # frozen text features as in the authors' code, sent by neither
+    per_client = 10 * 384 * 4
+    for c, g in zip(ctran, recs, strict=True):
+        assert c["bytes_up"] - g["bytes_up"] == c["clients"] * per_client
+        assert c["bytes_down"] - g["bytes_down"] == c["clients"] * per_client
+    # (4)
     assert [r["round"] for r in recs] == [1, 2]
     for r in recs:
         assert all(math.isfinite(r[k]) for k in ("c_ap", "o_ap", "c_f1", "o_f1", "c_p", "c_r", "o_p", "o_r"))
@@ -176,33 +210,6 @@ def test_fedlgt_on_local_ray_logs_multilabel_metrics_that_sklearn_recomputes(
     }
     for k, v in want.items():
         assert last[k] == pytest.approx(v, abs=1e-6), k
-
-
-def test_label_embeddings_are_never_sent_and_fedctran_is_fedlgt_learned_bit_for_bit(tmp_path, data_root):
-    def run(name: str, *extra: str) -> tuple[list[dict], Path]:
-        cfg = compose(small(tmp_path, *ML, "runtime=serial", f"run_id={name}", *extra))
-        return _records(start_run(cfg, console=False)[1]), tmp_path / "default" / name
-
-    ctran, ctran_dir = run("ctran", "method=fedctran")
-    learned, learned_dir = run(
-        "learned", "method=fedlgt", "method.label_embedding=learned", "method.ca_mle=false"
-    )
-    lgt, _ = run("lgt", "method=fedlgt")
-
-    def same(r: dict) -> dict:
-        return {k: v for k, v in r.items() if "time" not in k and not k.startswith("driver_")}
-
-    assert [same(r) for r in ctran] == [same(r) for r in learned]
-    a = torch.load(sorted((ctran_dir / "checkpoints").glob("round-*.pt"))[-1], weights_only=True)
-    b = torch.load(sorted((learned_dir / "checkpoints").glob("round-*.pt"))[-1], weights_only=True)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    # FedLGT sends everything FedC-Tran sends but the label embeddings: 10 labels, 384-d float32
-    # (model.d_model null: both take MiniLM's width); FedC-Tran's state embeddings are frozen text
-    # features as in the authors' code, sent by neither
-    per_client = 10 * 384 * 4
-    for c, g in zip(ctran, lgt, strict=True):
-        assert c["bytes_up"] - g["bytes_up"] == c["clients"] * per_client
-        assert c["bytes_down"] - g["bytes_down"] == c["clients"] * per_client
 
 
 @pytest.mark.parametrize(
@@ -239,15 +246,6 @@ def test_which_embedding_tables_are_learned_and_sent(
         torch.testing.assert_close(model.state_emb @ model.state_emb.T, torch.eye(2), atol=1e-5, rtol=0)
     elif not state_learned and "frozen_random" not in extra[-1]:  # the text features of the state words
         assert torch.equal(model.state_emb, words.float())
-
-
-def test_ca_mle_with_epsilon_0_equals_ca_mle_off(tmp_path, data_root):
-    def run(name: str, *extra: str) -> list[dict]:
-        cfg = compose(small(tmp_path, *ML, "runtime=serial", "method=fedlgt", f"run_id={name}", *extra))
-        recs = _records(start_run(cfg, console=False)[1])
-        return [{k: v for k, v in r.items() if "time" not in k and not k.startswith("driver_")} for r in recs]
-
-    assert run("eps0", "method.epsilon=0") == run("off", "method.ca_mle=false")
 
 
 @pytest.mark.parametrize(

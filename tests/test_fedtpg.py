@@ -136,17 +136,18 @@ def test_fedtpg_base_new_resumes_exactly_and_ray_matches_serial(clip_file, tmp_p
             "data.base_new=true", "data.partition=class_blocks", "data.classes_per_client=2",
             "fl.num_clients=2", "fl.clients_per_round=1"]  # fmt: skip
     full, full_dir = start_run(
-        compose([*args, "runtime=serial", "fl.rounds=3", "run_id=full"]), console=False
+        compose([*args, "runtime=serial", "fl.rounds=2", "run_id=full"]), console=False
     )
     lines = _lines(full_dir)
-    assert full["rounds_completed"] == 3 and all(0 <= r["new_accuracy"] <= 1 for r in lines)
+    assert full["rounds_completed"] == 2 and all(0 <= r["new_accuracy"] <= 1 for r in lines)
     assert len({r["new_accuracy"] for r in lines}) > 1  # the unseen classes' prompts move with training
-    _, part_dir = start_run(compose([*args, "runtime=serial", "fl.rounds=2", "run_id=part"]), console=False)
-    assert main(["resume", str(part_dir), "fl.rounds=3", "--quiet"]) == 0
+    _, part_dir = start_run(compose([*args, "runtime=serial", "fl.rounds=1", "run_id=part"]), console=False)
+    assert main(["resume", str(part_dir), "fl.rounds=2", "--quiet"]) == 0
     keys = ("round", "train_loss", "accuracy", "base_accuracy", "new_accuracy", "base_new_hm", "bytes_up")
     assert [[r[k] for k in keys] for r in _lines(part_dir)] == [[r[k] for k in keys] for r in lines]
-    ray, ray_dir = start_run(compose([*args, "runtime=ray", "fl.rounds=1", "run_id=ray"]), console=False)
-    assert ray["executor"] == "ray"
+    ray_args = [*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=1", "fl.rounds=1"]
+    ray, ray_dir = start_run(compose([*ray_args, "run_id=ray"]), console=False)
+    assert ray["executor"] == "ray" and ray["num_actors"] == 1
     assert [[r[k] for k in keys] for r in _lines(ray_dir)] == [[r[k] for k in keys] for r in lines[:1]]
 
 

@@ -173,9 +173,7 @@ def _live_client_actors() -> int:
 def test_sequential_ray_sweep_sets_up_the_same_workers_again(tmp_path, capsys, ray_session):
     """Runs one after another share one Ray and the finished run's client workers (their
     process start and imports paid once); a reused worker leaves no trace in the numbers."""
-    # one pooled worker: what is reused is a worker, however many (actors are the cost here)
-    ray_tiny = [o for o in TINY if o != "runtime=serial"]
-    ray_tiny += ["runtime=ray", "fl.num_clients=4", "runtime.num_actors=1"]
+    ray_tiny = [o for o in TINY if o != "runtime=serial"] + ["runtime=ray", "fl.num_clients=4"]
     before = _live_client_actors()
     out = tmp_path / "runs"
     # seed 1 follows seed 0 on the same workers: MOON keeps per-client state there
@@ -183,8 +181,8 @@ def test_sequential_ray_sweep_sets_up_the_same_workers_again(tmp_path, capsys, r
                "experiment=warm", "--no-plots"])  # fmt: skip
     assert rc == 0, capsys.readouterr().out
     sums = {s["seed"]: s for s in _summaries(out / "warm")}
-    assert [sums[k]["actors_reused"] for k in (0, 1)] == [0, 1]
-    assert all(s["num_actors"] == 1 and s["startup_s"] > 0 for s in sums.values())
+    assert [sums[k]["actors_reused"] for k in (0, 1)] == [0, 2]
+    assert all(s["num_actors"] == 2 and s["startup_s"] > 0 for s in sums.values())
     assert _live_client_actors() == before  # the sweep ends its workers
 
     # the same run on fresh workers (no sweep): bit for bit the same numbers

@@ -176,8 +176,10 @@ def test_fedlgt_runs_fedctran_bit_for_bit_ca_mle_eps_0_and_multilabel_metrics_on
     b = torch.load(sorted((off_dir / "checkpoints").glob("round-*.pt"))[-1], weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
-    cfg = compose(small(tmp_path, *ML, "method=fedlgt", "runtime=ray", "runtime.num_actors=1",
-                        "eval.save_predictions=true", "run_id=lgt"))  # fmt: skip
+    # one pooled worker on one torch thread (2 threads spin on a busy machine: 3x the CPU)
+    one = ["runtime.num_actors=1", "runtime.threads_per_client=1"]
+    cfg = compose(small(tmp_path, *ML, "method=fedlgt", "runtime=ray", *one, "eval.save_predictions=true",
+                        "run_id=lgt"))  # fmt: skip
     summary, run_dir = start_run(cfg, console=False)
     recs = _records(run_dir)
     assert summary["executor"] == "ray" and summary["num_actors"] == 1

@@ -14,17 +14,18 @@ the cell's time. Too large rates diverge here as on 10 clients and 2,000 images:
 its lr and CLIP2FL at 30x in round 1, pFedMe at lr 1 and FedTSP at lr 5 by round 2 (FedTSP at
 2-class shards to a finite ~1e17, which the loss bound catches; `test_a_cell_tells_a_too_large_rate`).
 
-Only what a method needs to run at all is added to its defaults: each client's own test split
-(personal methods evaluate there), the multi-label variant of Fashion-MNIST for the
+Only what a method needs to run at all is added to its defaults: each client's own test
+split (personal methods evaluate there), the multi-label variant of Fashion-MNIST for the
 multi-label methods (which have no shards: a mosaic holds several classes), a server set for
-the distillation methods (100 images). For the suite's time, server-side procedures run fewer
-iterations at their default rates (distillation, feature matching, classifier re-training,
-prototype and prompt tuning; FedBE's ensemble samples 3 models, not 10), and CLIP2FL's
-teacher (built once, on held-out images) is a resnet8 at width 1: how long a server step runs
-is not what diverges a client. The client optimiser, local schedule and every rate are the
-defaults a user gets. CReFF and CLIP2FL (`MANY_STEPS`: 10 local epochs by default) train on a quarter of the images (~37 a client): each client still
-takes 4x the steps per round of a one-epoch method, and CReFF's 3x too large rate diverges
-in round 1 as with 150 (`test_a_cell_tells_a_too_large_rate`).
+the distillation methods (100 images). For the suite's time, server-side procedures run
+fewer iterations at their default rates (distillation, feature matching, classifier re-
+training, prototype and prompt tuning; FedBE's ensemble samples 3 models, not 10), and
+CLIP2FL's teacher (built once, on held-out images) is a resnet8 at width 1: how long a
+server step runs is not what diverges a client. The client optimiser, local schedule and
+every rate are the defaults a user gets. CReFF and CLIP2FL (`MANY_STEPS`: 10 local epochs by
+default) train on a quarter of the images (~37 a client): each client still takes 4x the
+steps per round of a one-epoch method, and CReFF's 3x too large rate diverges in round 1 as
+with 150 (`test_a_cell_tells_a_too_large_rate`).
 
 The 2-class-shard cells of the single-label text methods run a control of `method.targets`
 (`CONTROLS`, text/targets.py): fixed vectors in place of the text, so the column shows each

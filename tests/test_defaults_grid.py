@@ -18,8 +18,8 @@ Only what a method needs to run at all is added to its defaults: each client's o
 split (personal methods evaluate there), the multi-label variant of Fashion-MNIST for the
 multi-label methods (which have no shards: a mosaic holds several classes), a server set for
 the distillation methods (100 images). For the suite's time, server-side procedures run
-fewer iterations at their default rates (distillation, feature matching, classifier re-
-training, prototype and prompt tuning; FedBE's ensemble samples 3 models, not 10), and
+fewer iterations at their default rates (distillation, feature matching, classifier
+re-training, prototype and prompt tuning; FedBE's ensemble samples 3 models, not 10), and
 CLIP2FL's teacher (built once, on held-out images) is a resnet8 at width 1: how long a
 server step runs is not what diverges a client. The client optimiser, local schedule and
 every rate are the defaults a user gets. CReFF and CLIP2FL (`MANY_STEPS`: 10 local epochs by

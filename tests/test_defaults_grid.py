@@ -68,7 +68,7 @@ MANY_STEPS = {"creff", "clip2fl"}
 NEEDS = {
     "feddf": ["data.server_subset=100", "method.distill_steps=10"],
     "fedbe": ["data.server_subset=100", "method.distill_steps=10", "method.swa_every=5", "method.samples=3"],
-    "ccvr": ["method.retrain_epochs=20"],
+    "ccvr": ["method.retrain_epochs=5"],
     "creff": ["method.match_steps=10", "method.retrain_epochs=5"],
     "clip2fl": [
         "method.teacher_epochs=1",

@@ -8,11 +8,12 @@ Dirichlet 0.1); `FL_LIGHTNING_FULL_GRID=1` adds the IID and Dirichlet 0.1 column
 minutes on 2 cores), run before a release: the suite's 15 minutes on 2 cores, of which the
 grid was a quarter.
 
-A cell is small, not easy: each client holds ~150 training images, as in 10 clients on 2,000,
-and takes the local steps a user's client of that size takes; 5 clients instead of 10 halve
-the cell's time. Too large rates diverge here as on 10 clients and 2,000 images: CReFF at 3x
-its lr and CLIP2FL at 30x in round 1, pFedMe at lr 1 and FedTSP at lr 5 by round 2 (FedTSP at
-2-class shards to a finite ~1e17, which the loss bound catches; `test_a_cell_tells_a_too_large_rate`).
+A cell is small, not easy: each client holds ~150 training images, as in 10 clients on
+2,000, and takes the local steps a user's client of that size takes; 5 clients instead of 10
+halve the cell's time. Too large rates diverge here as on 10 clients and 2,000 images: CReFF
+at 3x its lr and CLIP2FL at 30x in round 1 (CLIP2FL's seen on twice its cell's images),
+pFedMe at lr 1 and FedTSP at lr 5 by round 2 (FedTSP at 2-class shards to a finite ~1e17,
+which the loss bound catches; `test_a_cell_tells_a_too_large_rate`).
 
 Only what a method needs to run at all is added to its defaults: each client's own test
 split (personal methods evaluate there), the multi-label variant of Fashion-MNIST for the

@@ -522,7 +522,9 @@ def tiny_disk(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(tmp_path, data_root, tiny_disk, capsys):
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(
+    tmp_path, data_root, tiny_disk, capsys
+):
     """A disk with room for round 1's checkpoint but not round 2's: one line, exit 1, no
     temporary file left (it would fill the disk), summary.json written and saying why, round 1's
     checkpoint intact; on a larger disk, `resume` finishes the run."""

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -551,28 +552,30 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(
 
 
 @pytest.mark.slow
-def test_a_run_directory_removed_mid_run_is_one_line(tmp_path, data_root):
+def test_a_run_directory_removed_mid_run_is_one_line(tmp_path, data_root, capsys):
     """`rm -rf` of the run directory while it trains: one line, exit 1, and the run does not
-    create it again (nothing half-made appears where it was)."""
+    create it again (nothing half-made appears where it was). The run in this process, the
+    removal from a thread (as from another shell): no CLI start."""
     args = small(tmp_path, "runtime=serial", "fl.rounds=30", "run_id=r")
     run_dir = tmp_path / "default" / "r"
-    proc = subprocess.Popen([*EXE, "run", *args, "--quiet"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        while (
-            not (run_dir / "metrics.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline
-        ):
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        while run_dir.exists():  # the run may add a file while the tree is removed
+    stop = threading.Event()
+
+    def remove() -> None:  # once the first round is written, while the run goes on
+        while not (run_dir / "metrics.jsonl").exists() and not stop.wait(0.05):
+            pass
+        while run_dir.exists() and not stop.is_set():  # the run may add a file while the tree is removed
             shutil.rmtree(run_dir, ignore_errors=True)
-        _, err = proc.communicate(timeout=300)
+
+    remover = threading.Thread(target=remove, daemon=True)
+    remover.start()
+    capsys.readouterr()
+    try:
+        code = main(["run", *args, "--quiet"])
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1
-    assert "removed" in _error_line(err)
+        stop.set()
+        remover.join(timeout=60)
+    assert code == 1
+    assert "removed" in _error_line(capsys.readouterr().err)
     assert not run_dir.exists()
 
 

@@ -37,9 +37,6 @@ from .conftest import WIDE, small
 EXE = os.path.join(os.path.dirname(sys.executable), "fl-lightning")
 # Tiny and quick: 2 clients of 200 images, 3 local steps each round, one thread per client.
 TINY = ["data.train_subset=400", "data.test_subset=100", "fl.num_clients=2", "fl.local_steps=3"]
-# A run on its own local Ray whose subject is that Ray's processes and the driver's way out,
-# not placement: both clients on one worker (each worker costs ~7 CPU-seconds to start)
-OWN_RAY = ["runtime.address=local", "runtime.placement=pool", "runtime.num_actors=1"]
 
 
 def _strict(line: str) -> dict:
@@ -551,7 +548,7 @@ def test_ctrl_c_while_a_checkpoint_is_written_ends_the_run_interrupted(tmp_path,
 def test_ctrl_c_during_ray_start_up_leaves_no_ray_process(tmp_path, data_root):
     ray_tmp = tempfile.mkdtemp(prefix="flr", dir="/tmp")  # short: Ray's socket paths are limited
     env = {**os.environ, "FL_LIGHTNING_RAY_TMPDIR": ray_tmp}
-    args = small(tmp_path, *TINY, "fl.rounds=50", *OWN_RAY, "run_id=c")
+    args = small(tmp_path, *TINY, "fl.rounds=50", "runtime.address=local", "run_id=c")
     proc = subprocess.Popen(
         [EXE, "run", *args, "--quiet"], env=env, start_new_session=True, preexec_fn=_default_sigint,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -635,7 +632,7 @@ def test_sigterm_stops_a_run_like_ctrl_c(tmp_path, runtime):
     """`kill <pid>` (also what `ray job stop` sends): exit 143, one line, the run `interrupted`
     and resumable, no Ray process left; not Ray's stack dump and a run with no summary."""
     ray_tmp = tempfile.mkdtemp(prefix="flr", dir="/tmp")
-    extra = ["runtime=serial"] if runtime == "serial" else OWN_RAY
+    extra = ["runtime=serial"] if runtime == "serial" else ["runtime.address=local"]
     args = small(tmp_path, *TINY[:-1], "fl.local_steps=20", *extra, "fl.rounds=500", "run_id=t")
     run_dir = tmp_path / "default" / "t"
     proc = subprocess.Popen(
@@ -701,7 +698,7 @@ def test_kill_9_of_the_driver_leaves_no_ray_process(tmp_path, data_root):
     process of that Ray is left, the agents included (they outlived such a driver by a minute
     or more, and a search by environment mark could not see them)."""
     ray_tmp = tempfile.mkdtemp(prefix="flr", dir="/tmp")
-    args = small(tmp_path, *TINY, "fl.rounds=50", *OWN_RAY, "run_id=k")
+    args = small(tmp_path, *TINY, "fl.rounds=50", "runtime.address=local", "run_id=k")
     proc = subprocess.Popen(
         [EXE, "run", *args, "--quiet"], env={**os.environ, "FL_LIGHTNING_RAY_TMPDIR": ray_tmp},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -122,19 +122,21 @@ def test_ray_places_client_actors_evenly_on_declared_gpus():
     `ray.get_gpu_ids()`: the GPU Ray gave it, which CUDA_VISIBLE_DEVICES then names for the
     Trainer's `devices=1`.
 
-    2 x 0.25: still one per GPU (Ray alone would stack both on GPU 0). One session's workers
-    over three runs ("chain"): 2 x 1 GPU per client made by `early_start`, which the run takes
-    (workers and placement group), the next run of that layout gets warm (a sequential
-    sweep's `reuse_actors`: same workers, same GPUs), and a run of another layout (4 x 0.5)
-    ends and replaces, two per GPU. Two GPUs tell spreading from stacking as four would (the
-    round-robin over four is `plan_placement`'s, tested above); each actor costs ~7
-    CPU-seconds (it imports Lightning), so 4 GPUs (4 x 1, 4 x 0.25, 8 x 0.5, 16 x 0.25) run
-    only with FL_LIGHTNING_GPU_TEST_FULL=1."""
+    One session's workers over three runs ("chain"): 2 x 1 GPU per client made by
+    `early_start`, which the run takes (workers and placement group), the next run of that
+    layout gets warm (a sequential sweep's `reuse_actors`: same workers, same GPUs), and a run
+    of another layout (4 x 0.25) ends and replaces, spread two per GPU with the two of a
+    bundle on one GPU (Ray alone would stack all four quarters on GPU 0; this layout was its
+    own case of 2 x 0.25, two more actors). Two GPUs tell spreading from stacking as four
+    would (the round-robin over four is `plan_placement`'s, tested above); each actor costs
+    ~7 CPU-seconds (it imports Lightning), so 4 GPUs (4 x 0.25, 4 x 1, 8 x 0.5, 16 x 0.25)
+    run only with FL_LIGHTNING_GPU_TEST_FULL=1."""
     full = os.environ.get("FL_LIGHTNING_GPU_TEST_FULL") == "1"
     gpus = 4 if full else 2
-    cases = [[gpus, 0.25, "auto"], ["busy", gpus, 3], ["chain", 2, 1.0, "per_client", 2 * gpus, 0.5]]
+    cases = [["busy", gpus, 3], ["chain", 2, 1.0, "per_client", 2 * gpus, 0.25]]
     if full:
-        cases += [[gpus, 1.0, "per_client"], [2 * gpus, 0.5, "auto"], [16, 0.25, "auto"]]
+        cases += [[gpus, 0.25, "auto"], [gpus, 1.0, "per_client"], [2 * gpus, 0.5, "auto"]]
+        cases += [[16, 0.25, "auto"]]
     probe = [sys.executable, str(REPO / "tests" / "gpu_placement_probe.py"), str(gpus), json.dumps(cases)]
     res = subprocess.run(probe, capture_output=True, text=True, timeout=560)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]

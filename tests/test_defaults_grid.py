@@ -1,30 +1,32 @@
 """Defaults must train: every registered method, at its own defaults (the framework's where
 it has none), trains on Fashion-MNIST at Dirichlet 0.1 and 2-class shards without diverging
 and without a loss past `LOSS_BOUND` (5 clients, the first 1,000 images, 2 rounds, serial;
-the multi-label methods on 250 mosaics at multi-label Dirichlet 0.1). Label skew is where a
+the multi-label methods on 150 mosaics at multi-label Dirichlet 0.1). Label skew is where a
 too large default diverges (FedAvg's did at 2-class shards), so `make test` runs the most
 skewed column, 2-class shards (the multi-label methods, which have no shards: their
 Dirichlet 0.1); `FL_LIGHTNING_FULL_GRID=1` adds the IID and Dirichlet 0.1 columns (~5 more
 minutes on 2 cores), run before a release: the suite's 15 minutes on 2 cores, of which the
 grid was a quarter.
 
-A cell is small, not easy: each client holds ~150 training images, as in 10 clients on 2,000,
-and takes the local steps a user's client of that size takes; 5 clients instead of 10 halve
-the cell's time. Too large rates diverge here as on 10 clients and 2,000 images: CReFF at 3x
-its lr and CLIP2FL at 30x in round 1, pFedMe at lr 1 and FedTSP at lr 5 by round 2 (FedTSP at
-2-class shards to a finite ~1e17, which the loss bound catches; `test_a_cell_tells_a_too_large_rate`).
+A cell is small, not easy: each client holds ~150 training images, as in 10 clients on
+2,000, and takes the local steps a user's client of that size takes; 5 clients instead of 10
+halve the cell's time. Too large rates diverge here as on 10 clients and 2,000 images: CReFF
+at 3x its lr and CLIP2FL at 30x in round 1 (CLIP2FL's seen on twice its cell's images),
+pFedMe at lr 1 and FedTSP at lr 5 by round 2 (FedTSP at 2-class shards to a finite ~1e17,
+which the loss bound catches; `test_a_cell_tells_a_too_large_rate`).
 
-Only what a method needs to run at all is added to its defaults: each client's own test split
-(personal methods evaluate there), the multi-label variant of Fashion-MNIST for the
+Only what a method needs to run at all is added to its defaults: each client's own test
+split (personal methods evaluate there), the multi-label variant of Fashion-MNIST for the
 multi-label methods (which have no shards: a mosaic holds several classes), a server set for
-the distillation methods (200 images). For the suite's time, server-side procedures run fewer iterations
-at their default rates (distillation, feature matching, classifier re-training, prototype and
-prompt tuning), and CLIP2FL's teacher (built once, on held-out images) is a resnet8 at width
-1: how long a server step runs is not what diverges a client. The client optimiser, local
-schedule and every rate are the defaults a user gets. CReFF and CLIP2FL (`MANY_STEPS`: 10
-local epochs by default) train on half the images (~75 a client): each client still takes 6x
-the steps per round of a one-epoch method, and a 3x too large rate diverges in round 1 as
-with 150.
+the distillation methods (100 images). For the suite's time, server-side procedures run
+fewer iterations at their default rates (distillation, feature matching, classifier
+re-training, prototype and prompt tuning; FedBE's ensemble samples 3 models, not 10), and
+CLIP2FL's teacher (built once, on held-out images) is a resnet8 at width 1: how long a
+server step runs is not what diverges a client. The client optimiser, local schedule and
+every rate are the defaults a user gets. CReFF and CLIP2FL (`MANY_STEPS`: 10 local epochs by
+default) train on a quarter of the images (~37 a client): each client still takes 4x the
+steps per round of a one-epoch method, and CReFF's 3x too large rate diverges in round 1 as
+with 150 (`test_a_cell_tells_a_too_large_rate`).
 
 The 2-class-shard cells of the single-label text methods run a control of `method.targets`
 (`CONTROLS`, text/targets.py): fixed vectors in place of the text, so the column shows each
@@ -40,6 +42,7 @@ import os
 import pytest
 
 from fl_lightning.config import compose, validate_registered
+from fl_lightning.core import progress
 from fl_lightning.core.errors import DivergedError
 from fl_lightning.methods import METHODS
 from fl_lightning.runtime.runner import start_run
@@ -60,13 +63,13 @@ LOSS_BOUND = 1e4
 MULTILABEL = {"fedlgt", "fedctran"}
 #: the cells that take longest (10 local epochs, or C-Tran): scheduled among the long runs
 LONG = {"creff", "clip2fl", *MULTILABEL}
-#: 10 local epochs by default: half the images (a too large rate diverges on both)
+#: 10 local epochs by default: a quarter of the images (a too large rate diverges on both)
 MANY_STEPS = {"creff", "clip2fl"}
 #: what a method needs to run at all, beyond its defaults
 NEEDS = {
-    "feddf": ["data.server_subset=200", "method.distill_steps=20"],
-    "fedbe": ["data.server_subset=200", "method.distill_steps=20", "method.swa_every=5"],
-    "ccvr": ["method.retrain_epochs=20"],
+    "feddf": ["data.server_subset=100", "method.distill_steps=10"],
+    "fedbe": ["data.server_subset=100", "method.distill_steps=10", "method.swa_every=5", "method.samples=3"],
+    "ccvr": ["method.retrain_epochs=5"],
     "creff": ["method.match_steps=10", "method.retrain_epochs=5"],
     "clip2fl": [
         "method.teacher_epochs=1",
@@ -79,7 +82,7 @@ NEEDS = {
     # the prompt learners' default tower is a random RN50 (real CLIP weights are the user's file):
     # the cell trains the same prompt on open_clip's tiny test ViT (FedOTP needs a ViT)
     **{m: ["model.arch=clip-tiny-random"] for m in ("promptfl", "zeroshot", "fedotp", "fedtpg", "fedpgp")},
-    "fedtsp": ["method.server_epochs=5"],
+    "fedtsp": ["method.server_epochs=2"],
 }
 
 #: the 2-class-shard cells of the text methods run a `method.targets` control
@@ -115,13 +118,13 @@ def run_cases() -> list[pytest.ParameterSet]:
 
 
 def overrides(method: str, split: str, tmp_path) -> list[str]:
-    # a mosaic holds up to 4 images and C-Tran is the largest model here: 250 mosaics, and 100
-    # to test on (its global evaluation on 500 was a third of the cell)
+    # a mosaic holds up to 4 images and C-Tran is the largest model here: 150 mosaics (~22 to
+    # train on a client: one batch a round, of its default size 64), and 60 to test on
     data = ["data=fmnist"]
     if method in MULTILABEL:
-        data = ["data=fmnist_multilabel", "data.train_subset=250", "data.test_subset=100"]
+        data = ["data=fmnist_multilabel", "data.train_subset=150", "data.test_subset=60"]
     if method in MANY_STEPS:
-        data.append("data.train_subset=500")
+        data.append("data.train_subset=250")
     splits = MULTILABEL_SPLITS if method in MULTILABEL else SPLITS
     return [
         f"method={method}", "data.train_subset=1000", "data.test_subset=200", *data, *splits[split],
@@ -130,6 +133,17 @@ def overrides(method: str, split: str, tmp_path) -> list[str]:
         "fl.num_clients=5", "fl.rounds=2", "seed=0", "runtime=serial", "logger=none",
         f"output_dir={tmp_path}", "eval.overlap=false",
     ]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def quiet():
+    """Progress off, as `fl-lightning run --quiet`: C-Tran's run-time announcement times two
+    training steps and an evaluation before round 1 (a quarter of a multi-label cell), which
+    is not what a cell tests (test_first_runs.py does)."""
+    was = progress.enabled()
+    progress.set_enabled(False)
+    yield
+    progress.set_enabled(was)
 
 
 def test_every_method_is_in_the_grid():

@@ -1,6 +1,7 @@
 """Engine v2 hooks on real parts: metrics that belong to the task (multi-label), local
 training in phases (checked against a written-out loop), named client/server metrics,
-divergence and total client failure as one line, build errors that name their part."""
+divergence as one line, build errors that name their part (total client failure as one
+line: test_faults.py, on its shared executor)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,15 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.cli.main import main
 from fl_lightning.config import compose
-from fl_lightning.core.errors import ClientFailure, ConfigError
-from fl_lightning.core.messages import Broadcast, ServerState
+from fl_lightning.core.errors import ConfigError
+from fl_lightning.core.messages import Broadcast
 from fl_lightning.core.objective import ClientObjective, Phase
 from fl_lightning.core.optim import OptimConfig
 from fl_lightning.core.params import to_cpu
 from fl_lightning.core.strategy import FedAvgStrategy, MethodConfig, TaskInfo, round_rng
 from fl_lightning.methods import METHODS
-from fl_lightning.runtime.callbacks import CallbackList, ClientEval, GlobalEval, WallClock
 from fl_lightning.runtime.host import ClientHost, build_objective
-from fl_lightning.runtime.runner import RoundSteps, Run, prepare, run_rounds, start_run
+from fl_lightning.runtime.runner import prepare, start_run
 
 from .conftest import small
 from .test_methods import BS, Toy, client_data, digits, toy_spec  # noqa: F401  (digits: a fixture)
@@ -195,45 +195,6 @@ def test_a_failing_run_writes_its_summary_with_its_own_error(tmp_path, data_root
     assert summary["status"] == "diverged" and "non-finite" in summary["error"]
     assert summary["error"] in err[-1]  # the error the run printed
     assert summary["run_id"] == "bare" and summary["method"] == "fedavg"
-
-
-def test_every_client_failing_is_one_clear_error(tmp_path, data_root, ray_session):
-    from fl_lightning.runtime.placement import plan_placement
-    from fl_lightning.runtime.ray_executor import RayExecutor
-
-    p = prepare(
-        compose(small(tmp_path, "fl.num_clients=2", "data.train_subset=400", "fl.max_client_failures=2"))
-    )
-    ex = RayExecutor(
-        p.spec,
-        p.dataset,
-        p.split.train,
-        p.split.test,
-        plan_placement(2, 2, 0, "per_client"),
-        max_client_failures=2,
-    )
-    run = Run(p, tmp_path / "run", console=False)
-    callbacks, clock = CallbackList([]), WallClock()
-    steps = RoundSteps(GlobalEval(p, tmp_path, clock), ClientEval(p))
-    # a broadcast no client can load: a real KeyError raised inside each actor, every try
-    good = p.strategy.broadcast
-
-    def broken(state: ServerState, rnd: int) -> Broadcast:
-        b = good(state, rnd)
-        assert b.global_params is not None
-        return Broadcast(rnd, {**b.global_params, "no.such.layer": b.global_params["head.bias"]})
-
-    p.strategy.broadcast = broken  # type: ignore[method-assign]
-    try:
-        every = r"round 1: every client failed \(client [01] failed: KeyError"
-        with pytest.raises(ClientFailure, match=every) as info:
-            state = p.strategy.init_state(p.init_params)
-            run_rounds(state, 1, p.strategy, ex, p.cfg.seed, run.context, steps, callbacks, clock)
-        # both clients and their causes, in the order they failed
-        assert all(f"client {c} failed: KeyError" in str(info.value) for c in (0, 1))
-        assert len(ex.retries) == 2  # each client was retried once before it was dropped
-    finally:
-        ex.close()
 
 
 def test_build_errors_name_the_part(tmp_path, data_root):

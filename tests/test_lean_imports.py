@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,19 +32,45 @@ print(json.dumps({{"loaded": loaded, "acc": float(acc), "resnet": torchvision.mo
 """
 
 
-def _probe(lean: str) -> dict[str, object]:
-    env = {**os.environ, "FL_LIGHTNING_LEAN_IMPORTS": lean}
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+#: One fresh interpreter for both probes: it imports torch (neither Lightning nor torchmetrics,
+#: nor any of HEAVY) once, then forks a child per probe, each with the switch set before it
+#: imports Lightning, as a fresh interpreter would; each child's result is one line on stdout.
+FORKS = f"""
+import os, sys, traceback
+import torch  # the start-up both probes share
+for lean in sys.argv[1:]:
+    pid = os.fork()
+    if pid == 0:
+        os.environ["FL_LIGHTNING_LEAN_IMPORTS"] = lean
+        try:
+            exec(compile({PROBE!r}, "probe", "exec"), {{"__name__": "__main__"}})
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"probe {{lean}} failed"
+"""
+
+
+def _probes(*lean: str) -> list[dict[str, object]]:
+    out = subprocess.run(
+        [sys.executable, "-c", FORKS, *lean], capture_output=True, text=True, timeout=300
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    lines = [line for line in out.stdout.splitlines() if line.startswith('{"loaded"')]
+    assert len(lines) == len(lean), out.stdout[-3000:]  # one result a probe, in their order
+    return [json.loads(line) for line in lines]
 
 
 def test_lightning_imports_torchmetrics_without_its_optional_backends() -> None:
-    lean = _probe("1")
+    lean, full = _probes("1", "0")  # "0", the switch: torchmetrics as it comes
     assert lean["loaded"] == dict.fromkeys(HEAVY, False)
     assert lean["acc"] == 0.75 and lean["resnet"] is True
     assert lean["tm_sees_transformers"] is False  # what torchmetrics was told: its BERTScore skipped it
-    full = _probe("0")  # the switch: torchmetrics as it comes
     assert full["loaded"]["transformers"] and full["loaded"]["scipy.signal"]
     assert full["tm_sees_transformers"] is True
     assert full["acc"] == 0.75

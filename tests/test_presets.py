@@ -1,6 +1,6 @@
 """Every preset on the data a fresh checkout has (Fashion-MNIST and its stand-ins) runs as its
 header documents (`fl-lightning run +experiment=<name>`), shrunk only in size: one round on
-2,000 images, one local epoch, serial, with CLIP2FL's teacher and the server steps small. One
+1,000 images, one local epoch, serial, with CLIP2FL's teacher and the server steps small. One
 preset per seed method (FedGLCL, CLIP2FL, FedLGT, FedDTR, FedTSP) is among them."""
 
 import json
@@ -9,15 +9,17 @@ import pytest
 
 from fl_lightning.cli.main import main
 
-SMALLER = ["fl.rounds=1", "data.train_subset=2000", "data.test_subset=300", "fl.local_epochs=1",
+SMALLER = ["fl.rounds=1", "data.train_subset=1000", "data.test_subset=200", "fl.local_epochs=1",
            "runtime=serial", "logger=none", "eval.every=1"]  # fmt: skip
 PRESETS = {
     "demo": [],
     "fedglcl_table2_fmnist": [],
-    "clip2fl_fmnist_lt": ["method.teacher_holdout_from=2000", "method.teacher_holdout_size=200",
-                          "method.teacher_epochs=1", "method.teacher_model_kwargs.scaling=1",
+    # kept at 2,000 images: a long tail over 20 clients, and its teacher's held-out images after them
+    "clip2fl_fmnist_lt": ["data.train_subset=2000", "method.teacher_holdout_from=2000",
+                          "method.teacher_holdout_size=200", "method.teacher_epochs=1",
+                          "method.teacher_model_kwargs.scaling=1",
                           "method.match_steps=2", "method.retrain_epochs=2", "method.grad_repeats=1"],
-    "fedlgt_fmnist_multilabel": ["data.train_subset=500"],
+    "fedlgt_fmnist_multilabel": ["data.train_subset=500", "data.test_subset=100"],  # C-Tran: 100 to test
     "feddtr_fmnist": [],
     "fedtsp_fmnist": ["method.server_epochs=1"],
 }  # fmt: skip

@@ -276,8 +276,9 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
         for row in spec.run_rows(name):
             args = [*row.args(scale, out), f"output_dir={tmp_path}", "logger=none"]
             cfg = compose(args)
+            given = []  # what the user gives on top; composed again only where there is some
             if cfg.text["name"] == "clip":
-                args.append(f"text.pretrained={clip}")
+                given.append(f"text.pretrained={clip}")
             weights = cfg.model.get("weights")
             if weights and not Path(str(weights)).exists():  # the ImageNet trunk a paper scale pins
                 trunk = tmp_path / "resnet18.pth"
@@ -286,8 +287,8 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
                     from torchvision.models import resnet18
 
                     torch.save(resnet18(weights=None).state_dict(), trunk)
-                args.append(f"model.weights={trunk}")
-            validate_registered(compose(args))
+                given.append(f"model.weights={trunk}")
+            validate_registered(compose([*args, *given]) if given else cfg)
             if cfg.model["name"] != "clip_prompt":  # the estimate times backbones, not CLIP's towers
                 assert str(cfg.data.name) in SHAPES, f"{paper}: --estimate cannot time {cfg.data.name}"
 

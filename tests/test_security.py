@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -458,10 +459,6 @@ def test_a_run_of_a_method_from_another_package_resumes_from_its_checkpoint(tmp_
 
 
 # --- 7. failures of the machine, not the user: one line, nothing lost ----------------------
-def _cli(*argv: str, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*EXE, *argv], capture_output=True, text=True, timeout=600, **kw)
-
-
 def _error_line(stderr: str) -> str:
     lines = [ln for ln in stderr.splitlines() if ln.startswith("fl-lightning: error: ")]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
@@ -473,25 +470,32 @@ def _no_temporaries(run_dir: Path) -> None:
     assert left == [], f"temporary files left behind: {left}"
 
 
-def _limit_file_size(limit: int):
+@contextlib.contextmanager
+def _file_size_limit(limit: int):
+    """Every file this process writes stops at `limit` bytes (EFBIG) while inside; the soft limit
+    only, so it can be lifted again (Python ignores SIGXFSZ: the write fails, nothing is killed)."""
     import resource
 
-    def preexec() -> None:  # in the child: every file it writes stops at `limit` bytes (EFBIG)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    return preexec
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 @pytest.mark.slow
-def test_a_file_size_limit_during_a_checkpoint_is_one_line_and_resumable(tmp_path, data_root):
+def test_a_file_size_limit_during_a_checkpoint_is_one_line_and_resumable(tmp_path, data_root, capsys):
     """RLIMIT_FSIZE below a checkpoint's size (a quota): the checkpoint write fails with EFBIG.
     One line, exit 1, no temporary file, summary.json saying why; resumed without the limit,
-    the run finishes."""
+    the run finishes. In this process (the limit set and lifted around the run): no CLI start."""
     args = small(tmp_path, "runtime=serial", "run_id=r", *WIDE)  # a checkpoint over 1 MiB (6.4 MiB)
-    r = _cli("run", *args, "--quiet", preexec_fn=_limit_file_size(1 << 20))
+    capsys.readouterr()
+    with _file_size_limit(1 << 20):
+        code = main(["run", *args, "--quiet"])
     run_dir = tmp_path / "default" / "r"
-    assert r.returncode == 1
-    line = _error_line(r.stderr)
+    assert code == 1
+    line = _error_line(capsys.readouterr().err)
     assert "round-000001.pt" in line and "File too large" in line and "resume" in line
     _no_temporaries(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -519,7 +523,9 @@ def tiny_disk(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(tmp_path, data_root, tiny_disk):
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(
+    tmp_path, data_root, tiny_disk, capsys
+):
     """A disk with room for round 1's checkpoint but not round 2's: one line, exit 1, no
     temporary file left (it would fill the disk), summary.json written and saying why, round 1's
     checkpoint intact; on a larger disk, `resume` finishes the run."""
@@ -529,10 +535,11 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(tmp_path,
     ckpt = (probe / "default" / "p" / "checkpoints" / "round-000001.pt").stat().st_size
     disk = tiny_disk(ckpt + ckpt // 2 + (1 << 20))  # round 1's checkpoint, the run's small files
     args = small(disk, "runtime=serial", "run_id=r", *WIDE)
-    r = _cli("run", *args, "--quiet")
+    capsys.readouterr()
+    code = main(["run", *args, "--quiet"])  # in this process: the disk, not the CLI's start, is tested
     run_dir = disk / "default" / "r"
-    assert r.returncode == 1
-    line = _error_line(r.stderr)
+    assert code == 1
+    line = _error_line(capsys.readouterr().err)
     assert "round-000002.pt" in line and "No space left on device" in line
     _no_temporaries(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -545,28 +552,30 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(tmp_path,
 
 
 @pytest.mark.slow
-def test_a_run_directory_removed_mid_run_is_one_line(tmp_path, data_root):
+def test_a_run_directory_removed_mid_run_is_one_line(tmp_path, data_root, capsys):
     """`rm -rf` of the run directory while it trains: one line, exit 1, and the run does not
-    create it again (nothing half-made appears where it was)."""
+    create it again (nothing half-made appears where it was). The run in this process, the
+    removal from a thread (as from another shell): no CLI start."""
     args = small(tmp_path, "runtime=serial", "fl.rounds=30", "run_id=r")
     run_dir = tmp_path / "default" / "r"
-    proc = subprocess.Popen([*EXE, "run", *args, "--quiet"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        while (
-            not (run_dir / "metrics.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline
-        ):
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        while run_dir.exists():  # the run may add a file while the tree is removed
+    stop = threading.Event()
+
+    def remove() -> None:  # once the first round is written, while the run goes on
+        while not (run_dir / "metrics.jsonl").exists() and not stop.wait(0.05):
+            pass
+        while run_dir.exists() and not stop.is_set():  # the run may add a file while the tree is removed
             shutil.rmtree(run_dir, ignore_errors=True)
-        _, err = proc.communicate(timeout=300)
+
+    remover = threading.Thread(target=remove, daemon=True)
+    remover.start()
+    capsys.readouterr()
+    try:
+        code = main(["run", *args, "--quiet"])
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1
-    assert "removed" in _error_line(err)
+        stop.set()
+        remover.join(timeout=60)
+    assert code == 1
+    assert "removed" in _error_line(capsys.readouterr().err)
     assert not run_dir.exists()
 
 

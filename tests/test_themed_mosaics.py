@@ -98,7 +98,7 @@ def test_blanked_ap_is_sklearns_ap_over_absent_and_blanked_images():
 
 
 def test_a_run_on_the_mosaics_logs_the_ap_on_blanked_labels(tmp_path, data_root, mosaics):
-    args = small(tmp_path, "method=fedlgt", f"data={tm.NAME}", "data.train_subset=300",
+    args = small(tmp_path, "method=fedlgt", f"data={tm.NAME}", "data.train_subset=100",
                  "data.test_subset=400", "fl.rounds=1", "runtime=serial", "run_id=m")  # fmt: skip
     assert main(["run", *args, "--quiet"]) == 0
     (line,) = [json.loads(x) for x in (tmp_path / "default" / "m" / "metrics.jsonl").read_text().splitlines()]

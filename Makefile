@@ -46,17 +46,17 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy fl_lightning
 
-# Two pytest workers (`TEST_WORKERS=0`: one process): most tests are small serial runs that keep
-# one core busy, so two of them at a time use a 2-core machine's second core; each worker's torch
-# runs one thread (tests/conftest.py). Three were faster in fresh clones (pytest 842 s and 1,052 s
-# against ~1,115 s), but at their load test_reliability's second-Ctrl-C test failed in 2 of 5
-# fresh-clone runs (no summary.json after the second signal): two until that is robust.
+# Three pytest workers on 2 cores (`TEST_WORKERS=0`: one process): a quarter of the suite's time
+# is tests waiting (Ray's start-up, subprocesses, killed runs), which a third worker fills; each
+# worker's torch, and every client of the runs the tests start, runs one thread (tests/conftest.py).
+# (Three were held back while the second-Ctrl-C test failed at their load: the way out now writes
+# summary.json under signals.held.)
 # `worksteal`: a worker that runs out takes half of another's queue, so none ends long after
 # the others (tests/conftest.py orders the suite: unit lane, long tests, the rest).
 # `make lint` in full, with mypy (~40 s on one core) beside the suite rather than before it: niced,
 # it runs in the gaps the suite leaves while tests wait on Ray and subprocesses. Its report comes
 # after the suite's; either failing fails `make test`.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: venv data
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

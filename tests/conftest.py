@@ -19,6 +19,10 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     import torch
 
     torch.set_num_threads(1)  # one thread per pytest worker: two workers on 2 cores, not 4 threads
+    # and one per client of every run the tests start (CLI children, Ray workers): a client's
+    # default is its CPU share, two threads that spin against the other workers' (a Ray test's
+    # CPU measured 83 -> 56 s with one); a test of the default sets it or unsets this
+    os.environ.setdefault("FL_LIGHTNING_THREADS_PER_CLIENT", "1")
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach W&B's servers
 os.environ.setdefault("WANDB_SILENT", "true")
 

@@ -85,3 +85,25 @@ def test_a_run_this_machine_cannot_hold_is_refused_before_its_data(tmp_path):
                "runtime.placement=per_client", "runtime.cpus_per_client=1")  # fmt: skip
     with pytest.raises(ConfigError, match="4 client actors × 1 CPUs need 4 CPUs but the cluster has 2"):
         prepare(cfg)
+
+
+def test_threads_per_client_from_the_environment_when_the_config_leaves_it_unset(monkeypatch):
+    """`$FL_LIGHTNING_THREADS_PER_CLIENT` (the suite's workers set 1) replaces the CPU share;
+    the config's own value wins; a bad value is one line."""
+    from fl_lightning.config import compose
+    from fl_lightning.runtime.placement import placement_for
+
+    monkeypatch.delenv("FL_LIGHTNING_THREADS_PER_CLIENT", raising=False)
+    cfg = compose(["runtime=ray", "fl.num_clients=1"])
+    assert placement_for(cfg, 4, 0).threads == 4  # the CPU share
+    monkeypatch.setenv("FL_LIGHTNING_THREADS_PER_CLIENT", "2")
+    assert placement_for(cfg, 4, 0).threads == 2
+    assert (
+        placement_for(
+            compose(["runtime=ray", "fl.num_clients=1", "runtime.threads_per_client=3"]), 4, 0
+        ).threads
+        == 3
+    )
+    monkeypatch.setenv("FL_LIGHTNING_THREADS_PER_CLIENT", "0")
+    with pytest.raises(ConfigError, match="FL_LIGHTNING_THREADS_PER_CLIENT='0'"):
+        placement_for(cfg, 4, 0)

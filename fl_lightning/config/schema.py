@@ -207,7 +207,8 @@ class RuntimeConfig:
     num_gpus: int | None = None
     cpus_per_client: float | None = None  # CPUs per actor; default: an even share
     gpus_per_client: float | None = None  # default: 1 when GPUs exist
-    threads_per_client: int | None = None  # torch threads per fit; default: CPU share
+    #: torch threads per fit; default: $FL_LIGHTNING_THREADS_PER_CLIENT, else the CPU share
+    threads_per_client: int | None = None
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     #: the GPU placement group's strategy
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -169,11 +170,24 @@ def plan_placement(
 def placement_for(cfg: RootConfig, cpus: float, gpus: float) -> Placement:
     """The run's placement on `cpus` and `gpus` (its `runtime` settings)."""
     rt = cfg.runtime
+    threads = rt.threads_per_client if rt.threads_per_client is not None else env_threads()
     return plan_placement(
         cfg.fl.num_clients, cpus, gpus, rt.placement, rt.accelerator, rt.num_actors,
-        rt.cpus_per_client, rt.gpus_per_client, rt.threads_per_client, rt.placement_strategy,
+        rt.cpus_per_client, rt.gpus_per_client, threads, rt.placement_strategy,
         rt.schedule_timeout_s,
     )  # fmt: skip
+
+
+def env_threads() -> int | None:
+    """`$FL_LIGHTNING_THREADS_PER_CLIENT`: the torch threads of a client whose config leaves
+    `runtime.threads_per_client` unset (a machine shared with other work; the test suite's
+    workers set 1: a client's CPU share of two threads spins against theirs)."""
+    value = os.environ.get("FL_LIGHTNING_THREADS_PER_CLIENT", "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"FL_LIGHTNING_THREADS_PER_CLIENT={value!r}: expected a whole number >= 1")
+    return int(value)
 
 
 # --- placement groups (Ray imported inside: `early.py` reads this module before Ray is up) ---

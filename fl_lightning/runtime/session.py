@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -127,6 +128,11 @@ class Session:
             from .build import local_resources
 
             return placement_for(cfg, *local_resources(cfg))
+        ray_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+        if local is None and rt.num_gpus is not None and not ray_up and not cluster_address(rt.address):
+            # the private Ray about to start has the declared GPUs: an impossible placement is
+            # one line before it starts (an undeclared count needs torch or Ray to find it)
+            local = placement_for(cfg, float(rt.num_cpus or os.cpu_count() or 1), float(rt.num_gpus))
         self.connect(rt.address, rt.num_cpus, rt.num_gpus)
         import ray
 

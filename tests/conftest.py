@@ -109,31 +109,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return 2 if _NOT_UNIT & set(getattr(item, "fixturenames", ())) else 0
 
     items.sort(key=lane)  # stable: the collection order within each lane
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 1:
-        items[:] = _dealt(items, [lane(i) for i in items], workers)
-
-
-def _dealt(items: list[pytest.Item], lanes: list[int], workers: int) -> list[pytest.Item]:
-    """The order cut into the `workers` contiguous parts xdist's worksteal hands out first
-    (part k: what is left // the workers left), each lane dealt round-robin over the parts:
-    every worker starts on its share of the unit lane, then of the long tests, then of the
-    rest, so the long tests run side by side from the start rather than one after another on
-    whichever worker got the slow lane (three of them ran alone at the end: ~2 min)."""
-    by_lane = [[it for it, ln in zip(items, lanes, strict=True) if ln == k] for k in (0, 1, 2)]
-    parts: list[list[pytest.Item]] = [[] for _ in range(workers)]
-    sizes, left = [], len(items)
-    for k in range(workers):
-        sizes.append(left // (workers - k))
-        left -= sizes[-1]
-    for lane_items in by_lane[:2]:
-        for j, it in enumerate(lane_items):
-            parts[j % workers].append(it)
-    rest = iter(by_lane[2])
-    for k in range(workers):  # the rest tops each part up to its size, in order
-        parts[k].extend(next(rest) for _ in range(max(0, sizes[k] - len(parts[k]))))
-    parts[-1].extend(rest)  # (a part already over its size: xdist's cut moves the excess on)
-    return [it for part in parts for it in part]
 
 
 #: FedAvg's CNN at a quarter of its width where a test runs it (`small`): ~13x fewer

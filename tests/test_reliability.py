@@ -578,7 +578,7 @@ def test_a_signal_while_the_ray_workers_start_leaves_an_interrupted_summary(
     summary.json, so the run had none (and SIGHUP ended the process at once). Now one line,
     exit 128 + the signal, `interrupted`, its workers ended (the shared Ray stays up, its CPUs
     free), and `resume` finishes it."""
-    from fl_lightning.runtime.signals import our_handler
+    from fl_lightning.runtime.signals import handled_here, our_handler
 
     args = small(tmp_path, *TINY, "fl.rounds=1", "runtime.early_start=false", "run_id=w")
     run_dir = tmp_path / "default" / "w"
@@ -589,7 +589,7 @@ def test_a_signal_while_the_ray_workers_start_leaves_an_interrupted_summary(
         while not (run_dir / "partition.json").exists() and time.monotonic() < deadline:
             time.sleep(0.005)
         # ours, or `held`'s that defers it over Ray's start-up; never SIGHUP's default: it ends pytest
-        ours = callable(signal.getsignal(sig)) and our_handler() is not None
+        ours = handled_here(sig)  # (`our_handler()` is None inside a `held` block: it defers)
         if sig == signal.SIGINT or ours:
             os.kill(os.getpid(), sig)
         sent.append("sent" if sig == signal.SIGINT or ours else "no handler of ours")

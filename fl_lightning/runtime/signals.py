@@ -43,6 +43,13 @@ def our_handler() -> _Terminator | None:
     return handler if isinstance(handler, _Terminator) else None
 
 
+def handled_here(signum: int) -> bool:
+    """Whether `signum` reaches our handler, or `held`'s that defers it (a signal sent now is
+    the run's to handle, not the default's)."""
+    handler = signal.getsignal(signum)
+    return isinstance(handler, _Terminator | _Hold)
+
+
 def terminated() -> bool:
     """Whether this process got SIGTERM or SIGHUP (through our handler)."""
     return stop_signal() is not None

@@ -8,7 +8,6 @@ session decides it on joining: `Session.placement`). Nothing here starts Ray or 
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from ..models import check_image_size, family
 from ..models.ctran import pretrained_loaded
 from ..models.weights import MODEL_GENERIC_KEYS, load_trunk
 from .host import ClientSpec, build_objective, precision_of
-from .placement import Placement, placement_for
+from .placement import Placement, local_resources, placement_for
 
 
 @dataclass
@@ -200,11 +199,6 @@ def _family_shared_params(spec: ClientSpec, objective: ClientObjective[Any]) -> 
                 "feddistill, fedtsp) or only the head (lg_fedavg)"
             )
     return shared
-
-
-def local_resources(cfg: RootConfig) -> tuple[float, float]:
-    gpus = cfg.runtime.num_gpus if cfg.runtime.num_gpus is not None else torch.cuda.device_count()
-    return float(cfg.runtime.num_cpus or os.cpu_count() or 1), float(gpus)
 
 
 def _on_cluster(cfg: RootConfig) -> bool:

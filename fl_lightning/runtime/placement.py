@@ -167,6 +167,17 @@ def plan_placement(
     )
 
 
+def local_resources(cfg: RootConfig) -> tuple[float, float]:
+    """This machine's CPUs and GPUs as the run declares or finds them (torch only to count GPUs
+    the config leaves undeclared: `early.py` plans before the driver's imports)."""
+    gpus = cfg.runtime.num_gpus
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    return float(cfg.runtime.num_cpus or os.cpu_count() or 1), float(gpus)
+
+
 def placement_for(cfg: RootConfig, cpus: float, gpus: float) -> Placement:
     """The run's placement on `cpus` and `gpus` (its `runtime` settings)."""
     rt = cfg.runtime

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .early import DRIVER_MODULES
 from .local_ray import RayConnection, cluster_address, init_ray
-from .placement import Placement, placement_for
+from .placement import Placement, local_resources, placement_for
 from .workers import WorkerSource
 
 if TYPE_CHECKING:
@@ -125,14 +124,12 @@ class Session:
         if rt.executor == "serial":
             if local is not None:
                 return local
-            from .build import local_resources
-
             return placement_for(cfg, *local_resources(cfg))
         ray_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
         if local is None and rt.num_gpus is not None and not ray_up and not cluster_address(rt.address):
             # the private Ray about to start has the declared GPUs: an impossible placement is
             # one line before it starts (an undeclared count needs torch or Ray to find it)
-            local = placement_for(cfg, float(rt.num_cpus or os.cpu_count() or 1), float(rt.num_gpus))
+            local = placement_for(cfg, *local_resources(cfg))
         self.connect(rt.address, rt.num_cpus, rt.num_gpus)
         import ray
 

@@ -34,6 +34,9 @@ QUICK = [
     "runtime=serial", "logger=none", "data.train_subset=200", "data.test_subset=100",
     "fl.num_clients=2", "fl.rounds=1",
 ]  # fmt: skip
+#: tiny and quick for a test that must train to reach what it tests (a checkpoint): 2 clients
+#: of 200 images; a checkpoint's size is the model's, not the data's
+TINY = ["data.train_subset=400", "data.test_subset=100", "fl.num_clients=2"]
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
@@ -297,11 +300,19 @@ EXE = [sys.executable, "-m", "fl_lightning"]
 
 
 @pytest.fixture(scope="module")
-def two_rounds(tmp_path_factory, data_root) -> Path:
-    """A real tiny FedAvgM run (a state class of its own), two rounds: two checkpoints."""
-    out = tmp_path_factory.mktemp("two")
-    assert main(["run", *small(out, "runtime=serial", "method=fedavgm", "run_id=two"), "--quiet"]) == 0
-    return out / "default" / "two"
+def three_rounds(tmp_path_factory, data_root) -> Path:
+    """A real tiny FedAvgM run (a state class of its own) of three rounds, with all three
+    checkpoints: a run keeps its newest two, so round 1's is put back as it was at round 2."""
+    out = tmp_path_factory.mktemp("three")
+    args = small(out, *TINY, "runtime=serial", "method=fedavgm", "fl.rounds=2", "run_id=three")
+    assert main(["run", *args, "--quiet"]) == 0
+    run_dir = out / "default" / "three"
+    first = {p: p.read_bytes() for p in (run_dir / "checkpoints").glob("round-000001.*")}
+    assert len(first) == 2  # its .json and .pt
+    assert main(["resume", str(run_dir), "fl.rounds=3", "--quiet"]) == 0
+    for path, data in first.items():
+        path.write_bytes(data)
+    return run_dir
 
 
 def _copy_run(run_dir: Path, dest: Path) -> Path:
@@ -314,49 +325,47 @@ def _rounds(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("tamper", ["names_main_module", "deeply_nested"])
-def test_a_hostile_checkpoint_runs_nothing_and_resume_falls_back(tmp_path, two_rounds, tamper):
-    """The newest checkpoint names `fl_lightning.__main__` (importing it re-entered the CLI)
-    or nests 100,000 levels deep (a RecursionError): each is
-    set aside and the run resumes from round 1, ending where the untouched run ended. In a
-    subprocess: the old code's re-entered CLI ended the process it ran in."""
-    run_dir = _copy_run(two_rounds, tmp_path / "run")
-    js = run_dir / "checkpoints" / "round-000002.json"
-    doc = json.loads(js.read_text())
-    assert doc["state"]["__dataclass__"] == "fl_lightning.methods.fedavgm:FedAvgMState"
-    if tamper == "names_main_module":
-        doc["state"]["__dataclass__"] = "fl_lightning.__main__:FedAvgMState"
-    else:
-        doc["state"]["fields"]["round"] = "DEEP"
-    text = json.dumps(doc)
-    if tamper == "deeply_nested":
-        text = text.replace('"DEEP"', "[" * 100_000 + "]" * 100_000)
-    js.write_text(text)
-    r = subprocess.run([*EXE, "resume", str(run_dir), "fl.rounds=2", "--quiet"], capture_output=True,
+def test_a_hostile_checkpoint_runs_nothing_and_resume_falls_back(tmp_path, three_rounds):
+    """The newest checkpoint nests 100,000 levels deep (a RecursionError), the one before names
+    `fl_lightning.__main__` (importing it re-entered the CLI): each is set aside and the run
+    resumes from round 1, ending where the untouched run ended. In a subprocess (one for both):
+    the old code's re-entered CLI ended the process it ran in."""
+    run_dir = _copy_run(three_rounds, tmp_path / "run")
+    for rnd, tamper in ((2, "names_main_module"), (3, "deeply_nested")):
+        js = run_dir / "checkpoints" / f"round-00000{rnd}.json"
+        doc = json.loads(js.read_text())
+        assert doc["state"]["__dataclass__"] == "fl_lightning.methods.fedavgm:FedAvgMState"
+        if tamper == "names_main_module":
+            doc["state"]["__dataclass__"] = "fl_lightning.__main__:FedAvgMState"
+        else:
+            doc["state"]["fields"]["round"] = "DEEP"
+        js.write_text(json.dumps(doc).replace('"DEEP"', "[" * 100_000 + "]" * 100_000))
+    r = subprocess.run([*EXE, "resume", str(run_dir), "fl.rounds=3", "--quiet"], capture_output=True,
                        text=True, timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
-    warned = [ln for ln in r.stderr.splitlines() if "skipped checkpoint round-000002" in ln]
-    assert len(warned) == 1 and "resuming from round 1" in warned[0], r.stderr[-3000:]
-    assert (run_dir / "checkpoints" / "skipped" / "round-000002.json").is_file()  # set aside
-    assert [x["accuracy"] for x in _rounds(run_dir)] == [x["accuracy"] for x in _rounds(two_rounds)]
+    for rnd in (3, 2):  # the newest first, each on its own line
+        warned = [ln for ln in r.stderr.splitlines() if f"skipped checkpoint round-00000{rnd}" in ln]
+        assert len(warned) == 1 and "resuming from round 1" in warned[0], r.stderr[-3000:]
+        assert (run_dir / "checkpoints" / "skipped" / f"round-00000{rnd}.json").is_file()  # set aside
+    assert [x["accuracy"] for x in _rounds(run_dir)] == [x["accuracy"] for x in _rounds(three_rounds)]
 
 
 @pytest.mark.parametrize("wandb_id", ["a/b", "x" * 65, 7, "../../etc"], ids=["slash", "long", "int", "path"])
-def test_a_checkpoint_naming_a_wandb_id_wandb_refuses_is_set_aside(tmp_path, caplog, two_rounds, wandb_id):
+def test_a_checkpoint_naming_a_wandb_id_wandb_refuses_is_set_aside(tmp_path, caplog, three_rounds, wandb_id):
     """A checkpoint's W&B run id is what the resumed run continues: `a/b` was W&B's UsageError,
     a traceback, once the resume reached W&B. Such a checkpoint is not intact: set aside with a
     warning, and the run resumes from the one before (as for any broken checkpoint above)."""
     from fl_lightning.runtime import checkpoint
 
-    run_dir = _copy_run(two_rounds, tmp_path / "run")
-    for rnd, wid in ((1, "0a1b2c3d"), (2, wandb_id)):
+    run_dir = _copy_run(three_rounds, tmp_path / "run")
+    for rnd, wid in ((2, "0a1b2c3d"), (3, wandb_id)):
         js = run_dir / "checkpoints" / f"round-00000{rnd}.json"
         doc = json.loads(js.read_text())
         doc["meta"]["wandb_id"] = wid
         js.write_text(json.dumps(doc))
-    assert checkpoint.recover(run_dir) == 1
-    assert "skipped checkpoint round-000002" in caplog.text and "W&B run id" in caplog.text
+    assert checkpoint.recover(run_dir) == 2
+    assert "skipped checkpoint round-000003" in caplog.text and "W&B run id" in caplog.text
     assert checkpoint.load(checkpoint.latest(run_dir))[1]["wandb_id"] == "0a1b2c3d"
 
 
@@ -439,7 +448,7 @@ def test_a_run_of_a_method_from_another_package_resumes_from_its_checkpoint(tmp_
     (site / "extpkg" / "__init__.py").write_text("")
     (site / "extpkg" / "fedtally.py").write_text(_EXT_METHOD)
     env = {**os.environ, "PYTHONPATH": str(site)}
-    args = small(tmp_path / "out", "runtime=serial", "method=fedtally", "methods=extpkg.fedtally",
+    args = small(tmp_path / "out", *TINY, "runtime=serial", "method=fedtally", "methods=extpkg.fedtally",
                  "run_id=ext", "fl.clients_per_round=2")  # fmt: skip
     r = subprocess.run([*EXE, "run", *args, "fl.rounds=1", "--quiet"], env=env, capture_output=True,
                        text=True, timeout=600)  # fmt: skip
@@ -489,7 +498,7 @@ def test_a_file_size_limit_during_a_checkpoint_is_one_line_and_resumable(tmp_pat
     """RLIMIT_FSIZE below a checkpoint's size (a quota): the checkpoint write fails with EFBIG.
     One line, exit 1, no temporary file, summary.json saying why; resumed without the limit,
     the run finishes. In this process (the limit set and lifted around the run): no CLI start."""
-    args = small(tmp_path, "runtime=serial", "run_id=r", *WIDE)  # a checkpoint over 1 MiB (6.4 MiB)
+    args = small(tmp_path, *TINY, "runtime=serial", "run_id=r", *WIDE)  # a checkpoint over 1 MiB (6.4 MiB)
     capsys.readouterr()
     with _file_size_limit(1 << 20):
         code = main(["run", *args, "--quiet"])
@@ -531,10 +540,11 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(
     checkpoint intact; on a larger disk, `resume` finishes the run."""
     probe = tmp_path / "probe"
     # at full width: a checkpoint (6.4 MiB) larger than the run's other files
-    assert main(["run", *small(probe, "runtime=serial", "fl.rounds=1", "run_id=p", *WIDE), "--quiet"]) == 0
+    probe_args = small(probe, *TINY, "runtime=serial", "fl.rounds=1", "run_id=p", *WIDE)
+    assert main(["run", *probe_args, "--quiet"]) == 0
     ckpt = (probe / "default" / "p" / "checkpoints" / "round-000001.pt").stat().st_size
     disk = tiny_disk(ckpt + ckpt // 2 + (1 << 20))  # round 1's checkpoint, the run's small files
-    args = small(disk, "runtime=serial", "run_id=r", *WIDE)
+    args = small(disk, *TINY, "runtime=serial", "run_id=r", *WIDE)
     capsys.readouterr()
     code = main(["run", *args, "--quiet"])  # in this process: the disk, not the CLI's start, is tested
     run_dir = disk / "default" / "r"
@@ -585,7 +595,7 @@ def test_ray_that_does_not_start_is_one_line(tmp_path, data_root):
     made real by stopping the new Ray's raylet (SIGSTOP) before it registers: one line, exit 1.
     ~30 s: Ray's own wait."""
     out = tmp_path / "out"
-    args = small(out, "runtime=ray", "runtime.early_start=false", "fl.rounds=1")
+    args = small(out, *TINY, "runtime=ray", "runtime.early_start=false", "fl.rounds=1")
     proc = subprocess.Popen([*EXE, "run", *args, "--quiet"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     mark = f"FL_LIGHTNING_RAY_OWNER={proc.pid}-".encode()

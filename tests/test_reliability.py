@@ -211,7 +211,11 @@ def test_a_diverging_run_fails_and_is_never_averaged(tmp_path, capsys):
 
 # --- row 2: resume while the run is still going ---------------------------------------------
 def test_a_second_writer_gets_one_line_naming_the_holder(tmp_path, capsys, data_root):
-    args = small(tmp_path, *TINY, "runtime=serial", "fl.rounds=500", "run_id=r")
+    """`resume` (or `run` of the same id) beside a live run: one line naming its PID, and the
+    writer goes on undisturbed. That writer then gets SIGTERM mid-fit: the serial case of
+    `test_sigterm_stops_a_run_like_ctrl_c` (exit 143, one line, `interrupted`, resumable), in
+    the process this test starts anyway."""
+    args = small(tmp_path, *TINY[:-1], "fl.local_steps=20", "runtime=serial", "fl.rounds=500", "run_id=r")
     run_dir = tmp_path / "default" / "r"
     proc = subprocess.Popen([EXE, "run", *args, "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -226,10 +230,16 @@ def test_a_second_writer_gets_one_line_naming_the_holder(tmp_path, capsys, data_
         assert main(["run", *args, "--quiet"]) == 2  # the same run id: the directory exists
         assert "exists" in _one_line(capsys.readouterr().err)
         assert proc.poll() is None  # the writer went on undisturbed
+        proc.terminate()  # `kill <pid>` (what `ray job stop` sends); 20 steps a client: mostly mid-fit
+        _, err = proc.communicate(timeout=120)
     finally:
-        proc.kill()  # kill -9: the kernel releases its lock
-        proc.wait()
-    done = max(int(p.stem.split("-")[1]) for p in (run_dir / "checkpoints").glob("round-*.json"))
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err.decode()
+    assert "terminated (SIGTERM)" in _one_line(err.decode())
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+    done = len(_records(run_dir))
     assert main(["resume", str(run_dir), f"fl.rounds={done + 1}", "--quiet"]) == 0
     assert [r["round"] for r in _records(run_dir)] == list(range(1, done + 2))  # every round once
 
@@ -432,7 +442,8 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, caplog, fin
 def test_a_killed_actor_is_in_metrics_and_wandb_and_changes_nothing(tmp_path, data_root, ray_session):
     from .wandb_files import read_finished_run
 
-    args = small(tmp_path, *TINY, "method=moon", "fl.rounds=3", "runtime.threads_per_client=1")
+    # two rounds: the actor is killed once round 1 is committed, so round 2's fit meets it
+    args = small(tmp_path, *TINY, "method=moon", "fl.rounds=2", "runtime.threads_per_client=1")
     undisturbed, _ = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False)
     cfg = compose(
         [*args, "runtime.placement=per_client", "logger=wandb", "logger.mode=offline", "run_id=ray"]
@@ -626,14 +637,14 @@ def test_a_signal_while_the_ray_workers_start_leaves_an_interrupted_summary(
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to find processes")
-@pytest.mark.parametrize("runtime", ["serial", "ray"])
 @pytest.mark.slow
-def test_sigterm_stops_a_run_like_ctrl_c(tmp_path, runtime):
+def test_sigterm_stops_a_run_like_ctrl_c(tmp_path):
     """`kill <pid>` (also what `ray job stop` sends): exit 143, one line, the run `interrupted`
-    and resumable, no Ray process left; not Ray's stack dump and a run with no summary."""
+    and resumable, no Ray process left; not Ray's stack dump and a run with no summary. On Ray
+    here; a serial run's SIGTERM is the end of `test_a_second_writer_gets_one_line_naming_the_holder`."""
     ray_tmp = tempfile.mkdtemp(prefix="flr", dir="/tmp")
-    extra = ["runtime=serial"] if runtime == "serial" else ["runtime.address=local"]
-    args = small(tmp_path, *TINY[:-1], "fl.local_steps=20", *extra, "fl.rounds=500", "run_id=t")
+    args = small(tmp_path, *TINY[:-1], "fl.local_steps=20", "runtime.address=local", "fl.rounds=500")
+    args.append("run_id=t")
     run_dir = tmp_path / "default" / "t"
     proc = subprocess.Popen(
         [EXE, "run", *args, "--quiet"], env={**os.environ, "FL_LIGHTNING_RAY_TMPDIR": ray_tmp},
@@ -752,6 +763,13 @@ def test_a_killed_parallel_sweep_resumes_without_duplicates_or_orphans(tmp_path,
     hogs: list[subprocess.Popen] = []
     try:
         deadline = time.monotonic() + 300
+        recorded = folder / "sweep.json"  # (written once the sweep holds the folder)
+        while not recorded.exists() and sweep.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _holder_pid(folder) == sweep.pid, sweep.stderr.read().decode() if sweep.poll() else ""
+        # a second live sweep on the folder: refused, while this one's runs still start
+        assert main(["sweep", "--resume", str(folder)]) == 2
+        assert f"in use by another sweep (PID {sweep.pid}" in _one_line(capsys.readouterr().err)
         while time.monotonic() < deadline and sweep.poll() is None:
             if list(folder.glob("*/checkpoints/round-000001.json")):
                 break
@@ -792,22 +810,10 @@ def test_a_killed_parallel_sweep_resumes_without_duplicates_or_orphans(tmp_path,
     kept = {d.name: (d / "metrics.jsonl").read_text() for d in resumable if (d / "metrics.jsonl").exists()}
     kept = {name: text for name, text in kept.items() if text.strip()}
 
-    # the resumed sweep runs its runs one after another in its own process (what it resumes is
-    # the same either way; a process per run, as --parallel starts, costs ~5 CPU-seconds each)
-    resumed = subprocess.Popen([EXE, "sweep", "--resume", str(folder), "--no-plots"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while _holder_pid(folder) != resumed.pid and resumed.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert main(["sweep", "--resume", str(folder)]) == 2  # a second live sweep on the folder
-        line = _one_line(capsys.readouterr().err)
-        assert f"in use by another sweep (PID {resumed.pid}" in line
-        printed, err = resumed.communicate(timeout=900)
-    finally:
-        if resumed.poll() is None:
-            resumed.kill()
-    assert resumed.returncode == 0, printed + err
+    # the resumed sweep runs its runs one after another, here in this process (what it resumes
+    # is the same either way; a process per run, as --parallel starts, costs ~5 CPU-seconds each)
+    assert main(["sweep", "--resume", str(folder), "--no-plots"]) == 0
+    printed = capsys.readouterr().out
     assert f"{len(resumable)} to resume, {len(others)} to restart" in printed
     runs = _run_dirs(folder)
     assert len(runs) == 3, [d.name for d in runs]  # no run twice

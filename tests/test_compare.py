@@ -83,6 +83,25 @@ def test_sweep_then_compare_two_methods_over_two_seeds(tmp_path, capsys):
     lrs = {yaml.safe_load(p.read_text())["optim"]["lr"] for p in exp.glob("*/config.yaml")}
     (lr,) = lrs  # the sweep's runs share the default learning rate
     assert rc == 0 and next(ln for ln in table.splitlines() if ln.startswith(f"{lr} ")).split()[1] == "4"
+    _loss_rows_are_means_of_minima(exp, ("fedavg", "fedprox"), 2, capsys)
+
+
+def _loss_rows_are_means_of_minima(exp: Path, methods: tuple[str, ...], rounds: int, capsys) -> None:
+    """`compare --metric loss` over real runs: each method's final and best loss are the mean
+    (± std over its seeds; one run: no ±) of its runs' last and lowest `loss` in metrics.jsonl."""
+    assert main(["compare", str(exp), "--metric", "loss", "--no-plots"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for method in methods:
+        curves = [[json.loads(ln)["loss"] for ln in p.read_text().splitlines()]
+                  for p in sorted(exp.glob(f"{method}_*/metrics.jsonl"))]  # fmt: skip
+        finals, mins = [c[-1] for c in curves], [min(c) for c in curves]
+        row = " ".join(_cells(lines, "loss", method))
+        if len(curves) == 1:
+            (seed,) = [json.loads(p.read_text())["seed"] for p in exp.glob(f"{method}_*/summary.json")]
+            assert f" 1 {seed} {finals[0]:.4f} {mins[0]:.4f} {rounds} " in row and "±" not in row
+        else:
+            assert f"{statistics.mean(mins):.4f} ± {statistics.stdev(mins):.4f}" in row
+            assert f"{statistics.mean(finals):.4f} ± {statistics.stdev(finals):.4f}" in row
 
 
 def test_parallel_sweep_runs_each_in_its_own_process(tmp_path, capsys):
@@ -239,6 +258,7 @@ def test_compare_of_different_primary_metrics_gives_each_its_own_table(tmp_path,
     assert "majority ref" in printed[1] and any(
         ln.startswith("paired: final client_accuracy minus fedavg") for ln in printed
     )
+    _loss_rows_are_means_of_minima(tmp_path / "mixed", ("fedavg",), 2, capsys)  # FedPer: no global loss
 
 
 def _majority_by_hand(run_dir: Path) -> float:
@@ -335,25 +355,6 @@ def test_compare_mixed_metrics_one_table_each_best_in_the_metrics_direction(tmp_
     data = json.loads((tmp_path / "loss" / "compare.json").read_text())
     assert data["metrics"] == ["loss"] and {g["direction"] for g in data["groups"]} == {"min"}
     assert (tmp_path / "loss" / "loss_vs_round.png").read_bytes()[:8] == PNG
-
-
-def test_compare_loss_of_real_runs_is_the_mean_of_their_minima(tmp_path, capsys):
-    exp = tmp_path / "loss"
-    for method, seed in (("fedavg", 0), ("fedavg", 1), ("fedprox", 0)):
-        assert main(["run", f"method={method}", f"seed={seed}", *TINY, "fl.rounds=3",
-                     f"output_dir={tmp_path}", "experiment=loss", "--quiet"]) == 0  # fmt: skip
-    assert main(["compare", str(exp), "--metric", "loss", "--no-plots"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    for method in ("fedavg", "fedprox"):
-        curves = [[json.loads(ln)["loss"] for ln in p.read_text().splitlines()]
-                  for p in sorted(exp.glob(f"{method}_*/metrics.jsonl"))]  # fmt: skip
-        finals, mins = [c[-1] for c in curves], [min(c) for c in curves]
-        row = " ".join(_cells(lines, "loss", method))
-        if len(curves) == 1:
-            assert f" 1 0 {finals[0]:.4f} {mins[0]:.4f} 3 " in row and "±" not in row
-        else:
-            assert f"{statistics.mean(mins):.4f} ± {statistics.stdev(mins):.4f}" in row
-            assert f"{statistics.mean(finals):.4f} ± {statistics.stdev(finals):.4f}" in row
 
 
 def _png_size(path: Path) -> tuple[int, int]:

@@ -227,7 +227,8 @@ def test_sequential_ray_sweep_sets_up_the_same_workers_again(tmp_path, capsys, r
 
 def test_compare_of_different_primary_metrics_gives_each_its_own_table(tmp_path, capsys):
     """FedAvg's primary metric is the global `accuracy`, FedPer's `client_accuracy`: each is
-    reported on its own, in a table titled with it; `--metric` puts both on one."""
+    reported on its own, in a table titled with it; `--metric` puts both on one. (Its two runs
+    also serve the loss table of one run and the pictures every run draws.)"""
     from fl_lightning.tracking.compare import compare
 
     for method in ("fedavg", "fedper"):
@@ -259,6 +260,15 @@ def test_compare_of_different_primary_metrics_gives_each_its_own_table(tmp_path,
         ln.startswith("paired: final client_accuracy minus fedavg") for ln in printed
     )
     _loss_rows_are_means_of_minima(tmp_path / "mixed", ("fedavg",), 2, capsys)  # FedPer: no global loss
+    # every run draws its curves and its partition (here FedPer's, with client test splits)
+    (fedper,) = [s["run_id"] for s in _summaries(tmp_path / "mixed") if s["method"] == "fedper"]
+    run_dir = tmp_path / "mixed" / fedper
+    for name, (min_w, min_h) in (("curves.png", (1000, 400)), ("partition.png", (600, 300))):
+        png = run_dir / name
+        width, height = _png_size(png)
+        assert width >= min_w and height >= min_h, (name, width, height)
+        assert 10_000 < png.stat().st_size < 2_000_000, name  # drawn, and not a bloated raster
+    assert not list(run_dir.glob("*.part"))  # written whole, no temporary left
 
 
 def _majority_by_hand(run_dir: Path) -> float:
@@ -362,18 +372,6 @@ def _png_size(path: Path) -> tuple[int, int]:
     head = path.read_bytes()[:24]
     assert head[:8] == PNG and head[12:16] == b"IHDR", f"{path} is not a PNG"
     return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
-
-
-def test_every_run_writes_its_curves_and_partition_pictures(tmp_path):
-    assert main(["run", "method=fedper", *TINY, "fl.rounds=3", "data.client_test_fraction=0.25",
-                 f"output_dir={tmp_path}", "experiment=pics", "run_id=r", "--quiet"]) == 0  # fmt: skip
-    run_dir = tmp_path / "pics" / "r"
-    for name, (min_w, min_h) in (("curves.png", (1000, 400)), ("partition.png", (600, 300))):
-        png = run_dir / name
-        width, height = _png_size(png)
-        assert width >= min_w and height >= min_h, (name, width, height)
-        assert 10_000 < png.stat().st_size < 2_000_000, name  # drawn, and not a bloated raster
-    assert not list(run_dir.glob("*.part"))  # written whole, no temporary left
 
 
 def test_compare_pairs_each_method_with_fedavg_by_seed(tmp_path, capsys):

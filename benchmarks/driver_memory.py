@@ -172,7 +172,7 @@ def machine() -> dict[str, Any]:
 
     import torch
 
-    info = {"model name": None, "MemTotal": None}
+    info: dict[str, str | None] = {"model name": None, "MemTotal": None}
     for name in ("cpuinfo", "meminfo"):
         try:
             for line in Path("/proc", name).read_text().splitlines():

@@ -51,8 +51,11 @@ lint: venv
 # worker's torch, and every client of the runs the tests start, runs one thread (tests/conftest.py).
 # (Three were held back while the second-Ctrl-C test failed at their load: the way out now writes
 # summary.json under signals.held.)
-# `worksteal`: a worker that runs out takes half of another's queue, so none ends long after
-# the others (tests/conftest.py orders the suite: unit lane, long tests, the rest).
+# `--dist load --maxschedchunk 2`: each worker takes the next two tests of one queue as it frees
+# up, so the long tests (tests/conftest.py orders the suite: unit lane, long tests, the rest)
+# are dealt over all workers early and the suite ends on short ones. (`worksteal` gave each
+# worker a contiguous third up front: one worker got every long test in a row, and the others
+# stole them only near the end, where three long Ray tests ran alone for ~2 minutes.)
 # `make lint` in full, with mypy (~40 s on one core) beside the suite rather than before it: niced,
 # it runs in the gaps the suite leaves while tests wait on Ray and subprocesses. Its report comes
 # after the suite's; either failing fails `make test`.
@@ -61,7 +64,7 @@ test: venv data
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	@out=$$(mktemp); nice -n 10 $(VENV)/bin/mypy fl_lightning >$$out 2>&1 & mypy=$$!; \
-	$(PY) -m pytest -q --durations=15 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal); \
+	$(PY) -m pytest -q --durations=15 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist load --maxschedchunk 2); \
 	rc=$$?; wait $$mypy; typed=$$?; echo "$(VENV)/bin/mypy fl_lightning"; cat $$out; rm -f $$out; \
 	[ $$rc -eq 0 ] && [ $$typed -eq 0 ]
 

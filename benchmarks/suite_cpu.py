@@ -8,7 +8,7 @@ that outlive a test (the session's Ray) add their background CPU to whichever te
 Needs root and /sys/fs/cgroup/cpuacct (Linux); elsewhere it says so and exits 2.
 
 Run: `python benchmarks/suite_cpu.py --out benchmarks/results/suite_cpu.json [-- pytest args]`
-(default: the whole suite, two workers as `make test`). Writes per test CPU and wall seconds,
+(default: the whole suite, three workers as `make test`). Writes per test CPU and wall seconds,
 per file sums and the total.
 """
 
@@ -56,7 +56,7 @@ def pytest_runtest_protocol(item, nextitem):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("pytest_args", nargs="*", default=["-n", "2", "--dist", "worksteal"])
+    ap.add_argument("pytest_args", nargs="*", default=["-n", "3", "--dist", "load", "--maxschedchunk", "2"])
     args = ap.parse_args()
     if not os.access(CPUACCT, os.W_OK):
         print(f"suite_cpu: needs a writable {CPUACCT} (root, cgroup v1)", file=sys.stderr)

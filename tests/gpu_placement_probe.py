@@ -13,8 +13,8 @@ one session's workers (`WorkerSource`) over three runs: workers and their placem
 as `Session.early_start` makes them (`WorkerSource.make`), a run that takes them, a second run
 of the same layout that gets them warm (`reuse_actors`, a sequential sweep), then a run of
 another layout, which ends them and makes its own; one line with each run's workers, GPUs and
-bundles and the placement groups left after the source is cleared. One chain of 2 + other
-workers covers what three cases of 2 workers each did: each worker costs ~7 CPU-seconds.
+bundles and the placement groups left after the source is cleared. One chain of n + other
+workers covers what three cases of their own did: each worker costs ~7 CPU-seconds.
 """
 
 from __future__ import annotations

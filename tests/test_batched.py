@@ -1,6 +1,7 @@
 """`runtime.batched`: K clients trained together with stacked weights give each client the
 weights it gets alone, and the same aggregate, over two rounds with partial participation
-(5 of 8 clients) and unequal client sizes, under the serial executor and under Ray.
+(5 of 8 clients) and unequal client sizes, under the serial executor and under Ray (that
+test lives in test_faults.py, on the client workers its tests share).
 
 Every client's training is also written out here as a plain PyTorch loop (torch's own SGD,
 the method's loss by hand, the engine's batch order derived from torch's RandomSampler), in
@@ -37,7 +38,6 @@ from fl_lightning.core.strategy import round_rng
 from fl_lightning.runtime.build import prepare
 from fl_lightning.runtime.executor import SerialExecutor
 from fl_lightning.runtime.host import ClientHost, torch_threads
-from fl_lightning.runtime.placement import plan_placement
 
 from .conftest import small
 from .test_methods import f32_tolerances, match
@@ -249,31 +249,6 @@ def test_batched_equals_sequential_on_the_gpu(tmp_path, data_root, monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     p, shards = prepared(tmp_path, "fedprox")
     run_paths("fedprox", p, shards, serial_paths(p, shards, accelerator="gpu"))
-
-
-def test_batched_under_ray_each_actor_trains_its_share(tmp_path, data_root, ray_session):
-    """Two actors for 8 clients; each trains its share of the round 2 at a time (`fit_many`).
-    A batch of clients that fails is retried once, then dropped client by client."""
-    from fl_lightning.runtime.ray_executor import RayExecutor
-
-    p, shards = prepared(tmp_path, "fedavg")
-    spec = dataclasses.replace(p.spec, batched=2, threads=1, accelerator="cpu")
-    placement = plan_placement(len(SIZES), total_cpus=2, total_gpus=0, placement="pool", num_actors=2)
-    ex = RayExecutor(
-        spec, p.dataset, [shards[c] for c in range(len(SIZES))], [], placement, max_client_failures=5
-    )
-    try:
-        ex.ready()
-        run_paths("fedavg", p, shards, {"ray": (ex, None)})
-        assert ex.failures == [] and ex.retries == []
-        plan = p.strategy.configure_round(p.strategy.init_state(p.init_params), 3, round_rng(0, 3))
-        plan.broadcast.global_params = {**plan.broadcast.global_params, "no.such.layer": torch.zeros(1)}
-        assert list(ex.fit(plan)) == []
-        for lines in (ex.retries, ex.failures):  # one line per client
-            assert sorted(int(f.split("client ")[1].split()[0].rstrip(":")) for f in lines) == plan.client_ids
-            assert all(f.startswith("round 3: client ") and "KeyError" in f for f in lines)
-    finally:
-        ex.close()
 
 
 BAD = [

@@ -122,18 +122,20 @@ def test_ray_places_client_actors_evenly_on_declared_gpus():
     `ray.get_gpu_ids()`: the GPU Ray gave it, which CUDA_VISIBLE_DEVICES then names for the
     Trainer's `devices=1`.
 
-    One session's workers over three runs ("chain"): 2 x 1 GPU per client made by
-    `early_start`, which the run takes (workers and placement group), the next run of that
-    layout gets warm (a sequential sweep's `reuse_actors`: same workers, same GPUs), and a run
-    of another layout (4 x 0.25) ends and replaces, spread two per GPU with the two of a
-    bundle on one GPU (Ray alone would stack all four quarters on GPU 0; this layout was its
-    own case of 2 x 0.25, two more actors). Two GPUs tell spreading from stacking as four
-    would (the round-robin over four is `plan_placement`'s, tested above); each actor costs
-    ~7 CPU-seconds (it imports Lightning), so 4 GPUs (4 x 0.25, 4 x 1, 8 x 0.5, 16 x 0.25)
-    run only with FL_LIGHTNING_GPU_TEST_FULL=1."""
+    One session's workers over three runs ("chain"): a 1-GPU worker made by `early_start`,
+    which the run takes (worker and placement group), the next run of that layout gets warm (a
+    sequential sweep's `reuse_actors`: same worker, same GPU), and a run of another layout
+    (3 x 0.25) ends and replaces it, spread over both GPUs with the two of a bundle on one GPU
+    and the third on the other (Ray alone would stack all three quarters on GPU 0). Two GPUs
+    tell spreading from stacking as four would (the round-robin over four is `plan_placement`'s,
+    tested above), and an uneven split (2 + 1) tells bundle i % 2 from any other grouping; each
+    actor costs ~7 CPU-seconds (it imports Lightning): the chain starts 4 (a whole GPU each is
+    Ray's own rule, so one such actor shows it; 2 x 1 GPU and 4 x 0.25 were two more each), and
+    4 GPUs (5 x 0.25, 4 x 0.25, 4 x 1, 8 x 0.5, 16 x 0.25) run only with
+    FL_LIGHTNING_GPU_TEST_FULL=1."""
     full = os.environ.get("FL_LIGHTNING_GPU_TEST_FULL") == "1"
     gpus = 4 if full else 2
-    cases = [["busy", gpus, 3], ["chain", 2, 1.0, "per_client", 2 * gpus, 0.25]]
+    cases = [["busy", gpus, 3], ["chain", 1, 1.0, "per_client", gpus + 1, 0.25]]
     if full:
         cases += [[gpus, 0.25, "auto"], [gpus, 1.0, "per_client"], [2 * gpus, 0.5, "auto"]]
         cases += [[16, 0.25, "auto"]]
@@ -143,10 +145,12 @@ def test_ray_places_client_actors_evenly_on_declared_gpus():
     out = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     assert [o["case"] for o in out] == cases
 
-    def spread(o: dict, n: int) -> None:  # n actors, n / gpus on each GPU, bundles = GPUs
+    def spread(o: dict, n: int) -> None:  # n actors round-robin over the GPUs, bundles = GPUs
         assert all(len(ids) == 1 for ids in o["gpu_ids"])  # each actor sees exactly one GPU
         per_gpu = collections.Counter(ids[0] for ids in o["gpu_ids"])
-        assert per_gpu == {str(g): max(n // gpus, 1) for g in range(min(n, gpus))}, (o, per_gpu)
+        used = min(n, gpus)  # bundle b holds actors b, b + gpus, ...
+        assert set(per_gpu) == {str(g) for g in range(used)}, (o, per_gpu)
+        assert sorted(per_gpu.values()) == sorted(len(range(b, n, gpus)) for b in range(used)), (o, per_gpu)
         assert sorted(c for cs in o["clients"] for c in cs) == list(range(n))
         gpu_of_bundle = {}  # actors sharing a bundle share a GPU; different bundles, different GPUs
         for b, ids in zip(o["bundles"], o["gpu_ids"], strict=True):

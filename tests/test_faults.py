@@ -1,12 +1,18 @@
 """A client whose actor dies is retried on a fresh actor; one that keeps failing is
 dropped when fl.max_client_failures allows, else the run stops naming client and cause; a
-round in which every client fails is one clear error.
+round in which every client fails is one clear error; batched clients under Ray (a failing
+batch is retried, then dropped client by client).
 
-One executor (2 client actors on the session's Ray) serves every test here: each actor costs
-~7 CPU-seconds to start, and what a test does to it (a killed actor is replaced, an error
-raised inside a client leaves its actor up) leaves it whole for the next."""
+Two client workers on the session's Ray serve every test here (`workers`): each costs ~7
+CPU-seconds to start, so each test's executor sets up the previous test's workers again (as a
+sequential sweep's run does) where it would start its own; what a test does to them (a killed
+actor is replaced, an error raised inside a client leaves its actor up) leaves them whole."""
+
+import contextlib
+import dataclasses
 
 import pytest
+import torch
 
 from fl_lightning.config import compose
 from fl_lightning.core.errors import ClientFailure
@@ -20,28 +26,49 @@ from .conftest import small
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory, data_root, ray_session):
+def workers(ray_session):
+    """This module's idle client workers, between its tests (ended with it: they hold the
+    session Ray's CPUs)."""
+    from fl_lightning.runtime.workers import WorkerSource
+
+    source = WorkerSource()
+    yield source
+    source.clear()
+
+
+@contextlib.contextmanager
+def _executor(workers, ray_session, *args, **kwargs):
+    """A `RayExecutor` on `workers`' idle workers (new ones the first time), ready; given back
+    to them after the test where all its actors are alive."""
     from fl_lightning.runtime.ray_executor import RayExecutor
 
-    p = prepare(
+    ex = RayExecutor(*args, **kwargs, source=workers)
+    ex.ready()
+    try:
+        yield ex
+    finally:
+        try:
+            ray_session.get([a.info.remote() for a in ex.actors], timeout=60)
+            alive = True
+        except Exception:  # noqa: BLE001  (a test that failed with a dead actor: end them)
+            alive = False
+        ex.close(reuse=alive)
+
+
+@pytest.fixture(scope="module")
+def prepared_run(tmp_path_factory, data_root):
+    return prepare(
         compose(small(tmp_path_factory.mktemp("faults"), "fl.num_clients=2", "data.train_subset=400"))
     )
-    placement = plan_placement(2, total_cpus=2, total_gpus=0, placement="per_client")
-    ex = RayExecutor(p.spec, p.dataset, p.split.train, p.split.test, placement)
-    try:
-        ex.ready()
-        yield p, ex
-    finally:
-        ex.close()
 
 
 @pytest.fixture()
-def executor_parts(shared):
-    """The shared executor as a new one starts: no failures or retries, none allowed."""
-    p, ex = shared
-    ex.failures, ex.retries, ex.max_client_failures = [], [], 0
-    yield p, ex
-    ex.failures, ex.retries, ex.max_client_failures = [], [], 0
+def executor_parts(prepared_run, workers, ray_session):
+    """An executor of the prepared run's 2 clients, one actor each; no failures allowed."""
+    p = prepared_run
+    placement = plan_placement(2, total_cpus=2, total_gpus=0, placement="per_client")
+    with _executor(workers, ray_session, p.spec, p.dataset, p.split.train, p.split.test, placement) as ex:
+        yield p, ex
 
 
 def _unloadable(b: Broadcast) -> Broadcast:
@@ -98,3 +125,25 @@ def test_every_client_failing_is_one_clear_error(tmp_path, executor_parts, monke
     # both clients and their causes, in the order they failed
     assert all(f"client {c} failed: KeyError" in str(info.value) for c in (0, 1))
     assert len(ex.retries) == 2  # each client was retried once before it was dropped
+
+
+def test_batched_under_ray_each_actor_trains_its_share(tmp_path, data_root, workers, ray_session):
+    """Two actors for 8 clients; each trains its share of the round 2 at a time (`fit_many`),
+    to the weights of test_batched's written-out loops. A batch of clients that fails is
+    retried once, then dropped client by client. (Here, not in test_batched.py: the module's
+    workers serve it.)"""
+    from .test_batched import SIZES, prepared, run_paths
+
+    p, shards = prepared(tmp_path, "fedavg")
+    spec = dataclasses.replace(p.spec, batched=2, threads=1, accelerator="cpu")
+    placement = plan_placement(len(SIZES), total_cpus=2, total_gpus=0, placement="pool", num_actors=2)
+    train = [shards[c] for c in range(len(SIZES))]
+    with _executor(workers, ray_session, spec, p.dataset, train, [], placement, max_client_failures=5) as ex:
+        run_paths("fedavg", p, shards, {"ray": (ex, None)})
+        assert ex.failures == [] and ex.retries == []
+        plan = p.strategy.configure_round(p.strategy.init_state(p.init_params), 3, round_rng(0, 3))
+        plan.broadcast.global_params = {**plan.broadcast.global_params, "no.such.layer": torch.zeros(1)}
+        assert list(ex.fit(plan)) == []
+        for lines in (ex.retries, ex.failures):  # one line per client
+            assert sorted(int(f.split("client ")[1].split()[0].rstrip(":")) for f in lines) == plan.client_ids
+            assert all(f.startswith("round 3: client ") and "KeyError" in f for f in lines)

@@ -82,6 +82,9 @@ def runtime_of(system: str, device: str, args: argparse.Namespace) -> list[str]:
 # --- the measured processes ------------------------------------------------------------------
 def child_plain(spec: dict[str, Any]) -> dict[str, Any]:
     """FedAvg as a plain loop in one process, on fl_lightning's data, model and arithmetic."""
+    from fl_lightning.lean_imports import install
+
+    install()  # as the engine's driver and workers do: its start-up is compared with theirs
     import torch
     import torch.nn.functional as F
 

@@ -165,20 +165,24 @@ def run_one(n: int, rounds: int, args: argparse.Namespace, per_client_bytes: int
 
 
 def machine() -> dict[str, Any]:
-    import lightning
-    import ray
+    """CPU, memory and the versions that matter: Lightning's and Ray's from their metadata and
+    the CPU from /proc, where importing them (torchmetrics with Lightning) cost each benchmark's
+    parent ~8 CPU-s; torch's from torch (its metadata may lack the build's +cuXXX)."""
+    from importlib.metadata import version
+
     import torch
 
-    from fl_lightning.runtime.summary import cpu_model
-
-    cpu = cpu_model()
-    mem_gb = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem_gb = int(line.split()[1]) / 2**20
-    except OSError:
-        pass
+    info: dict[str, str | None] = {"model name": None, "MemTotal": None}
+    for name in ("cpuinfo", "meminfo"):
+        try:
+            for line in Path("/proc", name).read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() in info and info[key.strip()] is None:
+                    info[key.strip()] = value.strip()
+        except OSError:
+            pass
+    cpu = info["model name"] or platform.processor() or platform.machine()
+    mem_gb = int(info["MemTotal"].split()[0]) / 2**20 if info["MemTotal"] else None
     return {
         "cpu_model": cpu,
         "cpus": os.cpu_count(),
@@ -186,8 +190,8 @@ def machine() -> dict[str, Any]:
         "os": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "ray": ray.__version__,
-        "lightning": lightning.__version__,
+        "ray": version("ray"),
+        "lightning": version("lightning"),
     }
 
 

@@ -59,11 +59,11 @@ lint: venv
 # worker's torch, and every client of the runs the tests start, runs one thread (tests/conftest.py).
 # (Three were held back while the second-Ctrl-C test failed at their load: the way out now writes
 # summary.json under signals.held.)
-# `--dist load --maxschedchunk 2`: each worker takes the next two tests of one queue as it frees
-# up, so the long tests (tests/conftest.py orders the suite: unit lane, long tests, the rest)
-# are dealt over all workers early and the suite ends on short ones. (`worksteal` gave each
-# worker a contiguous third up front: one worker got every long test in a row, and the others
-# stole them only near the end, where three long Ray tests ran alone for ~2 minutes.)
+# `worksteal`: a worker that runs out takes half of another's queue, so none ends long after
+# the others (tests/conftest.py orders the suite: unit lane, long tests, the rest). Measured in
+# fresh clones: worksteal 776 and 843 s of pytest; `--dist load --maxschedchunk 2` 943 s on a
+# suite of ~10% less CPU (a replay of the schedulers over per-test durations had ranked it
+# first: side by side, tests do not last as long as they did when measured).
 # `make lint` in full, with mypy (~40 s on one core) beside the suite rather than before it: niced,
 # it runs in the gaps the suite leaves while tests wait on Ray and subprocesses. Its report comes
 # after the suite's; either failing fails `make test`.
@@ -72,7 +72,7 @@ test: venv data bytecode
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	@out=$$(mktemp); nice -n 10 $(VENV)/bin/mypy fl_lightning >$$out 2>&1 & mypy=$$!; \
-	$(PY) -m pytest -q --durations=15 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist load --maxschedchunk 2); \
+	$(PY) -m pytest -q --durations=15 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal); \
 	rc=$$?; wait $$mypy; typed=$$?; echo "$(VENV)/bin/mypy fl_lightning"; cat $$out; rm -f $$out; \
 	[ $$rc -eq 0 ] && [ $$typed -eq 0 ]
 

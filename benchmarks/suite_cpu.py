@@ -56,7 +56,7 @@ def pytest_runtest_protocol(item, nextitem):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("pytest_args", nargs="*", default=["-n", "3", "--dist", "load", "--maxschedchunk", "2"])
+    ap.add_argument("pytest_args", nargs="*", default=["-n", "3", "--dist", "worksteal"])
     args = ap.parse_args()
     if not os.access(CPUACCT, os.W_OK):
         print(f"suite_cpu: needs a writable {CPUACCT} (root, cgroup v1)", file=sys.stderr)

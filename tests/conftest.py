@@ -99,9 +99,9 @@ _NOT_UNIT = {"data_root", "ray_session", "tmp_path", "tmp_path_factory"}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order tests run in (every one still runs): first the unit lane (no data set, no
     Ray, no files: a broken function shows in the first minute), then the long tests marked
-    `slow`, then the rest. `make test`'s workers (`--dist load --maxschedchunk 2`) take the
-    next tests of this one queue as each frees up: the long tests are dealt over all workers
-    early and the suite ends on short ones, every worker busy to the end."""
+    `slow`, then the rest. `make test`'s workers (`--dist worksteal`) start on equal
+    parts of this order and an idle one takes half of another's queue from its end: the
+    long tests run early and the suite ends on short ones, every worker busy to the end."""
 
     def lane(item: pytest.Item) -> int:
         if item.get_closest_marker("slow") is not None:

@@ -99,9 +99,11 @@ _NOT_UNIT = {"data_root", "ray_session", "tmp_path", "tmp_path_factory"}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order tests run in (every one still runs): first the unit lane (no data set, no
     Ray, no files: a broken function shows in the first minute), then the long tests marked
-    `slow`, then the rest. `make test`'s workers (`--dist worksteal`) start on equal
-    parts of this order and an idle one takes half of another's queue from its end: the
-    long tests run early and the suite ends on short ones, every worker busy to the end."""
+    `slow`, then the rest. `make test`'s workers (`--dist worksteal`) start on contiguous
+    thirds of this order (most long tests fall in the first worker's, after its unit tests)
+    and an idle one takes half of another's queue from its end, long tests included. Dealing
+    the long tests over the workers (`--dist load`, or thirds each starting on its share)
+    measured slower in fresh clones (Makefile)."""
 
     def lane(item: pytest.Item) -> int:
         if item.get_closest_marker("slow") is not None:

@@ -9,7 +9,8 @@ call's `carry`):
   wheels/   the missing packages for `--python-version` (the GPU image's Python is 3.12):
             Ray with `ray/jars` (Java workers), `ray/dashboard/client` (the web UI's build),
             `ray/rllib` and `ray/llm` taken out and its RECORD rewritten (75 MiB -> ~40 MiB),
-            OmegaConf, and jsonschema with its three dependencies
+            OmegaConf, jsonschema with its three dependencies, and open_clip with ftfy
+            and wcwidth (the CLIP rows; its other needs are on the image)
   data/fashion-mnist/
             the first `--train` training and `--test` test images of Fashion-MNIST, in its
             IDX format (gzipped), with `subset.json` saying so (`fl_lightning/data/fetch.py`
@@ -51,6 +52,10 @@ WHEELS = {
     "jsonschema-specifications": "2025.9.1",
     "referencing": "0.37.0",
     "rpds-py": "2026.9.1",
+    # the CLIP rows (FedGLCL, CLIP2FL, the prompt-learning family) build open_clip models
+    "open_clip_torch": "3.3.0",
+    "ftfy": "6.3.1",
+    "wcwidth": "0.9.4",
 }
 #: what Ray's wheel carries that a local run never uses
 RAY_DROP = ("ray/jars/", "ray/dashboard/client/", "ray/rllib/", "ray/llm/")
@@ -87,7 +92,7 @@ def log(msg: str) -> None:
 
 def download(wheels: Path, python_version: str) -> None:
     have = {p.name.split("-")[0].lower().replace("_", "-") for p in wheels.glob("*.whl")}
-    want = [f"{n}=={v}" for n, v in WHEELS.items() if n not in have]
+    want = [f"{n}=={v}" for n, v in WHEELS.items() if n.lower().replace("_", "-") not in have]
     if not want:
         return
     cmd = [
@@ -246,6 +251,8 @@ def main() -> int:
     for w in wheels.glob("ray-*.whl"):
         repack_ray(w)
     write_fmnist_subset(root, args.out / "data", args.train, args.test)
+    for made in (".cache", ".partitions"):  # what a dry run's runs wrote there: not carried
+        shutil.rmtree(args.out / "data" / made, ignore_errors=True)
     doc = manifest(args.out)
     log(
         f"{args.out}: {doc['total_mib']} MiB, with the tracked files {doc['with_repo_mib']} MiB "

@@ -242,13 +242,16 @@ def test_batched_equals_sequential_per_client(method, tmp_path, data_root):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_batched_equals_sequential_on_the_gpu(tmp_path, data_root, monkeypatch):
+@pytest.mark.parametrize("method", ["fedprox", "fedproto"])
+def test_batched_equals_sequential_on_the_gpu(method, tmp_path, data_root, monkeypatch):
     """Both paths on the GPU against the CPU loops, with cuDNN's TF32 convolutions off (on by
-    default: ~1e-3 relative, far above float32 rounding) and its deterministic algorithms."""
+    default: ~1e-3 relative, far above float32 rounding) and its deterministic algorithms.
+    FedProto: its round state (prototypes) moves to the device while the clients' weights are
+    read and written on the host."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
-    p, shards = prepared(tmp_path, "fedprox")
-    run_paths("fedprox", p, shards, serial_paths(p, shards, accelerator="gpu"))
+    p, shards = prepared(tmp_path, method)
+    run_paths(method, p, shards, serial_paths(p, shards, accelerator="gpu"))
 
 
 BAD = [

@@ -99,6 +99,22 @@ def test_fewer_gpu_actors_than_gpus_use_one_bundle_each_and_cpu_runs_use_none():
     assert plan_placement(3, total_cpus=8, total_gpus=0).gpu_bundles == 0
 
 
+def test_runtime_gpu_trains_the_default_clients_on_one_gpu():
+    """`runtime=gpu` as composed (10 clients): one GPU hosts them all in one pooled actor (the
+    H100 check of 2026-11-27 met the refusal with `placement: per_client`), 4 GPUs hold 4
+    clients one each, and per_client named explicitly still refuses what cannot fit."""
+    from fl_lightning.config import compose
+    from fl_lightning.runtime.placement import placement_for
+
+    one = placement_for(compose(["runtime=gpu"]), 16, 1)
+    assert (one.mode, one.num_actors, one.gpus_per_actor, one.gpu_bundles) == ("pool", 1, 1.0, 1)
+    assert sorted(one.clients_of(0)) == list(range(10))
+    four = placement_for(compose(["runtime=gpu", "fl.num_clients=4"]), 16, 4)
+    assert (four.mode, four.num_actors, four.gpu_bundles) == ("per_client", 4, 4)
+    with pytest.raises(ConfigError, match="need 10 GPUs but the cluster has 1"):
+        placement_for(compose(["runtime=gpu", "runtime.placement=per_client"]), 16, 1)
+
+
 def test_gpu_shares_that_cannot_be_packed_fail_clearly():
     with pytest.raises(ConfigError, match="do not fit on 4 GPUs"):  # 3.75 GPUs, but 0.75 + 0.75 > 1
         plan_placement(5, total_cpus=8, total_gpus=4, gpus_per_client=0.75, placement="per_client")

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# A second, short GPU call after benchmarks/gpu_check.sh (2026-11-27): the cold start with
+# `runtime=gpu`'s own placement, and where a round's time goes with `runtime.batched` and
+# without, in one process (`runtime=serial` on the GPU: no Ray between the rounds and the
+# numbers), sampled by py-spy (100 Hz, raw stacks). Needs what gpu_prepare.py wrote into .gpu/
+# and py-spy's wheel in .gpu/prof/.  usage: bash benchmarks/gpu_batched_probe.sh OUT
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: bash benchmarks/gpu_batched_probe.sh OUT}
+py=${PYTHON:-python3}
+site=/tmp/fl_lightning_site
+[ -n "${SKIP_INSTALL:-}" ] || "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --disable-pip-version-check --target "$site" .gpu/wheels/*.whl .gpu/prof/*.whl || exit 1
+export PYTHONPATH="$site:$PWD" FL_LIGHTNING_DATA="$PWD/.gpu/data" WANDB_MODE=disabled PYTHONUNBUFFERED=1
+spy=${PYSPY:-$site/bin/py-spy}
+work=$(mktemp -d)
+for mode in ${MODES:-batched sequential}; do
+    extra=(); [ "$mode" = batched ] && extra=(runtime.batched=50)
+    SECONDS=0
+    timeout 90 "$spy" record -r 100 -f raw -o "$out/pyspy_$mode.txt" -- "$py" -m fl_lightning run \
+        method=fedavg data=fmnist data.partition=iid fl.num_clients=200 data.train_subset=12000 \
+        data.test_subset=2000 fl.clients_per_round=50 fl.rounds=${ROUNDS:-5} fl.local_epochs=1 fl.batch_size=10 \
+        optim.lr=0.05 optim.momentum=0 eval.clients=false logger=none seed=0 \
+        runtime=serial runtime.accelerator=${ACCEL:-gpu} runtime.threads_per_client=1 "${extra[@]}" \
+        output_dir="$work" experiment=probe run_id="$mode" --quiet
+    echo "$mode: exit $? in $SECONDS s"
+    cp "$work/probe/$mode/metrics.jsonl" "$out/metrics_$mode.jsonl" 2>/dev/null
+    cp "$work/probe/$mode/summary.json" "$out/summary_$mode.json" 2>/dev/null
+    gzip -f "$out/pyspy_$mode.txt"
+done
+[ "${COLD:-1}" = 0 ] || timeout 150 "$py" benchmarks/cold_start.py --reps 1 --rounds 1 --runtime ${COLD_RUNTIME:-gpu} --clients 8 \
+    --out "$out/cold_start.json"
+echo "cold_start: exit $?"

@@ -660,7 +660,8 @@ def test_sigterm_stops_a_run_like_ctrl_c(tmp_path):
         proc.terminate()
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 143, err.decode()
-        assert "terminated (SIGTERM)" in _one_line(err.decode())
+        line = _one_line(err.decode())
+        assert "terminated (SIGTERM)" in line and "continue with `fl-lightning resume <run dir>`" in line
         assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
         left = _left_after(ray_tmp, 15)
         assert not left, f"Ray processes outlived the run: {left}"
@@ -671,6 +672,29 @@ def test_sigterm_stops_a_run_like_ctrl_c(tmp_path):
     done = len(_records(run_dir))
     assert main(["resume", str(run_dir), "runtime.executor=serial", f"fl.rounds={done + 1}", "--quiet"]) == 0
     assert [r["round"] for r in _records(run_dir)] == list(range(1, done + 2))
+
+
+def test_sigterm_of_an_estimate_names_nothing_to_resume(tmp_path):
+    """`reproduce --estimate` writes no run: stopped, its one line says so and offers no
+    `resume` (it did: "continue with `fl-lightning resume <run dir>`", of no run)."""
+    proc = subprocess.Popen(
+        [EXE, "reproduce", "fedglcl", "--scale", "paper", "--estimate"], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # its header: the backbones are being timed now (~90 s here)
+        assert first.startswith("reproduce fedglcl (paper)"), first + (
+            proc.stderr.read() if proc.stderr else ""
+        )
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143
+    assert _one_line(err) == "fl-lightning: terminated (SIGTERM)"
+    assert list(tmp_path.iterdir()) == []
 
 
 # --- row 11: resume of a finished run --------------------------------------------------------

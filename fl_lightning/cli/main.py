@@ -319,9 +319,20 @@ def main(argv: list[str] | None = None) -> int:
         sig = stop_signal() or (signal.SIGTERM if isinstance(e, Terminated) else None)
         what, code = (f"terminated ({sig.name})", 128 + sig) if sig else ("interrupted", 130)
         with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
-            print(f"fl-lightning: {what}; continue with `fl-lightning resume <run dir>`", file=sys.stderr)
+            print(f"fl-lightning: {what}{_how_to_continue(args)}", file=sys.stderr)
         return code
     return 0
+
+
+def _how_to_continue(args: argparse.Namespace) -> str:
+    """How the interrupted command goes on: only the commands that leave runs can."""
+    if args.cmd in ("run", "resume"):
+        return "; continue with `fl-lightning resume <run dir>`"
+    if args.cmd == "sweep":
+        return "; continue with `fl-lightning sweep --resume <sweep folder>`"
+    if args.cmd == "reproduce" and not (args.estimate or args.dry_run or args.list or args.report_only):
+        return "; run the same command again: finished runs are kept, interrupted ones resume"
+    return ""
 
 
 def entrypoint() -> None:

@@ -293,6 +293,20 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
                 assert str(cfg.data.name) in SHAPES, f"{paper}: --estimate cannot time {cfg.data.name}"
 
 
+def test_an_estimate_total_says_which_rows_it_holds():
+    """Rows the estimate cannot time (a dataset of unknown shape) stay out of the total, and
+    the total says so; with none timed it prints no 0.00, which would read as free."""
+    from fl_lightning.cli.estimate import estimate_lines
+
+    lines = estimate_lines([("digits", ["data=digits"]), ("caltech", ["data=caltech101"])], 2)
+    assert lines[3].startswith("caltech") and "not timed: no shape known for dataset 'caltech101'" in lines[3]
+    assert lines[4].startswith("total (projected)") and lines[5].strip() == (
+        "(1 of 2 rows projected; the rest are not in the total)"
+    )
+    alone = estimate_lines([("caltech", ["data=caltech101"])], 2)
+    assert alone[-1].split() == "total none: no row could be projected (above, why)".split()
+
+
 #: a billion laughs: `i` stands for 9**9 strings (expanded, 112 s and a MemoryError)
 BOMB = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
     f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)

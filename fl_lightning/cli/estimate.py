@@ -144,7 +144,7 @@ def estimate_lines(rows: Sequence[tuple[str, list[str]]], seeds: int) -> list[st
         f"{'row':28s} {'s/step':>8s} {'steps/round':>11s} {'rounds':>7s} {'projected h/run':>15s} "
         f"{'seeds':>5s} {'projected device-h':>18s}",
     ]
-    total = 0.0
+    total, projected = 0.0, 0
     cache: dict[Any, float] = {}
     for label, args in rows:
         try:
@@ -160,9 +160,15 @@ def estimate_lines(rows: Sequence[tuple[str, list[str]]], seeds: int) -> list[st
         steps = steps_per_round(cfg, n)
         hours = steps * int(cfg.fl.rounds) * t / 3600
         total += hours * seeds
+        projected += 1
         lines.append(
             f"{label[:28]:28s} {t:8.4f} {steps:11d} {int(cfg.fl.rounds):7d} {hours:15.2f} {seeds:5d} "
             f"{hours * seeds:18.2f}"
         )
+    if projected == 0:  # a 0.00 total would read as free
+        lines.append(f"{'total':28s} none: no row could be projected (above, why)")
+        return lines
     lines.append(f"{'total (projected)':28s} {'':8s} {'':11s} {'':7s} {'':15s} {'':5s} {total:18.2f}")
+    if projected < len(rows):
+        lines.append(f"{'':28s} ({projected} of {len(rows)} rows projected; the rest are not in the total)")
     return lines

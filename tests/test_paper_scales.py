@@ -121,6 +121,28 @@ def test_the_rows_run_cover_every_setting():
         assert any(c.row in rows and c.baseline in rows for c in spec.claims_for("paper")), paper
 
 
+def test_every_paper_row_places_its_clients_on_one_gpu():
+    """A paper scale's row on a workstation with one GPU (16 CPUs): its clients find workers
+    (`runtime=gpu` pinned `placement: per_client` until the H100 check of 2026-11-27, and
+    FedDTR's 20 and FedLGT's 1,000 clients asked for one GPU each); the suite trains the rows
+    serially, so only this sees their placement."""
+    from fl_lightning.config import compose
+    from fl_lightning.runtime.placement import placement_for
+
+    placed = 0
+    for path in sorted((ROOT / "conf" / "reproduce").glob("*.yaml")):
+        spec = load_spec(path)
+        if "paper" not in spec.scales:
+            continue
+        for row in spec.run_rows("paper"):
+            cfg = compose(row.args(spec.scales["paper"], "/tmp/out"))
+            if cfg.runtime.executor == "ray":
+                p = placement_for(cfg, 16.0, 1.0)
+                assert 1 <= p.num_actors <= 16 and len(p.assignment) == cfg.fl.num_clients, (path.stem, row)
+                placed += 1
+    assert placed >= 20  # FedDTR's and FedLGT's rows at least
+
+
 def _trim(conf: Path, paper: str) -> None:
     """The claims file in the test's copy of conf/ with only the suite's rows (and the claims
     between them), unless FL_LIGHTNING_PAPER_ROWS=all."""

@@ -84,6 +84,12 @@ def test_serial_and_ray_give_identical_metrics(tmp_path, data_root, ray_session,
     assert "num_actors: 2" in (pdir / "config.yaml").read_text()  # what ran, not null
     assert ray_pool["actors_prestarted"] == 1 and ray_pool["actors_reused"] == 0
     assert ray_pc["actors_prestarted"] == 0
+    for summary in (serial, ray_pc, ray_pool):  # where the start-up went, in order, up to its first round
+        phases = summary["startup_phases_s"]
+        assert list(phases) == ["prepared", "workers_ready", "first_round"], phases
+        assert (
+            0 < phases["prepared"] <= phases["workers_ready"] <= phases["first_round"] == summary["startup_s"]
+        )
     keys = ("accuracy", "loss", "train_loss", "bytes_up", "client_accuracy", "client_loss")
     expect = [[r[k] for k in keys] for r in _records(sdir)]
     assert expect == [[r[k] for k in keys] for r in _records(pdir)]

@@ -163,6 +163,9 @@ class Run:
         #: `time.perf_counter()` when the run began (before `prepare`): start-up is measured from it
         self.started_at = time.perf_counter() if started_at is None else started_at
         self.startup_s: float | None = None
+        #: seconds from `started_at` to each step of the start-up (summary.json `startup_phases_s`):
+        #: where a slow start goes, e.g. Ray's workers on a GPU machine
+        self.phases: dict[str, float] = {}
         sx = prepared.server_x
         self._unlabeled = None if sx is None else prepared.dataset.tensors(sx, np.zeros(len(sx)))[0]
 
@@ -184,6 +187,7 @@ class Run:
             global_eval = GlobalEval(p, run_dir, clock)
             checkpointer = Checkpointer(run_dir, int(cfg.checkpoint.every), int(cfg.fl.rounds), client_index)
             workers = self.session.workers(p, restore=checkpointer.saved_states)
+            self.phases["workers_ready"] = time.perf_counter() - self.started_at
         except BaseException as e:  # Ray did not start, Ctrl-C or SIGTERM while its workers start:
             # summary.json says why, as for any run that stops
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
@@ -210,6 +214,7 @@ class Run:
                     record.evaluation = global_eval.now(state)
                 callbacks.on_line(record)
             self.startup_s = clock.start() - self.started_at
+            self.phases["first_round"] = self.startup_s
             last, seed = int(cfg.fl.rounds), int(cfg.seed)
             run_rounds(state, last, p.strategy, workers.executor, seed, self.context, steps, callbacks, clock)
             status = "completed"
@@ -303,6 +308,8 @@ class Run:
             extra["client_majority_accuracies"] = [round(a, 6) for a in client_eval.majority]
         if self.p.weights_info is not None:
             extra["model_weights"] = self.p.weights_info
+        if self.phases:
+            extra["startup_phases_s"] = {k: round(v, 3) for k, v in self.phases.items()}
         return extra
 
     def _initial_state(self) -> tuple[ServerState, dict[str, Any], dict[ClientId, int]]:
@@ -360,6 +367,7 @@ def start_run(
         run_dir = new_run_path(cfg)
     # fails before any file is written, also where this machine cannot hold the run
     prepared = prepare(cfg, placement=session.planned if session is not None else None)
+    prepared_at = time.perf_counter()
     create_run_dir(run_dir)
     with _in(session) as s, RunLock(run_dir):
         prepared.cfg.run_id = run_dir.name
@@ -369,6 +377,7 @@ def start_run(
         if console:
             print(run_dir_message(run_dir), file=sys.stderr)
         run = Run(prepared, run_dir, s, console=console, started_at=t0, callbacks=callbacks)
+        run.phases["prepared"] = prepared_at - t0  # config, imports, data and model
         return run.execute(), run_dir
 
 

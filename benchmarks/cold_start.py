@@ -58,6 +58,7 @@ def one(args: argparse.Namespace, tmp: str, on: bool, rep: int) -> dict[str, Any
         args.toggle: on, "rep": rep, "process_wall_s": wall, "startup_s": s["startup_s"],
         "actors_prestarted": s["actors_prestarted"], "num_actors": s["num_actors"],
         "rounds_wall_s": s["wall_time_s"], "final_accuracy": s["final_accuracy"],
+        "startup_phases_s": s.get("startup_phases_s"),  # prepared, workers_ready, first_round
     }  # fmt: skip
 
 

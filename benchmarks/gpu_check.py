@@ -376,6 +376,10 @@ def step_cold_start(c: Check) -> dict[str, Any]:
     if "startup_s" in plain:
         out["plain_loop_startup_s"] = plain["startup_s"]  # process start to its first round
     out["startup_under_5s"] = med["true"]["startup_s_median"] < 5.0
+    runs = json.loads(dest.read_text()).get("runs", [])
+    out["startup_phases_s"] = {  # where the start-up went, each run
+        f"early_start_{str(r['early_start']).lower()}_{r['rep']}": r.get("startup_phases_s") for r in runs
+    }
     return out
 
 

@@ -697,6 +697,29 @@ def test_sigterm_of_an_estimate_names_nothing_to_resume(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["run"], "; continue with `fl-lightning resume <run dir>`"),
+        (["resume", "x"], "; continue with `fl-lightning resume <run dir>`"),
+        (["sweep", "seed=0,1"], "; continue with `fl-lightning sweep --resume <sweep folder>`"),
+        (
+            ["reproduce", "fedtsp"],
+            "; run the same command again: finished runs are kept, interrupted ones resume",
+        ),
+        (["reproduce", "fedtsp", "--dry-run"], ""),
+        (["reproduce", "fedtsp", "--list"], ""),
+        (["reproduce", "fedtsp", "--report-only"], ""),
+        (["compare", "x"], ""),
+    ],
+)
+def test_an_interrupted_command_says_how_it_continues(argv, says):
+    from fl_lightning.cli.main import _how_to_continue, _parser
+
+    args, _ = _parser().parse_known_args(argv)
+    assert _how_to_continue(args) == says
+
+
 # --- row 11: resume of a finished run --------------------------------------------------------
 def test_resume_of_a_finished_run_returns_at_once(tmp_path, capsys, monkeypatch, finished):
     run_dir = _copy(finished, tmp_path / "run")

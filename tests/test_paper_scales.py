@@ -135,7 +135,10 @@ def test_every_paper_row_places_its_clients_on_one_gpu():
         if "paper" not in spec.scales:
             continue
         for row in spec.run_rows("paper"):
-            cfg = compose(row.args(spec.scales["paper"], "/tmp/out"))
+            args = row.args(spec.scales["paper"], "/tmp/out")
+            if not any(a.startswith("runtime=") for a in args):
+                continue  # the default runtime=ray places with `auto`, as runtime=gpu does now
+            cfg = compose(args)
             if cfg.runtime.executor == "ray":
                 p = placement_for(cfg, 16.0, 1.0)
                 assert 1 <= p.num_actors <= 16 and len(p.assignment) == cfg.fl.num_clients, (path.stem, row)

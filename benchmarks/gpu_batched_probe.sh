@@ -4,17 +4,40 @@
 # without, in one process (`runtime=serial` on the GPU: no Ray between the rounds and the
 # numbers), sampled by py-spy (100 Hz, raw stacks). Needs what gpu_prepare.py wrote into .gpu/
 # and py-spy's wheel in .gpu/prof/.  usage: bash benchmarks/gpu_batched_probe.sh OUT
+# ALT=<folder of `<path>.alt` files>: first an A/B of the batched run, this tree against one with
+# those files swapped in, alternating twice (e.g. the cut tried on 2026-11-27:
+# ALT=benchmarks/results/gpu/h100_2026-11-27/probe_attempt/alt MODES= COLD=0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash benchmarks/gpu_batched_probe.sh OUT}
 py=${PYTHON:-python3}
+[[ $py == */* ]] && py="$(cd "$(dirname "$py")" && pwd)/$(basename "$py")"  # the A/B runs elsewhere
 site=/tmp/fl_lightning_site
 [ -n "${SKIP_INSTALL:-}" ] || "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --disable-pip-version-check --target "$site" .gpu/wheels/*.whl .gpu/prof/*.whl || exit 1
 export PYTHONPATH="$site:$PWD" FL_LIGHTNING_DATA="$PWD/.gpu/data" WANDB_MODE=disabled PYTHONUNBUFFERED=1
 spy=${PYSPY:-$site/bin/py-spy}
 work=$(mktemp -d)
-for mode in ${MODES:-batched sequential}; do
+if [ -n "${ALT:-}" ]; then
+    # A/B in one call (timings from two machines do not compare): a copy of the repository with
+    # ALT's `<path>.alt` files in place of `<path>`, run alternately with this one, no py-spy
+    alt=$work/alt_repo && mkdir -p "$alt" && cp -r fl_lightning conf "$alt/"
+    (cd "$ALT" && find . -name '*.alt') | while read -r f; do cp "$ALT/$f" "$alt/${f%.alt}"; done
+    for rep in 1 2; do
+        for variant in base alt; do
+            root=$PWD; [ "$variant" = alt ] && root=$alt
+            (cd "$root" && PYTHONPATH="$site:$root" timeout 90 "$py" -m fl_lightning run \
+                method=fedavg data=fmnist data.partition=iid fl.num_clients=200 data.train_subset=12000 \
+                data.test_subset=2000 fl.clients_per_round=50 fl.rounds=${ROUNDS:-5} fl.local_epochs=1 \
+                fl.batch_size=10 optim.lr=0.05 optim.momentum=0 eval.clients=false logger=none seed=0 \
+                runtime=serial runtime.accelerator=${ACCEL:-gpu} runtime.threads_per_client=1 \
+                runtime.batched=50 output_dir="$work" experiment=ab run_id="${variant}_$rep" --quiet)
+            echo "ab $variant $rep: exit $?"
+            cp "$work/ab/${variant}_$rep/metrics.jsonl" "$out/metrics_ab_${variant}_$rep.jsonl" 2>/dev/null
+        done
+    done
+fi
+for mode in ${MODES-batched sequential}; do
     extra=(); [ "$mode" = batched ] && extra=(runtime.batched=50)
     SECONDS=0
     timeout 90 "$spy" record -r 100 -f raw -o "$out/pyspy_$mode.txt" -- "$py" -m fl_lightning run \

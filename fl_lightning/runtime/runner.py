@@ -163,8 +163,8 @@ class Run:
         #: `time.perf_counter()` when the run began (before `prepare`): start-up is measured from it
         self.started_at = time.perf_counter() if started_at is None else started_at
         self.startup_s: float | None = None
-        #: seconds from `started_at` to each step of the start-up (summary.json `startup_phases_s`):
-        #: where a slow start goes, e.g. Ray's workers on a GPU machine
+        #: seconds from `started_at` to each step of the start-up before the first round
+        #: (summary.json `startup_phases_s`, with `startup_s` last): where a slow start goes
         self.phases: dict[str, float] = {}
         sx = prepared.server_x
         self._unlabeled = None if sx is None else prepared.dataset.tensors(sx, np.zeros(len(sx)))[0]
@@ -214,7 +214,6 @@ class Run:
                     record.evaluation = global_eval.now(state)
                 callbacks.on_line(record)
             self.startup_s = clock.start() - self.started_at
-            self.phases["first_round"] = self.startup_s
             last, seed = int(cfg.fl.rounds), int(cfg.seed)
             run_rounds(state, last, p.strategy, workers.executor, seed, self.context, steps, callbacks, clock)
             status = "completed"
@@ -308,8 +307,9 @@ class Run:
             extra["client_majority_accuracies"] = [round(a, 6) for a in client_eval.majority]
         if self.p.weights_info is not None:
             extra["model_weights"] = self.p.weights_info
-        if self.phases:
-            extra["startup_phases_s"] = {k: round(v, 3) for k, v in self.phases.items()}
+        phases = self.phases if self.startup_s is None else {**self.phases, "first_round": self.startup_s}
+        if phases:
+            extra["startup_phases_s"] = {k: round(v, 3) for k, v in phases.items()}
         return extra
 
     def _initial_state(self) -> tuple[ServerState, dict[str, Any], dict[ClientId, int]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+import re
 import shutil
 import signal
 import subprocess
@@ -289,8 +290,7 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
                     torch.save(resnet18(weights=None).state_dict(), trunk)
                 given.append(f"model.weights={trunk}")
             validate_registered(compose([*args, *given]) if given else cfg)
-            if cfg.model["name"] != "clip_prompt":  # the estimate times backbones, not CLIP's towers
-                assert str(cfg.data.name) in SHAPES, f"{paper}: --estimate cannot time {cfg.data.name}"
+            assert str(cfg.data.name) in SHAPES, f"{paper}: --estimate cannot time {cfg.data.name}"
 
 
 def test_an_estimate_total_says_which_rows_it_holds():
@@ -298,13 +298,56 @@ def test_an_estimate_total_says_which_rows_it_holds():
     the total says so; with none timed it prints no 0.00, which would read as free."""
     from fl_lightning.cli.estimate import estimate_lines
 
-    lines = estimate_lines([("digits", ["data=digits"]), ("caltech", ["data=caltech101"])], 2)
-    assert lines[3].startswith("caltech") and "not timed: no shape known for dataset 'caltech101'" in lines[3]
+    lines = estimate_lines([("digits", ["data=digits"]), ("pacs", ["data=pacs"])], 2)
+    assert lines[3].startswith("pacs") and "not timed: no shape known for dataset 'pacs'" in lines[3]
     assert lines[4].startswith("total (projected)") and lines[5].strip() == (
         "(1 of 2 rows projected; the rest are not in the total)"
     )
-    alone = estimate_lines([("caltech", ["data=caltech101"])], 2)
+    alone = estimate_lines([("pacs", ["data=pacs"])], 2)
     assert alone[-1].split() == "total none: no row could be projected (above, why)".split()
+
+
+def test_an_estimate_times_a_prompt_learner_and_projects_its_scale(capsys):
+    """The prompt papers' rows are projected, not skipped: FedTPG's mini scale, 32 shots of the
+    5 base classes (160 images) over 2 clients, batch 16, one epoch: 2 x ceil(80 / 16) = 10
+    steps a round, 100 rounds, plus the 160 images once through the image tower; its clients
+    score their own block of 2 classes, PromptFL's every trained one; zero-shot fits nothing."""
+    from fl_lightning.cli.estimate import estimate_lines, scored_classes, train_images
+
+    assert main(["reproduce", "fedtpg", "--estimate"]) == 0
+    text = capsys.readouterr().out
+    zero_shot = next(ln for ln in text.splitlines() if "Zero-shot" in ln)
+    assert "(its clients fit nothing: evaluation only)" in zero_shot
+    total = 0.0
+    for label in ("FedCoOp", "FedTPG"):
+        line = next(ln for ln in text.splitlines() if ln.strip().startswith(label)).strip()
+        seconds, steps, rounds, hours, seeds, device_hours = line[28:].split()[:6]  # the label's 28
+        assert (steps, rounds, seeds) == ("10", "100", "3")
+        images, per_image = re.search(r"\(with (\d+) images once, ([\d.]+) s each\)", line).groups()
+        assert images == "160" and float(per_image) > 0
+        expect = (10 * 100 * float(seconds) + 160 * float(per_image)) / 3600
+        assert float(hours) == pytest.approx(expect, abs=0.006 + 160 * 0.00005 / 3600)
+        assert float(device_hours) == pytest.approx(3 * float(hours), abs=0.016)
+        total += float(device_hours)
+    last = [ln.split() for ln in text.splitlines() if ln.strip().startswith("total (projected)")]
+    assert float(last[0][-1]) == pytest.approx(total, abs=0.011)
+    # many images, one step: the image tower's once-an-image term is what the hours hold
+    many = ["data=fmnist", "model=clip_prompt", "model.arch=clip-tiny-random", "method=promptfl",
+            "data.train_subset=20000", "fl.num_clients=1", "fl.batch_size=20000", "fl.rounds=1",
+            "fl.local_epochs=1"]  # fmt: skip
+    line = estimate_lines([("many", many)], 1)[2]
+    seconds, steps, rounds, hours = line[28:].split()[:4]
+    per_image = float(re.search(r"\(with 20000 images once, ([\d.]+) s each\)", line).group(1))
+    assert (steps, rounds) == ("1", "1") and per_image > 0
+    # printed to 0.01 h, and 4 decimals of a second an image (20000 x 0.00005 s)
+    assert float(hours) == pytest.approx((float(seconds) + 20000 * per_image) / 3600, abs=0.006 + 1 / 3600)
+    mini = ["data=fmnist", "model=clip_prompt", "data.shots=32", "data.base_new=true", "fl.num_clients=2",
+            "data.partition=class_blocks", "data.classes_per_client=2"]  # fmt: skip
+    assert scored_classes(compose([*mini, "method=fedtpg"])) == 2  # its own block
+    assert scored_classes(compose([*mini, "method=promptfl"])) == 5  # the base half
+    assert scored_classes(compose([*mini[:-3], "method=promptfl", "data.base_new=false"])) == 10
+    assert train_images(compose([*mini, "method=fedtpg"])) == 32 * 5
+    assert train_images(compose(["data=caltech101", "data.shots=8", "method=promptfl"])) == 8 * 100
 
 
 #: a billion laughs: `i` stands for 9**9 strings (expanded, 112 s and a MemoryError)

@@ -9,14 +9,23 @@ synthetic tensors of the dataset's shape (the paper's data need not be here), th
     wall time of a run = steps a round x rounds x seconds a step;
     device-hours = wall time x seeds (each run on one device).
 
+A prompt learner (`model=clip_prompt`: PromptFL, FedOTP, FedPGP, FedTPG) trains no backbone:
+its step is the text tower over the prompts of the classes the step scores (all, the base half
+under `data.base_new`, or a client's own block under `method.own_classes`) on a batch of
+cached image features, and each training image passes the frozen image tower once; both are
+timed on the architecture built with random weights (the weights file need not be here), with
+placeholder class names, and the run is steps x seconds a step + images x seconds an image.
+A row whose clients fit nothing (zero-shot) counts no step: evaluation only, not timed.
+
 What it does not time, so the projection is a lower bound: the method's own terms beyond the
-backbone's (text encoders, prototypes, distillation), server steps (CLIP2FL's federated
-features, FedTSP's prompt tuning), evaluation, data loading and communication. Every number it
-prints is a projection and says so.
+backbone's (text encoders, prototypes, distillation, FedTPG's prompt generator, FedOTP's
+transport), server steps (CLIP2FL's federated features, FedTSP's prompt tuning), evaluation,
+data loading and communication. Every number it prints is a projection and says so.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -39,6 +48,12 @@ SHAPES: dict[str, tuple[int, int, int]] = {
     # as frozen EfficientNet-Lite0 features, [1280, 1, 1] a sample
     "fmnist_digits20": (1, 28, 8000), "fmnist_digits20_eff": (1280, 1, 8000),
     "fmnist_digits20_mosaic": (1, 56, 3000),  # its themed mosaics (E4)
+    # CoOp's few-shot suite (data/coop.py) at CLIP's 224 px: the training lists of its splits
+    # (CoOp's DATASETS.md); `data.shots` draws k a class from them
+    "caltech101": (3, 224, 4128), "oxford_pets": (3, 224, 2944), "oxford_flowers": (3, 224, 4093),
+    "food101": (3, 224, 50500), "dtd": (3, 224, 2820), "eurosat": (3, 224, 13500),
+    "stanford_cars": (3, 224, 6509), "sun397": (3, 224, 15880), "ucf101": (3, 224, 7639),
+    "fgvc_aircraft": (3, 224, 3334), "imagenet": (3, 224, 1281167),
 }  # fmt: skip
 #: class counts of the datasets whose names are known only once loaded
 CLASSES = {
@@ -48,9 +63,16 @@ CLASSES = {
     "voc2007": 20,
     "coco": 80,
     "fmnist_digits20_mosaic": 20,
-}
+    "caltech101": 100, "oxford_pets": 37, "oxford_flowers": 102, "food101": 101, "dtd": 47,
+    "eurosat": 10, "stanford_cars": 196, "sun397": 397, "ucf101": 101, "fgvc_aircraft": 100,
+    "imagenet": 1000,
+}  # fmt: skip
 STEPS_TIMED = 3
 REPEATS = 3
+SLOW_STEP_S = 2.0  # a warm-up step slower than this is timed once more, not REPEATS x STEPS_TIMED
+#: a prompt learner's image tower: seconds an image from a batch of this many (a GPU's; the
+#: CPU's cost grows with the batch, so a small one says as much sooner)
+IMAGES_TIMED = {"cuda": 64, "cpu": 4}
 
 
 def train_images(cfg: RootConfig) -> int | None:
@@ -63,7 +85,42 @@ def train_images(cfg: RootConfig) -> int | None:
         k = 100 if name.startswith("cifar100") else 10
         n = sum(int(n // k * factor ** (-c / (k - 1))) for c in range(k))
     subset = cfg.data.train_subset
-    return min(n, int(subset)) if subset else n
+    n = min(n, int(subset)) if subset else n
+    if cfg.data.shots:  # k a class, of the classes trained on (the base half under base_new)
+        n = min(n, int(cfg.data.shots) * trained_classes(cfg))
+    return n
+
+
+def num_classes(cfg: RootConfig) -> int:
+    from ..data.registry import DATASETS
+
+    name = str(cfg.data.name)
+    entry = DATASETS.get(name)
+    return len(entry.class_names) if entry.class_names else CLASSES.get(name, 10)
+
+
+def trained_classes(cfg: RootConfig) -> int:
+    """The classes the clients train on: the base half under `data.base_new`, else all."""
+    from ..core.metrics import base_class_count
+
+    c = num_classes(cfg)
+    return base_class_count(c) if cfg.data.base_new else c
+
+
+def scored_classes(cfg: RootConfig) -> int:
+    """How many classes' prompts a prompt learner's step runs through the text tower: a
+    client's own block (`method.own_classes` with a class partition), else every trained one."""
+    c = trained_classes(cfg)
+    if getattr(cfg.method, "own_classes", False) and str(cfg.data.partition) in ("class_blocks", "shards"):
+        return min(c, int(cfg.data.classes_per_client))
+    return c
+
+
+def fits_nothing(cfg: RootConfig) -> bool:
+    """The row's clients train nothing (zero-shot): no step to project."""
+    from ..core.method import METHODS
+
+    return bool(getattr(METHODS.get(str(cfg.method.name)).objective_cls, "fits_nothing", False))
 
 
 def steps_per_round(cfg: RootConfig, n: int) -> int:
@@ -77,13 +134,15 @@ def steps_per_round(cfg: RootConfig, n: int) -> int:
     return per_round * local
 
 
-def seconds_per_step(cfg: RootConfig, device: str, cache: dict[Any, float] | None = None) -> float:
-    """Wall time of one SGD step of the row's backbone (client 0's, in a family of models) on
-    a synthetic batch: the median of REPEATS timings of STEPS_TIMED steps (a shared machine's
-    noise); rows with the same backbone, shape and batch share one timing (`cache`)."""
+def seconds_per_step(
+    cfg: RootConfig, device: str, cache: dict[Any, tuple[float, float]] | None = None
+) -> tuple[float, float]:
+    """(wall time of one SGD step of the row's backbone (client 0's, in a family of models) on
+    a synthetic batch, the median of REPEATS timings of STEPS_TIMED steps (a shared machine's
+    noise); seconds an image through a prompt learner's frozen image tower, else 0); rows with
+    the same backbone, shape and batch share one timing (`cache`)."""
     import torch
 
-    from ..data.registry import DATASETS
     from ..models import build_client_model
     from .pretrain import model_kwargs
 
@@ -92,42 +151,89 @@ def seconds_per_step(cfg: RootConfig, device: str, cache: dict[Any, float] | Non
         raise ConfigError(f"no shape known for dataset {name!r} (estimate knows {', '.join(SHAPES)})")
     channels, size, _ = SHAPES[name]
     size = int(cfg.data.image_size or size)
-    entry = DATASETS.get(name)
-    classes = len(entry.class_names) if entry.class_names else CLASSES.get(name, 10)
     kwargs = {k: v for k, v in model_kwargs(cfg).items() if k != "weights"}
     model_name = str(cfg.model["name"])
+    classes = scored_classes(cfg) if model_name == "clip_prompt" else num_classes(cfg)
     key = (model_name, repr(sorted(kwargs.items())), channels, size, classes, int(cfg.fl.batch_size))
     if cache is not None and key in cache:
         return cache[key]
-    model = build_client_model(model_name, 0, classes, channels, size, **kwargs).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    gen = torch.Generator().manual_seed(0)
-    batch = int(cfg.fl.batch_size)
-    x = torch.rand((batch, channels, size, size), generator=gen).to(device)
-    y = torch.randint(0, classes, (batch,), generator=gen).to(device)
+    if model_name == "clip_prompt":
+        step, per_image = _prompt_step(cfg, device, kwargs, classes, channels, size)
+    else:
+        model = build_client_model(model_name, 0, classes, channels, size, **kwargs).to(device)
+        batch = int(cfg.fl.batch_size)
+        gen = torch.Generator().manual_seed(0)
+        x = torch.rand((batch, channels, size, size), generator=gen).to(device)
+        y = torch.randint(0, classes, (batch,), generator=gen).to(device)
+        step, per_image = _sgd_step(model, lambda: model(x), y), 0.0
+    seconds = _time(step, device), per_image
+    if cache is not None:
+        cache[key] = seconds
+    return seconds
+
+
+def _sgd_step(model: Any, forward: Any, y: Any) -> Any:
+    """One SGD step of cross-entropy on `forward()`'s logits, over the trainable parameters."""
+    import torch
+
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
 
     def step() -> None:
         opt.zero_grad()
-        out = model(x)
+        out = forward()
         logits = out[0] if isinstance(out, tuple) else out
         torch.nn.functional.cross_entropy(logits, y).backward()
         opt.step()
 
-    step()  # warm-up: allocation, cudnn's choice of kernels
-    times = []
-    for _ in range(REPEATS):
+    return step
+
+
+def _time(step: Any, device: str) -> float:
+    """Seconds a call of `step`: the median of REPEATS timings of STEPS_TIMED calls after a
+    warm-up (allocation, cudnn's choice of kernels); one timed call where the warm-up took over
+    SLOW_STEP_S (a CLIP text tower on a CPU: minutes otherwise)."""
+    import torch
+
+    def timed(n: int) -> float:
         if device == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        for _ in range(STEPS_TIMED):
+        for _ in range(n):
             step()
         if device == "cuda":
             torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / STEPS_TIMED)
-    seconds = sorted(times)[REPEATS // 2]
-    if cache is not None:
-        cache[key] = seconds
-    return seconds
+        return (time.perf_counter() - start) / n
+
+    if timed(1) > SLOW_STEP_S:
+        return timed(1)
+    return sorted(timed(STEPS_TIMED) for _ in range(REPEATS))[REPEATS // 2]
+
+
+def _prompt_step(
+    cfg: RootConfig, device: str, kwargs: dict[str, Any], classes: int, channels: int, size: int
+) -> tuple[Any, float]:
+    """A prompt learner's step (the text tower over `classes` prompts, on a batch of cached
+    image features) and the seconds an image takes through its frozen image tower."""
+    import torch
+
+    from ..models import build_client_model
+
+    keep = {k: v for k, v in kwargs.items() if not k.startswith("align") and k != "pretrained"}
+    names = [f"class {i}" for i in range(classes)]  # the real names are the dataset's: ~ as long
+    logging.disable(logging.WARNING)  # "random weights": meant, here
+    try:
+        built = build_client_model("clip_prompt", 0, classes, channels, size, class_names=names, **keep)
+    finally:
+        logging.disable(logging.NOTSET)
+    model: Any = built.to(device)  # CLIPPrompt: encode_images, feature_dim, forward_head
+    batch = int(cfg.fl.batch_size)
+    gen = torch.Generator().manual_seed(0)
+    images = torch.rand((IMAGES_TIMED[device], channels, size, size), generator=gen).to(device)
+    per_image = _time(lambda: model.encode_images(images), device) / IMAGES_TIMED[device]
+    z = torch.nn.functional.normalize(torch.randn((batch, model.feature_dim), generator=gen), dim=-1)
+    y = torch.randint(0, classes, (batch,), generator=gen).to(device)
+    z = z.to(device)
+    return _sgd_step(model, lambda: model.forward_head(z), y), per_image
 
 
 def estimate_lines(rows: Sequence[tuple[str, list[str]]], seeds: int) -> list[str]:
@@ -138,19 +244,26 @@ def estimate_lines(rows: Sequence[tuple[str, list[str]]], seeds: int) -> list[st
     where = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     lines = [
         f"estimate on this machine ({where}): backbone SGD steps timed on synthetic tensors of each "
-        f"dataset's shape (median of {REPEATS} x {STEPS_TIMED} steps after a warm-up; client 0's model of a "
-        "family); projected = steps a round x rounds x "
-        "seconds a step, a lower bound (method terms, server steps, evaluation, data loading not timed)",
+        f"dataset's shape (median of {REPEATS} x {STEPS_TIMED} steps after a warm-up, one step where it "
+        f"takes over {SLOW_STEP_S:g} s; client 0's model of a family; a prompt learner's step is its text "
+        "tower's, plus each training image once through its image tower); projected = steps a round x "
+        "rounds x seconds a step, a lower bound (method terms, server steps, evaluation, data loading "
+        "not timed)",
         f"{'row':28s} {'s/step':>8s} {'steps/round':>11s} {'rounds':>7s} {'projected h/run':>15s} "
         f"{'seeds':>5s} {'projected device-h':>18s}",
     ]
     total, projected = 0.0, 0
-    cache: dict[Any, float] = {}
+    cache: dict[Any, tuple[float, float]] = {}
     for label, args in rows:
         try:
             cfg = compose(args)
+            if fits_nothing(cfg):
+                nothing = "(its clients fit nothing: evaluation only)"
+                lines.append(f"{label[:28]:28s} {'-':>8s} {0:11d}  {nothing}")
+                projected += 1
+                continue
             n = train_images(cfg)
-            t = seconds_per_step(cfg, device, cache)
+            t, per_image = seconds_per_step(cfg, device, cache)
         except (ConfigError, RuntimeError, TypeError, ValueError) as e:
             lines.append(f"{label[:28]:28s} not timed: {str(e).splitlines()[0][:120]}")
             continue
@@ -158,12 +271,13 @@ def estimate_lines(rows: Sequence[tuple[str, list[str]]], seeds: int) -> list[st
             lines.append(f"{label[:28]:28s} {t:8.4f}  (training set size unknown: no projection)")
             continue
         steps = steps_per_round(cfg, n)
-        hours = steps * int(cfg.fl.rounds) * t / 3600
+        hours = (steps * int(cfg.fl.rounds) * t + n * per_image) / 3600
         total += hours * seeds
         projected += 1
+        once = f"  (with {n} images once, {per_image:.4f} s each)" if per_image else ""
         lines.append(
             f"{label[:28]:28s} {t:8.4f} {steps:11d} {int(cfg.fl.rounds):7d} {hours:15.2f} {seeds:5d} "
-            f"{hours * seeds:18.2f}"
+            f"{hours * seeds:18.2f}{once}"
         )
     if projected == 0:  # a 0.00 total would read as free
         lines.append(f"{'total':28s} none: no row could be projected (above, why)")

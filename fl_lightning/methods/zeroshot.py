@@ -14,7 +14,7 @@ One round is enough (`fl.rounds=1`); every round scores the same.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from ..core.messages import Broadcast, ClientUpdate, ServerState
 from ..core.objective import Phase
@@ -23,6 +23,8 @@ from .prompting import PromptObjective, PromptStrategy
 
 
 class ZeroShotObjective(PromptObjective[Broadcast]):
+    fits_nothing: ClassVar[bool] = True  # what `--estimate` reads: no step to project
+
     def phases(self) -> list[Phase]:
         return []  # nothing trains
 

@@ -324,7 +324,7 @@ def test_an_estimate_times_a_prompt_learner_and_projects_its_scale(capsys):
         seconds, steps, rounds, hours, seeds, device_hours = line[28:].split()[:6]  # the label's 28
         assert (steps, rounds, seeds) == ("10", "100", "3")
         images, per_image = re.search(r"\(with (\d+) images once, ([\d.]+) s each\)", line).groups()
-        assert images == "160" and float(per_image) > 0
+        assert images == "160" and float(per_image) > 0 and float(seconds) > 0  # timed, not skipped
         expect = (10 * 100 * float(seconds) + 160 * float(per_image)) / 3600
         assert float(hours) == pytest.approx(expect, abs=0.006 + 160 * 0.00005 / 3600)
         assert float(device_hours) == pytest.approx(3 * float(hours), abs=0.016)

@@ -18,7 +18,7 @@ import pytest
 
 from fl_lightning.cli.estimate import SHAPES
 from fl_lightning.cli.main import main
-from fl_lightning.cli.reproduce import provenance
+from fl_lightning.cli.reproduce import plan, provenance
 from fl_lightning.cli.sweep import own_wandb_service
 from fl_lightning.config import compose, conf_dir, validate_registered
 from fl_lightning.core.errors import ConfigError
@@ -291,6 +291,16 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
                 given.append(f"model.weights={trunk}")
             validate_registered(compose([*args, *given]) if given else cfg)
             assert str(cfg.data.name) in SHAPES, f"{paper}: --estimate cannot time {cfg.data.name}"
+
+
+def test_runs_go_seed_by_seed_so_a_cut_reproduction_holds_whole_seeds(conf, tmp_path):
+    """Every row of seed 0 before any of seed 1: each seed that finishes pairs across the rows
+    (row by row, a cut reproduction would hold whole rows and no pair)."""
+    spec = load_spec(conf / "reproduce" / "tiny.yaml")
+    todo, done, _, _ = plan(spec, "mini", [0, 1, 2], tmp_path / "rep", [])
+    order = ["fast_s0", "slow_s0", "fast_s1", "slow_s1", "fast_s2", "slow_s2"]
+    assert [r.run_dir.name for r in todo] == order and done == []
+    assert [r.index for r in todo] == list(range(6))
 
 
 def test_an_estimate_total_says_which_rows_it_holds():

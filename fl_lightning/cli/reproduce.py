@@ -9,11 +9,14 @@ and tagged with the paper, scale, row and the claims it enters.
 
 Run again, it skips the runs that finished (completed, or stopped for good by divergence),
 resumes the ones a kill interrupted from their last checkpoint, and starts the rest: a killed
-reproduction continues where it stopped. Extra `key=value` overrides after the paper go to
-every run (`runtime=ray`, `logger=none`) and are part of the grid: a run there made with
-other settings (its `config.yaml` against the one planned now, apart from what a resume may
-change: `fl.rounds`, `runtime.*`, `logger.*`, ...) is refused in one line, or with
-`--restart` moved aside (to `<out>/set_aside/<time>/`, never deleted) and run again.
+reproduction continues where it stopped. The runs go seed by seed (every row of the first
+seed, then every row of the next), so a reproduction cut short holds whole seeds: each one
+finished is a pair for every claim, where row by row it would hold whole rows and no pair.
+Extra `key=value` overrides after the paper go to every run (`runtime=ray`, `logger=none`)
+and are part of the grid: a run there made with other settings (its `config.yaml` against the
+one planned now, apart from what a resume may change: `fl.rounds`, `runtime.*`, `logger.*`,
+...) is refused in one line, or with `--restart` moved aside (to `<out>/set_aside/<time>/`,
+never deleted) and run again.
 
 What a claims file may make us do is bounded like any file someone else wrote: a row or a
 scale that imports a module (`methods=`) runs only when the command line names the same
@@ -201,8 +204,8 @@ def plan(
     wipe: list[Path] = []
     missing: list[str] = []
     stale: list[tuple[Path, list[str]]] = []
-    for row in spec.run_rows(scale):
-        for seed in seeds:
+    for seed in seeds:  # seed by seed: whatever finishes first pairs across the rows
+        for row in spec.run_rows(scale):
             name = run_name(row.id, seed)
             args = [
                 *row.args(spec.scales[scale], out), *extra, f"seed={seed}", f"experiment={experiment}",

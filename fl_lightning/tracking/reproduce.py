@@ -16,7 +16,14 @@
 - `claims`: "row beats baseline on metric", with the direction the paper claims and the
   statistic of each run it is judged on, the one the paper reports (`stat`: `final`, the last
   evaluated round, the default; `best`, the best round; `last_k`, the mean of the last 5);
-- `metrics` (optional): more per-round metrics to tabulate beside the claimed ones.
+- `metrics` (optional): more per-round metrics to tabulate beside the claimed ones;
+- `stat` (the declared statistic, the default of every claim that names none) and `stat_note`
+  (where and why it departs from the paper's protocol; the report prints it beside the claims);
+- `multiplicity`: `holm` (the report adds Holm-adjusted p-values over the file's claims and the
+  verdict each keeps under them) or `none` (each claim stands alone; the report says so);
+- `decision` (optional): the decision rule written before the runs, printed in the report;
+- a claim's `exploratory` (optional): why it is not confirmatory (added after its runs were
+  seen): the report marks it and leaves it out of the multiplicity family.
 
 A scale may `prepare` what its runs need before they start (a pretrained trunk: `fl-lightning
 pretrain`; CLIP2FL's teachers: `fl-lightning teacher build`): each step gives the
@@ -78,6 +85,7 @@ PRETRAIN_FLAGS = {"--out", "--holdout-from", "--holdout-size", "--epochs", "--lr
 WRITES_ELSEWHERE = {"output_dir", "data.root"}
 NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 ROW_KEYS = {"label", "overrides", "by_scale", "scales", "paper", "runs_of", "metric_prefix"}
+MULTIPLICITY = ("holm", "none")
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,7 @@ class Claim:
     stat: str = "final"  # final | best | last_k: what the paper reports (its tables' protocol)
     direction: str = "higher"  # higher | lower: what the paper claims of row - baseline
     paper_ref: str = ""
+    exploratory: str = ""  # why it is not confirmatory (added after its runs): outside the family
 
 
 @dataclass(frozen=True)
@@ -141,6 +150,10 @@ class Spec:
     rows: dict[str, Row]
     claims: list[Claim]
     metrics: tuple[str, ...] = ()
+    stat: str | None = None  # the declared statistic (None: the file declares none)
+    stat_note: str = ""  # where the statistic departs from the paper's protocol, and why
+    multiplicity: str | None = None  # holm | none (None: the file declares nothing)
+    decision: str = ""  # the decision rule, written before the runs
 
     def rows_for(self, scale: str) -> list[Row]:
         return [r for r in self.rows.values() if scale in r.scales]
@@ -162,7 +175,18 @@ class Spec:
 #: a claims file is a few kilobytes; these bound what a planted one can make us parse
 MAX_BYTES = 256 << 10
 MAX_DEPTH = 8  # rows.<id>.paper.<metric> is the deepest a claims file goes (4)
-SPEC_KEYS = {"title", "citation", "scales", "rows", "claims", "metrics"}
+SPEC_KEYS = {
+    "title",
+    "citation",
+    "scales",
+    "rows",
+    "claims",
+    "metrics",
+    "stat",
+    "stat_note",
+    "multiplicity",
+    "decision",
+}
 SCALE_KEYS = {"overrides", "seeds", "needs", "reach", "prepare", "requires"}
 CLAIM_KEYS = {f.name for f in dataclasses.fields(Claim)}
 
@@ -356,12 +380,21 @@ def load_spec(path: Path) -> Spec:
         src = rows.get(row.runs_of) if row.runs_of is not None else row
         if src is None or src.runs_of is not None or not set(row.scales) <= set(src.scales):
             raise chk.fail(f"rows.{row.id}.runs_of", "must name a row with runs of its own in its scales")
+    declared = None if doc.get("stat") is None else chk.text(doc["stat"], "stat")
+    if declared is not None and declared not in STATS:
+        raise chk.fail("stat", f"must be one of {'|'.join(STATS)} (got {_short(declared)})")
+    multiplicity = None if doc.get("multiplicity") is None else chk.text(doc["multiplicity"], "multiplicity")
+    if multiplicity is not None and multiplicity not in MULTIPLICITY:
+        got = _short(multiplicity)
+        raise chk.fail("multiplicity", f"must be one of {'|'.join(MULTIPLICITY)} (got {got})")
     claims: list[Claim] = []
     for i, body in enumerate(chk.items(doc.get("claims"), "claims")):
         body = chk.mapping(body, f"claims[{i}]", CLAIM_KEYS)
         missing = sorted({"id", "text", "row", "baseline", "metric"} - set(body))
         if missing:
             raise chk.fail(f"claims[{i}]", f"needs {missing[0]!r}")
+        if declared is not None and body.get("stat") is None:
+            body = {**body, "stat": declared}
         claim = Claim(**{k: chk.text(v, f"claims[{i}].{k}") for k, v in body.items()})
         for r in (claim.row, claim.baseline):
             if r not in rows:
@@ -378,7 +411,8 @@ def load_spec(path: Path) -> Spec:
     metrics = chk.strings(doc.get("metrics"), "metrics")
     return Spec(
         name, chk.text(doc.get("title"), "title", name), chk.text(doc.get("citation"), "citation"),
-        scales, rows, claims, tuple(metrics),
+        scales, rows, claims, tuple(metrics), declared, chk.text(doc.get("stat_note"), "stat_note"),
+        multiplicity, chk.text(doc.get("decision"), "decision"),
     )  # fmt: skip
 
 

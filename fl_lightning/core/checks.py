@@ -43,6 +43,9 @@ def within(
 TARGETS = ("text", "permuted", "orthogonal", "uniform", "centred")
 #: the oracle targets (`text/oracle.py`: class means of held-out inputs), FedGLCL's only so far
 ORACLE_TARGETS = ("oracle", "oracle_permuted", "oracle_permuted_within", "oracle_half")
+#: controls inside coarse groups (`text/targets.py`, E4's missing ones): the text deranged within
+#: each group, and a table with the text's group structure and nothing inside a group; FedLGT's
+GROUP_TARGETS = ("permuted_within", "group_only")
 
 
 def check_targets(kind: str, key: str = "method.targets", extra: tuple[str, ...] = ()) -> None:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..core.checks import ORACLE_TARGETS
 from ..core.errors import ConfigError
-from .targets import derangement
+from .targets import derangement, within_group_derangement
 
 __all__ = [
     "ORACLE_TARGETS",
@@ -88,20 +88,6 @@ def pca_keep_gram(means: torch.Tensor, dim: int) -> torch.Tensor:
     out = torch.zeros(means.shape[0], dim, dtype=torch.float64)
     out[:, :rank] = coords
     return out
-
-
-def within_group_derangement(groups: Sequence[int], seed: int) -> torch.Tensor:
-    """A permutation of range(len(groups)) that moves every class to another class of its own
-    group (a seeded derangement inside each group); one ConfigError line when a group has a
-    single class."""
-    g = torch.tensor(list(groups))
-    perm = torch.arange(len(g))
-    for k, group in enumerate(sorted(set(g.tolist()))):
-        members = torch.nonzero(g == group).flatten()
-        if len(members) < 2:
-            raise ConfigError(f"coarse group {group} has one class: no permutation inside it moves it")
-        perm[members] = members[derangement(len(members), seed * 1000 + k)]
-    return perm
 
 
 def oracle_targets(

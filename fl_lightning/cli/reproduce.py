@@ -460,7 +460,7 @@ def provenance(claims: Path, run_dirs: Sequence[Path]) -> tuple[list[str], dict[
                 older = False
     why = (
         "every run ran at a clean commit that contains the claims' commit"
-        + (", and started after it" if not unstarted else f" ({len(unstarted)} runs record no start time)")
+        + (", and started after it" if not unstarted else f"; {len(unstarted)} runs record no start time")
         if older
         else "the claims file is uncommitted or changed since"
         if since is None or changed

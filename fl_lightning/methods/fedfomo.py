@@ -36,7 +36,7 @@ from torch import nn
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
 from ..core.params import to_cpu
-from ..core.strategy import Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import ClientId, StateDict
 from .configs.fedfomo import FedFomoConfig
 
@@ -126,6 +126,8 @@ class FedFomoObjective(ClientObjective[Broadcast]):
 
 
 class FedFomo(Strategy[FedFomoConfig, FedFomoServerState, Broadcast]):
+    aggregates_through_chain = False
+    aggregates_through_chain_why = "it keeps each client's model and mixes them per client"
     objective_cls = FedFomoObjective
     plain_eval_payloads = True  # evaluation scores each client's own model: no models to send
 
@@ -147,7 +149,9 @@ class FedFomo(Strategy[FedFomoConfig, FedFomoServerState, Broadcast]):
         received = [(int(j), state.client_models.get(int(j), state.global_params)) for j in order]
         return FedFomoPayload(**dataclasses.asdict(base), received=received)
 
-    def aggregate(self, state: FedFomoServerState, updates: Sequence[ClientUpdate]) -> FedFomoServerState:
+    def aggregate(
+        self, state: FedFomoServerState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> FedFomoServerState:
         assert state.affinity is not None
         models, affinity = dict(state.client_models), state.affinity.clone()
         for u in updates:

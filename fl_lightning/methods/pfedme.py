@@ -33,7 +33,7 @@ from torch import nn
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
 from ..core.objective import ClientObjective, is_weight, with_params
 from ..core.params import to_cpu
-from ..core.strategy import Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import StateDict
 from .configs.pfedme import PFedMeConfig
 
@@ -102,8 +102,10 @@ class PFedMe(Strategy[PFedMeConfig, ServerState, Broadcast]):
         kwargs.pop("beta")  # the server's
         return kwargs
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
-        prev, new = state.global_params, self.average(state, updates)
+    def aggregate(
+        self, state: ServerState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> ServerState:
+        prev, new = state.global_params, self.average(state, updates, ctx)
         if prev is None or new.global_params is None or self.config.beta == 1.0:
             return new
         b = self.config.beta

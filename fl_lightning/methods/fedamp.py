@@ -85,7 +85,7 @@ class FedAMPObjective(ClientObjective[Broadcast]):
         return terms
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
-        self.client_state[PERSONAL_MODEL] = to_cpu(self.model.state_dict())
+        self.client_state[PERSONAL_MODEL] = to_cpu(self.model_state())
         return super().end_round(payload, num_examples)  # uploads w_i
 
 

@@ -91,7 +91,7 @@ class FedFomoObjective(ClientObjective[Broadcast]):
         return float(F.cross_entropy(scores, y))
 
     def before_fit(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        own = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        own = {k: v.detach().clone() for k, v in self.model_state().items()}
         old = self.client_state.get(OLD_MODEL, own)
         n_val = int(self.val_fraction * len(y))
         if self._received and n_val > 0:
@@ -117,10 +117,10 @@ class FedFomoObjective(ClientObjective[Broadcast]):
                         for w, (_, theta) in zip(pos, self._received, strict=True):
                             mix += float(w) * theta[n].double()
                         p.copy_(mix.to(p.device, p.dtype))
-        self.client_state[OLD_MODEL] = to_cpu(self.model.state_dict())
+        self.client_state[OLD_MODEL] = to_cpu(self.model_state())
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
-        self.client_state[PERSONAL_MODEL] = to_cpu(self.model.state_dict())
+        self.client_state[PERSONAL_MODEL] = to_cpu(self.model_state())
         update = super().end_round(payload, num_examples)  # uploads the trained model
         return extend(update, FedFomoUpdate, ids=[c for c, _ in self._received], weights=self._weights)
 

@@ -159,7 +159,7 @@ def prepare(
         weights_info = load_trunk(objective.model, trunk or str(weights))
         weights_info["path"] = str(Path(str(weights)).expanduser())  # the file named, as it started
     if family(spec.model) is None:
-        init_params: dict[str, torch.Tensor] | None = to_cpu(objective.model.state_dict())
+        init_params: dict[str, torch.Tensor] | None = to_cpu(objective.model_state())
         spec = dataclasses.replace(spec, init_params=init_params)
     else:
         # Heterogeneous clients: each starts from its own seeded model; only weights every

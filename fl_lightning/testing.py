@@ -30,11 +30,20 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from .core.aggregation import Aggregator
 from .core.messages import RoundPlan, ServerState
 from .core.method import MethodConfig
 from .core.optim import OptimConfig
 from .core.params import to_cpu
-from .core.strategy import ServerContext, Strategy, TaskInfo, aggregated, round_rng, server_rng
+from .core.strategy import (
+    ServerContext,
+    Strategy,
+    TaskInfo,
+    aggregate_with,
+    aggregated,
+    round_rng,
+    server_rng,
+)
 from .data.registry import ArrayDataset, load_dataset
 from .methods import METHODS
 from .models import MODELS
@@ -148,16 +157,18 @@ def check(name: str, *overrides: str) -> MethodConfig:
 
 
 def two_rounds(
-    name: str, data: Data, **method_kwargs: Any
+    name: str, data: Data, aggregator: Aggregator | None = None, **method_kwargs: Any
 ) -> tuple[Params, list[RoundPlan], list[ServerState], ClientHost]:
     """Two rounds of method `name` on the three clients of `three_clients()`, 2 a round
     (|S| = 2 < N = 3), through the strategy and one host as a run does them, plain SGD:
     (initial weights, each round's plan, the state after each round, the host, which keeps
-    the clients' resident state in `.states`)."""
+    the clients' resident state in `.states`). `aggregator`: the run's aggregation chain
+    (default: the example-weighted mean)."""
     ds, shards = data
     cls = METHODS.get(name)
     config = cls.config_cls(**method_kwargs)
-    strategy = cls(config, num_clients=3, clients_per_round=2, seed=0, task=TaskInfo(num_classes=10))
+    task = TaskInfo(num_classes=10)
+    strategy = cls(config, num_clients=3, clients_per_round=2, seed=0, task=task, aggregator=aggregator)
     torch.manual_seed(0)
     obj = cls.build_objective(Toy(), OptimConfig(lr=LR, momentum=0.0), **strategy.objective_kwargs())
     init = to_cpu(obj.model.state_dict())
@@ -175,8 +186,9 @@ def rounds_1_and_2(
     for rnd in (1, 2):
         plan = strategy.configure_round(state, rnd, round_rng(0, rnd))
         updates = sorted((host.fit(plan.broadcast, p) for p in plan.payloads), key=lambda u: u.client_id)
-        state, _ = aggregated(strategy.aggregate(state, updates))
-        state, _ = strategy.server_update(state, updates, ctx(strategy, rnd))
+        c = ctx(strategy, rnd)
+        state, _ = aggregated(aggregate_with(strategy, state, updates, c))
+        state, _ = strategy.server_update(state, updates, c)
         plans.append(plan)
         states.append(state)
     assert [p.client_ids for p in plans] == [[0, 1], [0, 2]]  # partial: client 1 sits out round 2

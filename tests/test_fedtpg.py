@@ -114,7 +114,7 @@ def test_fedtpg_golden_two_rounds_and_prompts_for_classes_no_client_held(clip_fi
     # their own names only, by the trained generator; the new classes' prompts moved with it
     kw = {"arch": ARCH, "pretrained": clip_file, "class_names": DIGIT_NAMES, "n_ctx": N_CTX, **DIGITS}
     model = CLIPPrompt(10, 1, 8, **kw, generator={"base_classes": 5})
-    model.load_state_dict(states[-1].global_params)
+    model.load_state_dict(states[-1].global_params, strict=False)  # the tower: its own
     written = Written(clip_file, states[-1].global_params, torch.float32)
     z = model.encode_images(data[0].tensors(data[0].test_x[:40], data[0].test_y[:40])[0])
     with torch.no_grad():

@@ -21,6 +21,7 @@ from fl_lightning.core.optim import OptimConfig
 from fl_lightning.core.strategy import TaskInfo
 from fl_lightning.data.datasets import DIGIT_NAMES
 from fl_lightning.methods import METHODS
+from fl_lightning.methods.prompting import PromptObjective
 from fl_lightning.models.clip_prompt import CLIPPrompt
 from fl_lightning.runtime.host import ClientHost, ClientSpec
 from fl_lightning.runtime.runner import start_run
@@ -36,6 +37,8 @@ from fl_lightning.testing import (
     written_mean,
 )
 from fl_lightning.text.encoders import OpenCLIPTextEncoder, _register_open_clip_configs
+
+from .run_files import final_state
 
 ARCH = "clip-tiny-random"
 #: digits' normalisation (data/datasets.py), as the runs hand it to the model
@@ -66,8 +69,21 @@ def test_the_model_holds_only_the_prompt_and_a_phrase_reproduces_the_handwritten
         want = encoder.encode([template.format(c) for c in DIGIT_NAMES])
         torch.testing.assert_close(m.text_features(), want, atol=2e-6, rtol=0, msg=position)
     shared, csc = prompt_model(clip_file), prompt_model(clip_file, class_specific=True)
-    assert set(shared.state_dict()) == {"prompt.ctx"} and shared.prompt.ctx.shape == (4, 64)
-    assert [n for n, _ in csc.named_parameters()] == ["prompt.ctx"] and csc.prompt.ctx.shape == (10, 4, 64)
+    # the image tower is in the module tree, frozen by role: only the context is the federation's
+    obj = PromptObjective(shared)
+    roles = {k: obj.role(k) for k in shared.state_dict()}
+    assert {k for k, r in roles.items() if r != "frozen"} == {"prompt.ctx"} and shared.prompt.ctx.shape == (
+        4,
+        64,
+    )
+    assert {k for k, r in roles.items() if r == "frozen"} == {
+        "visual." + k for k in shared.visual.state_dict()
+    }
+    assert set(obj.model_state()) == set(obj.shared_params()) == {"prompt.ctx"} and not obj.personal_params()
+    trainable = [n for n, p in csc.named_parameters() if p.requires_grad]
+    assert trainable == ["prompt.ctx"] and csc.prompt.ctx.shape == (10, 4, 64)
+    shared.train()
+    assert not any(m.training for m in shared.visual.modules())  # the tower stays in eval mode
     assert torch.equal(shared.prompt.ctx, prompt_model(clip_file).prompt.ctx)  # seeded: same everywhere
     assert 0.01 < float(shared.prompt.ctx.detach().std()) < 0.03  # N(0, 0.02^2)
     # logits: scale · cos(image tower on CLIP's view of the image, prompted class text)
@@ -97,7 +113,8 @@ def _two_rounds(name: str, clip_file: str, data, task_data: dict | None = None, 
     kwargs = strategy.model_kwargs(
         "clip_prompt", {"arch": ARCH, "pretrained": clip_file, "n_ctx": 4, **model_kw}
     )
-    init = {k: v.clone() for k, v in CLIPPrompt(10, 1, 8, **kwargs).state_dict().items()}
+    model = CLIPPrompt(10, 1, 8, **kwargs)  # the federation's weights: its frozen tower left out, by role
+    init = {k: v.clone() for k, v in model.state_dict().items() if not k.startswith(model.frozen_prefixes)}
     spec = ClientSpec(method=name, objective_kwargs=strategy.objective_kwargs(), model="clip_prompt",
                       model_kwargs=kwargs, optim=OptimConfig(lr=LR, momentum=0.0), num_classes=10,
                       in_channels=1, image_size=8, batch_size=BS, threads=1, init_params=init)  # fmt: skip
@@ -124,10 +141,10 @@ def test_promptfl_golden_two_rounds_and_cached_features_equal_the_uncached_path(
                 return F.cross_entropy(m(xb)[:, :classes], yb)
 
             def client(cid: int, seed: int, start: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-                model.load_state_dict(start)
+                model.load_state_dict(start, strict=False)  # its frozen tower: its own
                 x, y = client_data(data, cid)
                 manual_fit(model, x.to(dt), y, seed, loss, momentum=0.0)
-                return {k: v.detach().clone() for k, v in model.state_dict().items()}
+                return {k: v.detach().clone() for k, v in model.state_dict().items() if k in start}
 
             out, start = [], {k: v.to(dt) for k, v in init.items()}
             for plan in plans:
@@ -169,7 +186,7 @@ def test_zeroshot_trains_nothing_and_scores_the_handwritten_prompt(clip_file):
     ds, _ = data
     x, y = ds.tensors(ds.test_x[:50], ds.test_y[:50])
     model = prompt_model(clip_file, ctx_init="a photo of a")
-    model.load_state_dict(states[-1].global_params)
+    model.load_state_dict(states[-1].global_params, strict=False)  # the tower: its own
     text = OpenCLIPTextEncoder(arch=ARCH, pretrained=clip_file, device="cpu").encode(
         [f"a photo of a {c}." for c in DIGIT_NAMES]
     )
@@ -236,7 +253,7 @@ def test_fedotp_golden_two_rounds_global_averaged_local_kept(clip_file):
                     "prompt.ctx": glob,
                     "local_prompt.ctx": locals_.get(p.client_id, init["local_prompt.ctx"].to(dt)),
                 }
-                model.load_state_dict(start)
+                model.load_state_dict(start, strict=False)  # its frozen tower: its own
                 x, y = client_data(data, p.client_id)
                 manual_fit(model, x.to(dt), y, p.seed, logits, momentum=0.0)
                 trained.append({"prompt.ctx": model.prompt.ctx.detach().clone()})
@@ -372,6 +389,15 @@ def test_the_global_evaluation_keeps_the_test_images_features(clip_file, tmp_pat
         assert images["loss"] == pytest.approx((again if cache else first)["loss"], rel=1e-5)
 
 
+def _keys(tree) -> list[str]:
+    """Every string key of a checkpoint tree (`run_files`), at any depth."""
+    if isinstance(tree, dict):
+        return [k for k in tree if isinstance(k, str)] + [k for v in tree.values() for k in _keys(v)]
+    if isinstance(tree, list):
+        return [k for v in tree for k in _keys(v)]
+    return []
+
+
 def _resumes_exactly_and_ray_matches_serial(method: str, args: list[str], warm, reused: int) -> None:
     """Round 1 on Ray's (warm) worker, resumed in this process to round 2 serially, and 2 rounds
     serial: one run both stopped and resumed and on Ray (a serial 1-round run cost as much)."""
@@ -386,6 +412,11 @@ def _resumes_exactly_and_ray_matches_serial(method: str, args: list[str], warm, 
     lines = _lines(full_dir)
     # 2 clients x the 4 x 64 (global) context, float32: FedOTP's and FedPGP's own parts stay
     assert all(r["bytes_up"] == 2 * 4 * 64 * 4 for r in lines)
+    # the checkpoint holds no tower weight, by role: the global model and each client's state
+    server, clients = final_state(full_dir)
+    assert "prompt.ctx" in server["fields"]["global_params"]
+    assert not [k for k in server["fields"]["global_params"] if k.startswith("visual.")]
+    assert not [k for c in clients.values() for k in _keys(c) if k.startswith("visual.")]
     keys = ("round", "train_loss", "bytes_up", *(["client_accuracy"] if personal else ["accuracy", "loss"]))
     if method == "fedpgp":
         keys = (*keys, "client/loss/con", "client_global/accuracy")

@@ -197,6 +197,25 @@ class CheckpointConfig:
 
 
 @dataclass
+class AggregatorConfig:
+    """The aggregation chain (`core/aggregation.py`): steps between the clients' updates and the
+    method's server step, in order; empty: FedAvg's example-weighted mean. `clip_l2` clips each
+    update's delta to `clip`, `uniform` weighs every update 1, `gaussian` adds N(0, (σ·C/m)²) to
+    the mean (σ = `noise_multiplier`). A privacy guarantee with an accountant is `privacy=`'s."""
+
+    steps: list[str] = field(default_factory=list)
+    clip: float = 1.0  # C: the L2 bound of one update's delta (clip_l2, gaussian)
+    noise_multiplier: float = 0.0  # σ (gaussian)
+
+    def check(self) -> None:
+        from ..core.chain import check_chain
+
+        _positive("aggregator", self, "clip")
+        _at_least_zero("aggregator", self, "noise_multiplier")
+        check_chain(list(self.steps))
+
+
+@dataclass
 class RuntimeConfig:
     executor: Literal["ray", "serial"] = "ray"
     # "auto" or host:port joins a cluster; null: $RAY_ADDRESS (a Ray job's cluster), else local
@@ -270,6 +289,7 @@ class RootConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     #: modules outside the package imported for the methods they register, comma-separated
     #: (`methods=mypkg.fedfoo`); an installed package can name its modules under the entry-point
@@ -282,7 +302,15 @@ class RootConfig:
         `registered.validate_registered`; `model` and `text` are checked against their builders there."""
         if not 0 <= self.seed < 2**32:  # numpy's and Lightning's seeding take no more
             raise ConfigError(f"seed must be in [0, 2**32) (got {self.seed})")
-        for section in (self.fl, self.data, self.optim, self.eval, self.checkpoint, self.runtime):
+        for section in (
+            self.fl,
+            self.data,
+            self.optim,
+            self.eval,
+            self.checkpoint,
+            self.runtime,
+            self.aggregator,
+        ):
             section.check()
         cross_check(self)
 

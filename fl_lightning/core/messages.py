@@ -37,10 +37,14 @@ class ServerState:
     Attributes:
         round: last completed round (0 before the first).
         global_params: the global model, or None for methods that share no weights.
+        aggregation: the aggregation chain's memory, one dict per step by name (adaptive
+            clipping's bound, an accountant's history), and the last round's chain metrics
+            under "metrics" (`core/aggregation.py`); checkpointed, so a resume continues it.
     """
 
     round: int
     global_params: StateDict | None
+    aggregation: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

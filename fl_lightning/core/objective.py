@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, cast
 
 import lightning as L
 import torch
@@ -40,6 +40,9 @@ BroadcastT = TypeVar("BroadcastT", bound=Broadcast)
 PERSONAL = "personal"
 #: state-dict key endings of batch-norm running statistics
 BN_STAT_KEYS = ("running_mean", "running_var", "num_batches_tracked")
+
+#: a model state entry's part in the federation (`ClientObjective.role`)
+Role = Literal["shared", "personal", "frozen"]
 
 
 def is_weight(key: str, value: torch.Tensor) -> bool:
@@ -219,6 +222,22 @@ class ClientObjective(L.LightningModule, Generic[BroadcastT]):
         """Parameters (by `model.state_dict()` key) that stay with their client."""
         return False
 
+    def role(self, key: str) -> Role:
+        """What the engine does with the model's state entry `key`: `shared` (uploaded, averaged,
+        broadcast, in the global model's checkpoint), `personal` (kept in the client's resident
+        state: `is_personal`, or batch-norm statistics under `fl.bn_stats=local`) or `frozen`
+        (never trained, uploaded, broadcast or checkpointed: every copy of the model builds it
+        the same way, from its weights file; a large pretrained tower). Frozen entries are
+        those under the model's `frozen_prefixes` (a tuple of key prefixes, `()` by default)."""
+        if key.startswith(tuple(getattr(self.model, "frozen_prefixes", ()))):
+            return "frozen"
+        return "personal" if self._kept(key) else "shared"
+
+    def model_state(self) -> StateDict:
+        """The model's state without its frozen entries: what the federation sees of a model
+        (the global weights a run starts from, a client's own model kept between rounds)."""
+        return {k: v for k, v in self.model.state_dict().items() if self.role(k) != "frozen"}
+
     def begin_round(self, broadcast: BroadcastT, payload: ClientPayload | None) -> None:
         if broadcast.global_params is not None:
             self.load_params(broadcast.global_params)
@@ -239,10 +258,10 @@ class ClientObjective(L.LightningModule, Generic[BroadcastT]):
         return self.is_personal(key) or (self.local_bn_stats and key.endswith(BN_STAT_KEYS))
 
     def shared_params(self) -> StateDict:
-        return {k: v for k, v in self.model.state_dict().items() if not self._kept(k)}
+        return {k: v for k, v in self.model.state_dict().items() if self.role(k) == "shared"}
 
     def personal_params(self) -> StateDict:
-        return {k: v for k, v in self.model.state_dict().items() if self._kept(k)}
+        return {k: v for k, v in self.model.state_dict().items() if self.role(k) == "personal"}
 
     def phases(self) -> list[Phase]:
         """The local training, in order; one phase = one Lightning fit. Default: one."""
@@ -392,13 +411,13 @@ class OwnModelObjective(ClientObjective[BroadcastT]):
 
     def begin_round(self, broadcast: BroadcastT, payload: ClientPayload | None) -> None:
         super().begin_round(broadcast, payload)  # the model holds the global weights
-        self.global_params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.global_params = {k: v.detach().clone() for k, v in self.model_state().items()}
         own = self.client_state.get(self.own_key)
         if own is not None:
             self.load_params(own)
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
-        self.client_state[self.own_key] = to_cpu(self.model.state_dict())
+        self.client_state[self.own_key] = to_cpu(self.model_state())
         return super().end_round(payload, num_examples)
 
     def eval_heads(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:

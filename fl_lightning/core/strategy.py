@@ -12,6 +12,7 @@ of its own dataclasses, typed.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,13 +22,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from .aggregation import Aggregator, aggregate_chain
 from .errors import ConfigError
 from .messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState
 from .method import METHODS, MethodConfig, needs_test_split_error
 from .metrics import EvalSpec
 from .objective import ClientObjective
 from .optim import OptimConfig
-from .params import weighted_mean
 from .state_classes import register_state_classes
 from .types import ClientId, Metrics, StateDict
 
@@ -81,6 +82,7 @@ class ServerContext:
             global RNG or load weights yourself).
         unlabeled: the server's unlabeled images (`data.server_subset`, held out of every
             client's data), normalised, on the CPU; None without one.
+        seed: the run's seed (`generator` derives from it).
     """
 
     round: int
@@ -89,6 +91,15 @@ class ServerContext:
     task: TaskInfo
     build_model: Callable[[], nn.Module]
     unlabeled: torch.Tensor | None = None
+    seed: int = 0
+
+    def generator(self, *tag: int) -> torch.Generator:
+        """A CPU torch generator seeded by (seed, round, *tag) alone: an aggregation step's
+        noise (tag: the step, and the client where it is per client) is then the same on every
+        executor and after a resume. A deployment would draw from a cryptographic source
+        instead (docs/privacy.md); a simulation needs it repeatable."""
+        seed = np.random.SeedSequence([self.seed, self.round, *tag]).generate_state(2, np.uint64)[0]
+        return torch.Generator().manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
 
 
 def client_seed(run_seed: int, rnd: int, client_id: ClientId) -> int:
@@ -179,6 +190,12 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
     #: True when `payload` carries what only training needs (other clients' models: FedFomo,
     #: FedAMP): evaluation then gets the plain payload
     plain_eval_payloads: bool = False
+    #: the method's new global params come from `average` (the run's aggregation chain), so a
+    #: chain step (clipping, noise, staleness weights) applies to it; False for a method that
+    #: keeps each client's model or computes its weights from the raw updates (the chain would
+    #: be ignored: such a run is refused), with the reason in `..._why`
+    aggregates_through_chain: ClassVar[bool] = True
+    aggregates_through_chain_why: ClassVar[str] = ""
     #: (fewest, most) clients per round for unstable participation (`fl.fraction_range`);
     #: None: always `clients_per_round`
     participation: tuple[int, int] | None = None
@@ -193,8 +210,12 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         clients_per_round: int,
         seed: int,
         task: TaskInfo | None = None,
+        aggregator: Aggregator | None = None,
     ) -> None:
         self.config = config
+        #: how `average` turns the round's updates into the new global params: the run's
+        #: `aggregator.steps` chain (clipping, noise, ...); default the example-weighted mean
+        self.aggregator = aggregator if aggregator is not None else Aggregator()
         self.num_clients = num_clients
         self.clients_per_round = clients_per_round
         self.seed = seed
@@ -275,19 +296,22 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         ids = self.sample_clients(rnd, rng)
         return RoundPlan(rnd, self.broadcast(state, rnd), [self.payload(state, rnd, c) for c in ids])
 
-    def aggregate(self, state: StateT, updates: Sequence[ClientUpdate]) -> StateT | tuple[StateT, Metrics]:
+    def aggregate(
+        self, state: StateT, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> StateT | tuple[StateT, Metrics]:
         """The new state from the round's updates, optionally with metrics (logged as
-        `server/<name>`, beside `server_update`'s). Default: `average`."""
-        return self.average(state, updates)
+        `server/<name>`, beside `server_update`'s). Default: `average`. A method that
+        overrides it calls `self.average(state, updates, ctx)` first and takes its server step
+        on the result, so the run's aggregation chain (clipping, noise, ...) composes with it."""
+        return self.average(state, updates, ctx)
 
-    def average(self, state: StateT, updates: Sequence[ClientUpdate]) -> StateT:
-        """Example-weighted mean of the shared parameters (FedAvg's aggregation)."""
-        with_params = [(u.params, u.num_examples) for u in updates if u.params]
-        params = state.global_params
-        if with_params and params is not None:
-            mean = weighted_mean([p for p, _ in with_params], [n for _, n in with_params])
-            params = {**params, **mean}
-        return dataclasses.replace(state, global_params=params)
+    def average(
+        self, state: StateT, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> StateT:
+        """The shared parameters through the run's aggregation chain (`core/aggregation.py`):
+        FedAvg's example-weighted mean, with whatever steps the run configured (`ctx`, the
+        round's context, seeds their noise; a chain without random steps runs without it)."""
+        return aggregate_chain(self.aggregator, state, updates, ctx)
 
     def server_update(
         self, state: StateT, updates: Sequence[ClientUpdate], ctx: ServerContext
@@ -346,6 +370,26 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
 def aggregated(out: StateT | tuple[StateT, Metrics]) -> tuple[StateT, Metrics]:
     """`Strategy.aggregate`'s result as (state, metrics)."""
     return out if isinstance(out, tuple) else (out, {})
+
+
+def aggregate_with(
+    strategy: Strategy[Any, StateT, Any], state: StateT, updates: Sequence[ClientUpdate], ctx: ServerContext
+) -> StateT | tuple[StateT, Metrics]:
+    """`strategy.aggregate` with the round's context; a method of another package written before
+    `aggregate` took one (`aggregate(self, state, updates)`) is called as it was (a run with a
+    chain step that needs the context refuses it up front: `runtime/build.py`)."""
+    if "ctx" in inspect.signature(type(strategy).aggregate).parameters:
+        return strategy.aggregate(state, updates, ctx)
+    return strategy.aggregate(state, updates)
+
+
+def chain_metrics_of(state: StateT) -> tuple[StateT, Metrics]:
+    """The aggregation chain's metrics of this round, taken out of the state (they are the
+    round's line, not state to checkpoint)."""
+    if "metrics" not in state.aggregation:
+        return state, {}
+    rest = {k: v for k, v in state.aggregation.items() if k != "metrics"}
+    return dataclasses.replace(state, aggregation=rest), dict(state.aggregation["metrics"])
 
 
 METHODS.on_strategy = register_state_classes

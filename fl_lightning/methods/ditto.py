@@ -52,7 +52,7 @@ class DittoObjective(ClientObjective[Broadcast]):
 
     def begin_round(self, broadcast: Broadcast, payload: ClientPayload | None) -> None:
         super().begin_round(broadcast, payload)  # the model holds w^t
-        self._w_global = _clone(self.model.state_dict())
+        self._w_global = _clone(self.model_state())
         self._w_local = {}
         v = self.client_state.get(PERSONAL_MODEL)
         if v is not None:  # the model holds v: what evaluation scores
@@ -65,10 +65,10 @@ class DittoObjective(ClientObjective[Broadcast]):
         # After the Trainer moved the model to its device; swap in the phase's model.
         super().on_train_start()
         if self.phase.name == "global":
-            self.client_state[PERSONAL_MODEL] = to_cpu(self.model.state_dict())  # v, kept
+            self.client_state[PERSONAL_MODEL] = to_cpu(self.model_state())  # v, kept
             self.load_params(self._w_global)
         else:
-            self._w_local = _clone(self.model.state_dict())  # w after the local update
+            self._w_local = _clone(self.model_state())  # w after the local update
             self.load_params(self.client_state[PERSONAL_MODEL])
             dev = next(self.model.parameters()).device
             self._anchor = [self._w_global[n].to(dev) for n, _ in self.model.named_parameters()]
@@ -83,7 +83,7 @@ class DittoObjective(ClientObjective[Broadcast]):
         return terms
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
-        self.client_state[PERSONAL_MODEL] = to_cpu(self.model.state_dict())  # v
+        self.client_state[PERSONAL_MODEL] = to_cpu(self.model_state())  # v
         self.load_params(self._w_local)  # upload w
         return super().end_round(payload, num_examples)
 

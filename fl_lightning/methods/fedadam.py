@@ -22,7 +22,7 @@ import torch
 
 from ..core.messages import Broadcast, ClientUpdate, ServerState
 from ..core.objective import is_weight
-from ..core.strategy import Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import StateDict
 from .configs.fedadam import AdaptiveConfig, FedAdagradConfig, FedAdamConfig, FedYogiConfig
 
@@ -43,8 +43,10 @@ class ServerAdaptive(Strategy[AdaptiveConfigT, AdaptiveState, Broadcast]):
         """v_t from v_{t−1} and Δ² (element-wise)."""
         raise NotImplementedError
 
-    def aggregate(self, state: AdaptiveState, updates: Sequence[ClientUpdate]) -> AdaptiveState:
-        avg = self.average(state, updates)  # the weighted mean: what BN statistics keep
+    def aggregate(
+        self, state: AdaptiveState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> AdaptiveState:
+        avg = self.average(state, updates, ctx)  # the weighted mean: what BN statistics keep
         w, mean = state.global_params, avg.global_params
         if w is None or mean is None or not any(u.params for u in updates):
             return avg  # nobody reported: no step, the moments are kept

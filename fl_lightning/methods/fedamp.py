@@ -33,7 +33,7 @@ from torch import nn
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
 from ..core.objective import ClientObjective, is_weight
 from ..core.params import to_cpu
-from ..core.strategy import Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import ClientId, StateDict
 from .configs.fedamp import FedAMPConfig
 
@@ -85,11 +85,13 @@ class FedAMPObjective(ClientObjective[Broadcast]):
         return terms
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
-        self.client_state[PERSONAL_MODEL] = to_cpu(self.model.state_dict())
+        self.client_state[PERSONAL_MODEL] = to_cpu(self.model_state())
         return super().end_round(payload, num_examples)  # uploads w_i
 
 
 class FedAMP(Strategy[FedAMPConfig, FedAMPServerState, Broadcast]):
+    aggregates_through_chain = False
+    aggregates_through_chain_why = "it keeps each client's model and mixes them per client"
     objective_cls = FedAMPObjective
     plain_eval_payloads = True  # evaluation scores w_i alone: no cloud models to compute
 
@@ -120,7 +122,9 @@ class FedAMP(Strategy[FedAMPConfig, FedAMPServerState, Broadcast]):
         base = super().payload(state, rnd, client_id)
         return FedAMPPayload(**dataclasses.asdict(base), cloud=self.cloud_model(state, client_id))
 
-    def aggregate(self, state: FedAMPServerState, updates: Sequence[ClientUpdate]) -> FedAMPServerState:
+    def aggregate(
+        self, state: FedAMPServerState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> FedAMPServerState:
         models = dict(state.client_models)
         for u in updates:
             if u.params is not None:

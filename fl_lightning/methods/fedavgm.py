@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..core.messages import Broadcast, ClientUpdate, ServerState
 from ..core.objective import is_weight
-from ..core.strategy import Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import StateDict
 from .configs.fedavgm import FedAvgMConfig
 
@@ -44,8 +44,10 @@ def momentum_step(
 
 
 class FedAvgM(Strategy[FedAvgMConfig, FedAvgMState, Broadcast]):
-    def aggregate(self, state: FedAvgMState, updates: Sequence[ClientUpdate]) -> FedAvgMState:
-        avg = self.average(state, updates)
+    def aggregate(
+        self, state: FedAvgMState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> FedAvgMState:
+        avg = self.average(state, updates, ctx)
         w, mean = state.global_params, avg.global_params
         if w is None or mean is None or not any(u.params for u in updates):
             return avg  # nothing shared or nobody reported: no step, the velocity is kept

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
-from ..core.strategy import Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import StateDict
 from ..server_steps.prototypes import aggregate_class_means
 from .configs.feddistill import FedDistillConfig
@@ -95,8 +95,10 @@ class FedDistill(Strategy[FedDistillConfig, DistillState, LogitBroadcast]):
     def broadcast(self, state: DistillState, rnd: int) -> LogitBroadcast:
         return LogitBroadcast(round=rnd, logits=state.logits, counts=state.counts)
 
-    def aggregate(self, state: DistillState, updates: Sequence[ClientUpdate]) -> DistillState:
-        new = self.average(state, updates)
+    def aggregate(
+        self, state: DistillState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> DistillState:
+        new = self.average(state, updates, ctx)
         ups = [(u.logits, u.counts) for u in updates if isinstance(u, LogitUpdate)]
         pairs = [(lg, n) for lg, n in ups if lg is not None and n is not None]
         if not pairs:

@@ -23,7 +23,7 @@ import torch
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
 from ..core.objective import ClientObjective, is_weight
 from ..core.params import to_cpu
-from ..core.strategy import Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import StateDict
 from .configs.feddyn import FedDynConfig
 
@@ -65,10 +65,14 @@ class FedDynObjective(ClientObjective[Broadcast]):
 
 
 class FedDyn(Strategy[FedDynConfig, FedDynState, Broadcast]):
+    aggregates_through_chain = False
+    aggregates_through_chain_why = "its weights are the plain mean of the raw updates minus h/alpha"
     objective_cls = FedDynObjective
 
-    def aggregate(self, state: FedDynState, updates: Sequence[ClientUpdate]) -> FedDynState:
-        avg = self.average(state, updates)  # FedAvg's average: what BN statistics keep
+    def aggregate(
+        self, state: FedDynState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> FedDynState:
+        avg = self.average(state, updates, ctx)  # FedAvg's average: what BN statistics keep
         theta, sent = state.global_params, [u.params for u in updates if u.params]
         if theta is None or avg.global_params is None or not sent:
             return avg

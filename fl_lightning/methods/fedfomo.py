@@ -36,7 +36,7 @@ from torch import nn
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
 from ..core.params import to_cpu
-from ..core.strategy import Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import ClientId, StateDict
 from .configs.fedfomo import FedFomoConfig
 
@@ -91,7 +91,7 @@ class FedFomoObjective(ClientObjective[Broadcast]):
         return float(F.cross_entropy(scores, y))
 
     def before_fit(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        own = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        own = {k: v.detach().clone() for k, v in self.model_state().items()}
         old = self.client_state.get(OLD_MODEL, own)
         n_val = int(self.val_fraction * len(y))
         if self._received and n_val > 0:
@@ -117,15 +117,17 @@ class FedFomoObjective(ClientObjective[Broadcast]):
                         for w, (_, theta) in zip(pos, self._received, strict=True):
                             mix += float(w) * theta[n].double()
                         p.copy_(mix.to(p.device, p.dtype))
-        self.client_state[OLD_MODEL] = to_cpu(self.model.state_dict())
+        self.client_state[OLD_MODEL] = to_cpu(self.model_state())
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
-        self.client_state[PERSONAL_MODEL] = to_cpu(self.model.state_dict())
+        self.client_state[PERSONAL_MODEL] = to_cpu(self.model_state())
         update = super().end_round(payload, num_examples)  # uploads the trained model
         return extend(update, FedFomoUpdate, ids=[c for c, _ in self._received], weights=self._weights)
 
 
 class FedFomo(Strategy[FedFomoConfig, FedFomoServerState, Broadcast]):
+    aggregates_through_chain = False
+    aggregates_through_chain_why = "it keeps each client's model and mixes them per client"
     objective_cls = FedFomoObjective
     plain_eval_payloads = True  # evaluation scores each client's own model: no models to send
 
@@ -147,7 +149,9 @@ class FedFomo(Strategy[FedFomoConfig, FedFomoServerState, Broadcast]):
         received = [(int(j), state.client_models.get(int(j), state.global_params)) for j in order]
         return FedFomoPayload(**dataclasses.asdict(base), received=received)
 
-    def aggregate(self, state: FedFomoServerState, updates: Sequence[ClientUpdate]) -> FedFomoServerState:
+    def aggregate(
+        self, state: FedFomoServerState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> FedFomoServerState:
         assert state.affinity is not None
         models, affinity = dict(state.client_models), state.affinity.clone()
         for u in updates:

@@ -19,7 +19,7 @@ import torch
 
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
-from ..core.strategy import FedAvgStrategy
+from ..core.strategy import FedAvgStrategy, ServerContext
 from .configs.fednova import FedNovaConfig
 
 _STAT_KEYS = ("running_mean", "running_var", "num_batches_tracked")
@@ -54,10 +54,14 @@ class FedNovaObjective(ClientObjective[Broadcast]):
 
 
 class FedNova(FedAvgStrategy[FedNovaConfig]):
+    aggregates_through_chain = False
+    aggregates_through_chain_why = "its direction is each update's raw change normalised by its own steps"
     objective_cls = FedNovaObjective
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
-        new = self.average(state, updates)  # buffers as in FedAvg
+    def aggregate(
+        self, state: ServerState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> ServerState:
+        new = self.average(state, updates, ctx)  # buffers as in FedAvg
         x = state.global_params
         ups = [u for u in updates if isinstance(u, FedNovaUpdate) and u.params]
         if x is None or not ups:

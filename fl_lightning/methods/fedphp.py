@@ -73,7 +73,7 @@ class FedPHPObjective(OwnModelObjective[Broadcast]):
         mu = self.mu * (self._round - 1) / self.rounds  # PFLlib counts rounds from 0
         params = dict(self.model.named_parameters())
         with torch.no_grad():
-            for k, v in self.model.state_dict().items():
+            for k, v in self.model_state().items():
                 if k in params:
                     v.copy_((1 - mu) * self.global_params[k].to(dev) + mu * local[k].to(dev))
                 else:  # buffers (batch-norm statistics): the client's own, as PFLlib

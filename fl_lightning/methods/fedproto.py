@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from ..core.batched import MaskedStep
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import BroadcastT, ClientObjective
-from ..core.strategy import Strategy
+from ..core.strategy import ServerContext, Strategy
 from .configs.fedproto import FedProtoConfig
 
 
@@ -182,8 +182,10 @@ class FedProto(Strategy[FedProtoConfig, PrototypeState, PrototypeBroadcast]):
             proto_counts=state.proto_counts,
         )
 
-    def aggregate(self, state: PrototypeState, updates: Sequence[ClientUpdate]) -> PrototypeState:
-        new = self.average(state, updates)
+    def aggregate(
+        self, state: PrototypeState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> PrototypeState:
+        new = self.average(state, updates, ctx)
         ups = [(u.prototypes, u.proto_counts) for u in updates if isinstance(u, PrototypeUpdate)]
         pairs = [(p, c) for p, c in ups if p is not None and c is not None]
         if not pairs:

@@ -183,8 +183,10 @@ class FedTSP(Strategy[FedTSPConfig, FedTSPState, TSPBroadcast]):
             finetune=self.finetuning(rnd),
         )
 
-    def aggregate(self, state: FedTSPState, updates: Sequence[ClientUpdate]) -> FedTSPState:
-        new = self.average(state, updates)
+    def aggregate(
+        self, state: FedTSPState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> FedTSPState:
+        new = self.average(state, updates, ctx)
         ups = [(u.prototypes, u.proto_counts) for u in updates if isinstance(u, PrototypeUpdate)]
         pairs = [(p, n) for p, n in ups if p is not None and n is not None]
         if not pairs:

@@ -65,7 +65,7 @@ class ModelContrastive(ClientObjective[BroadcastT]):
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
         update = super().end_round(payload, num_examples)
         if self.moon_mu > 0:  # the previous model of the next round, kept with the client
-            self.client_state[PREV] = to_cpu(self.model.state_dict())
+            self.client_state[PREV] = to_cpu(self.model_state())
         return update
 
 

@@ -51,7 +51,7 @@ class PerFedAvgObjective(ClientObjective[Broadcast]):
 
     def begin_round(self, broadcast: Broadcast, payload: ClientPayload | None) -> None:
         super().begin_round(broadcast, payload)
-        self._global = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self._global = {k: v.detach().clone() for k, v in self.model_state().items()}
         self._kept_batch = False
 
     def loss_terms(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:

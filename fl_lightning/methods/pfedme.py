@@ -33,7 +33,7 @@ from torch import nn
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState
 from ..core.objective import ClientObjective, is_weight, with_params
 from ..core.params import to_cpu
-from ..core.strategy import Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import StateDict
 from .configs.pfedme import PFedMeConfig
 
@@ -51,7 +51,7 @@ class PFedMeObjective(ClientObjective[Broadcast]):
 
     def begin_round(self, broadcast: Broadcast, payload: ClientPayload | None) -> None:
         super().begin_round(broadcast, payload)  # the model holds w^t
-        self._w_global = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self._w_global = {k: v.detach().clone() for k, v in self.model_state().items()}
         self._theta = []
         theta = self.client_state.get(PERSONAL_MODEL)
         if theta is not None:  # the model holds θ̂: what evaluation scores
@@ -85,7 +85,7 @@ class PFedMeObjective(ClientObjective[Broadcast]):
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
         names = [n for n, _ in self.model.named_parameters()]
         theta = dict(zip(names, self._theta, strict=True))
-        self.client_state[PERSONAL_MODEL] = to_cpu({**self.model.state_dict(), **theta})
+        self.client_state[PERSONAL_MODEL] = to_cpu({**self.model_state(), **theta})
         return super().end_round(payload, num_examples)  # uploads w
 
     def eval_heads(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
@@ -102,8 +102,10 @@ class PFedMe(Strategy[PFedMeConfig, ServerState, Broadcast]):
         kwargs.pop("beta")  # the server's
         return kwargs
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
-        prev, new = state.global_params, self.average(state, updates)
+    def aggregate(
+        self, state: ServerState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> ServerState:
+        prev, new = state.global_params, self.average(state, updates, ctx)
         if prev is None or new.global_params is None or self.config.beta == 1.0:
             return new
         b = self.config.beta

@@ -20,12 +20,12 @@ it holds (FedTPG's FedCoOp baseline; PromptFL's clients score every class).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ..core.aggregation import Uniform, aggregate_chain
 from ..core.messages import Broadcast, ClientUpdate, ServerState
-from ..core.params import weighted_mean
+from ..core.strategy import ServerContext
 from .configs.promptfl import PromptFLConfig
 from .prompting import PromptObjective, PromptStrategy
 
@@ -37,11 +37,10 @@ class PromptFL(PromptStrategy[PromptFLConfig, ServerState, Broadcast]):
         # weighting is the server's
         return {"own_classes": self.config.own_classes, "trained_classes": self.trained_classes()}
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> ServerState:
         if self.config.weighted:
-            return self.average(state, updates)
-        uploads = [u.params for u in updates if u.params]
-        if not uploads or state.global_params is None:
-            return state
-        mean = weighted_mean(uploads, [1] * len(uploads))  # utils.average_weights: Σ w_k / K
-        return dataclasses.replace(state, global_params={**state.global_params, **mean})
+            return self.average(state, updates, ctx)
+        # utils.average_weights: Σ w_k / K, the run's chain after the uniform weights
+        return aggregate_chain(self.aggregator.after(Uniform()), state, updates, ctx)

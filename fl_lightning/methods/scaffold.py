@@ -27,7 +27,7 @@ import torch
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
 from ..core.params import to_cpu
-from ..core.strategy import Strategy
+from ..core.strategy import ServerContext, Strategy
 from ..core.types import StateDict
 from .configs.scaffold import ScaffoldConfig
 
@@ -90,8 +90,10 @@ class Scaffold(Strategy[ScaffoldConfig, ScaffoldServerState, ScaffoldBroadcast])
     def broadcast(self, state: ScaffoldServerState, rnd: int) -> ScaffoldBroadcast:
         return ScaffoldBroadcast(round=rnd, global_params=state.global_params, c_global=state.c_global)
 
-    def aggregate(self, state: ScaffoldServerState, updates: Sequence[ClientUpdate]) -> ScaffoldServerState:
-        new = self.average(state, updates)
+    def aggregate(
+        self, state: ScaffoldServerState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> ScaffoldServerState:
+        new = self.average(state, updates, ctx)
         deltas = [u.c_delta for u in updates if isinstance(u, ScaffoldUpdate)]
         if deltas:
             frac = len(deltas) / self.num_clients

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from ..core.messages import Broadcast, ClientUpdate, ServerState
 from ..core.objective import Phase
+from ..core.strategy import ServerContext
 from .configs.zeroshot import ZeroShotConfig
 from .prompting import PromptObjective, PromptStrategy
 
@@ -30,6 +31,8 @@ class ZeroShotObjective(PromptObjective[Broadcast]):
 
 
 class ZeroShot(PromptStrategy[ZeroShotConfig, ServerState, Broadcast]):
+    aggregates_through_chain = False
+    aggregates_through_chain_why = "it trains and aggregates nothing"
     objective_cls = ZeroShotObjective
 
     def objective_kwargs(self) -> dict[str, Any]:
@@ -40,5 +43,7 @@ class ZeroShot(PromptStrategy[ZeroShotConfig, ServerState, Broadcast]):
         fixed = {"ctx_init": words, "class_specific": False, "class_token_position": "end"}
         return super().model_kwargs(model, {**kwargs, **fixed})
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> ServerState:
         return state  # the handwritten prompt, as it started

@@ -66,10 +66,15 @@ class CLIPPrompt(nn.Module):
     """CoOp's prompt learner on frozen open_clip towers (only the context trains; the prompt
     methods set `class_names` from the dataset)."""
 
+    #: state entries under these prefixes are frozen by role (`ClientObjective.role`): the image
+    #: tower is built from `model.pretrained` wherever the model is built, never uploaded,
+    #: broadcast or checkpointed
+    frozen_prefixes: tuple[str, ...] = ("visual.",)
+
     #: only a method whose strategy has this flag trains it (config.validate_registered)
     method_flag = "prompt_learner"
 
-    visual: nn.Module  # held outside the module tree (frozen, never saved or sent)
+    visual: nn.Module  # the frozen image tower (role "frozen": never trained, saved or sent)
     data_mean: Tensor
     data_std: Tensor
     name_features: Tensor  # with a generator: the class names' frozen text features [C, d]
@@ -133,7 +138,7 @@ class CLIPPrompt(nn.Module):
         clip.eval()
         for p in clip.parameters():
             p.requires_grad_(False)
-        object.__setattr__(self, "visual", clip.visual)
+        self.visual = clip.visual  # a submodule; frozen by role (`frozen_prefixes`), never sent
         self.image_size = tower_size(clip.visual)
         self.logit_scale = float(clip.logit_scale.detach().exp())
         text = OpenCLIPTextEncoder.of_model(clip, name)
@@ -177,9 +182,11 @@ class CLIPPrompt(nn.Module):
             self.prompt.n_ctx, width, text.embed_dim, int(g.get("depth", 0)), int(g.get("heads", 4))
         )
 
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> CLIPPrompt:
-        super()._apply(fn, *args, **kwargs)
-        self.visual._apply(fn, *args, **kwargs)  # .to(device) moves the frozen image tower too
+    def train(self, mode: bool = True) -> CLIPPrompt:
+        """The frozen image tower stays in eval mode (a ResNet tower's batch norm must not move
+        its statistics, nor a ViT's dropout draw) whatever mode the trainer sets."""
+        super().train(mode)
+        self.visual.eval()
         return self
 
     @torch.no_grad()

@@ -8,6 +8,7 @@ session decides it on joining: `Session.placement`). Nothing here starts Ray or 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from ..config import RootConfig, clients_per_round, participation, resolved_config, validate_registered
+from ..core.aggregation import AGGREGATION_STEPS, Aggregator
 from ..core.augment import Augment, black
 from ..core.batched import model_refusal
 from ..core.errors import ConfigError
@@ -93,7 +95,15 @@ def prepare(
         image_mean=tuple(np.atleast_1d(np.asarray(dataset.mean, np.float64)).tolist()),
         image_std=tuple(np.atleast_1d(np.asarray(dataset.std, np.float64)).tolist()),
     )
-    strategy = strategy_cls(method_cfg, cfg.fl.num_clients, clients_per_round(cfg), cfg.seed, task)
+    strategy = strategy_cls(
+        method_cfg,
+        cfg.fl.num_clients,
+        clients_per_round(cfg),
+        cfg.seed,
+        task,
+        aggregator=build_aggregator(cfg),
+    )
+    check_aggregation(strategy)
     strategy.participation = participation(cfg)
     if cfg.fl.sampling == "size":  # a client is drawn with probability its share of the examples
         sizes = np.asarray([len(t) for t in split.train], dtype=np.float64)
@@ -149,7 +159,7 @@ def prepare(
         weights_info = load_trunk(objective.model, trunk or str(weights))
         weights_info["path"] = str(Path(str(weights)).expanduser())  # the file named, as it started
     if family(spec.model) is None:
-        init_params: dict[str, torch.Tensor] | None = to_cpu(objective.model.state_dict())
+        init_params: dict[str, torch.Tensor] | None = to_cpu(objective.model_state())
         spec = dataclasses.replace(spec, init_params=init_params)
     else:
         # Heterogeneous clients: each starts from its own seeded model; only weights every
@@ -215,3 +225,29 @@ def on_cpu(cfg: RootConfig) -> bool:
     if _on_cluster(cfg):
         return False  # a cluster's nodes: not this machine's speed
     return rt.accelerator == "cpu" or (rt.accelerator == "auto" and local_resources(cfg)[1] == 0)
+
+
+def build_aggregator(cfg: RootConfig) -> Aggregator:
+    """The run's aggregation chain, `aggregator.steps` in order (`core/aggregation.py`)."""
+    return Aggregator([AGGREGATION_STEPS[name](cfg) for name in cfg.aggregator.steps])
+
+
+def check_aggregation(strategy: Strategy[Any, Any, Any]) -> None:
+    """ConfigError where the run's chain would be ignored or could not run: a method that does
+    not aggregate through it (it keeps each client's model, or computes its weights from the
+    raw updates), or an `aggregate` written before the chain received the round's context."""
+    if not strategy.aggregator.steps:
+        return
+    names = ",".join(s.name for s in strategy.aggregator.steps)
+    if not strategy.aggregates_through_chain:
+        raise ConfigError(
+            f"method {strategy.name} does not aggregate through the aggregation chain "
+            f"({strategy.aggregates_through_chain_why or 'it reads each update itself'}): "
+            f"aggregator.steps=[{names}] would not apply; use aggregator.steps=[]"
+        )
+    if "ctx" not in inspect.signature(type(strategy).aggregate).parameters:
+        raise ConfigError(
+            f"method {strategy.name}'s aggregate(state, updates) takes no ctx, so aggregator.steps=[{names}] "
+            "cannot draw its noise: define aggregate(self, state, updates, ctx=None) and call "
+            "self.average(state, updates, ctx)"
+        )

@@ -247,7 +247,7 @@ def initial_params(spec: ClientSpec, client_id: ClientId) -> StateDict:
         raise ValueError("ClientSpec needs init_params or init_seed")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(client_seed(spec.init_seed, 0, client_id))
-        return to_cpu(build_objective(spec, client_id).model.state_dict())
+        return to_cpu(build_objective(spec, client_id).model_state())
 
 
 def quiet_lightning() -> None:

@@ -28,7 +28,15 @@ from ..config import RootConfig, to_yaml
 from ..core.errors import DivergedError
 from ..core.files import open_new
 from ..core.messages import ServerState
-from ..core.strategy import ServerContext, Strategy, aggregated, round_rng, server_rng
+from ..core.strategy import (
+    ServerContext,
+    Strategy,
+    aggregate_with,
+    aggregated,
+    chain_metrics_of,
+    round_rng,
+    server_rng,
+)
 from ..core.types import ClientId
 from ..data.federated import partition_cache_dir
 from ..data.stats import save_partition_plot
@@ -110,9 +118,11 @@ def run_rounds(
             t1 = time.perf_counter()
             # 3. aggregate, 4. server update (then fl.bn_stats=recompute: the clients that trained
             #    measure the new global model's batch-norm statistics)
-            state, aggregate_metrics = aggregated(strategy.aggregate(state, updates))
-            state, server_metrics = strategy.server_update(state, updates, context(rnd))
-            record.server = {**aggregate_metrics, **server_metrics}
+            ctx = context(rnd)
+            state, aggregate_metrics = aggregated(aggregate_with(strategy, state, updates, ctx))
+            state, chain_metrics = chain_metrics_of(state)
+            state, server_metrics = strategy.server_update(state, updates, ctx)
+            record.server = {**chain_metrics, **aggregate_metrics, **server_metrics}
             state = finite_weights(dataclasses.replace(state, round=rnd), record)
             if steps.bn_stats:
                 state = recompute_bn_stats(state, plan, updates, record, strategy, executor)
@@ -333,7 +343,15 @@ class Run:
             )
 
         device, rng = driver_device(str(self.cfg.eval.device)), server_rng(self.cfg.seed, rnd)
-        return ServerContext(rnd, device, rng, self.p.strategy.task, build_model, unlabeled=self._unlabeled)
+        return ServerContext(
+            rnd,
+            device,
+            rng,
+            self.p.strategy.task,
+            build_model,
+            unlabeled=self._unlabeled,
+            seed=int(self.cfg.seed),
+        )
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ def digits20(data_root) -> ArrayDataset:
 
 @pytest.fixture(scope="module")
 def means(digits20, data_root) -> torch.Tensor:
-    m, counts = held_out_class_means({"name": fd.NAME, "root": data_root}, fd.CLIENT_IMAGES)
+    m, counts = held_out_class_means(digits20, fd.CLIENT_IMAGES)
     assert counts == [fd.PER_CLASS_HELD_OUT] * 20  # the 3,400 images no client holds, all of them
     return m
 

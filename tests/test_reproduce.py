@@ -691,3 +691,46 @@ def test_provenance_start_times_amendments_and_runs_made_twice(tmp_path):
     _, nums = provenance(claims, runs)
     assert nums["claims_substance_since"] == c3 and not nums["pre_registered"]
     assert d1  # the claims' first commit has a date git reports
+
+
+def test_provenance_survives_a_rebase_of_the_claims_commit(tmp_path):
+    """Runs made at a commit that a rebase later rewrote (the claims re-committed under another
+    hash): checked against their own commit's history, which holds the same claims committed
+    before they started; pre-registered, and the report says how it was checked. Runs made at a
+    commit whose claims differ are not."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    claims = tmp_path / "conf" / "reproduce" / "tiny.yaml"
+    claims.parent.mkdir(parents=True)
+    claims.write_text(TINY.replace("metric: accuracy}", "metric: accuracy, stat: best}"))
+    git("add", "-A")
+    git("commit", "-qm", "other claims")
+    before = git("rev-parse", "HEAD")
+    claims.write_text(TINY)
+    git("add", "-A")
+    git("commit", "-qm", "claims")
+    c1 = git("rev-parse", "HEAD")
+
+    def run(name: str, commit: str) -> Path:
+        d = tmp_path / "out" / name
+        d.mkdir(parents=True)
+        summary = {"status": "completed", "code": {"commit": commit, "dirty": False},
+                   "started_at": "2999-01-01T00:00:00+00:00"}  # fmt: skip
+        (d / "summary.json").write_text(json.dumps(summary))
+        return d
+
+    runs = [run("fast_s0", c1), run("slow_s0", c1)]
+    git("checkout", "-q", "--orphan", "rebased")  # the same tree, a new history without c1
+    git("commit", "-qm", "claims, rebased")
+    lines, nums = provenance(claims, runs)
+    assert nums["claims_commit"] != c1 and nums["pre_registered"]
+    assert nums["checked_in_own_history"] == ["fast_s0", "slow_s0"]
+    assert "2 runs ran at a commit outside this history" in "\n".join(lines)
+    _, nums = provenance(claims, [run("fast_s1", before)])  # its claims said stat: best
+    assert not nums["pre_registered"] and nums["checked_in_own_history"] == []

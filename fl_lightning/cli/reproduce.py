@@ -383,31 +383,36 @@ def _substance(spec: Spec) -> str:
     return repr((sorted(spec.scales.items()), sorted(spec.rows.items()), claims))
 
 
-def claims_history(claims: Path) -> tuple[str | None, str | None, str | None, str | None]:
+def claims_history(claims: Path, rev: str = "HEAD") -> tuple[str | None, str | None, str | None, str | None]:
     """(last commit, its date, the commit since which the claims' substance (`_substance`) is
-    unchanged, its date) of a committed claims file; Nones where git cannot tell."""
+    what the file on disk says, its date) of a committed claims file, in `rev`'s history; Nones
+    where git cannot tell (the third and fourth when even `rev`'s version differs)."""
     import tempfile
 
     root = claims.resolve().parent
-    log = _git(root, "log", "--format=%H %cI", "--", claims.name)
+    log = _git(root, "log", "--format=%H %cI", rev, "--", claims.name)
     if not log:
         return None, None, None, None
     history = [line.split(" ", 1) for line in log.splitlines()]
     last, last_date = history[0]
     try:
-        now = _substance(load_spec(claims))
-    except ConfigError:
-        return last, last_date, last, last_date
-    since, since_date = last, last_date
+        now: str | None = _substance(load_spec(claims))
+    except ConfigError:  # a file today's reader refuses: its versions compared as text
+        now = None
+    raw = claims.read_text().strip() if claims.is_file() else None
+    since: str | None = None
+    since_date: str | None = None
     with tempfile.TemporaryDirectory() as tmp:
         for commit, date in history:
             text = _git(root, "show", f"{commit}:./{claims.name}")
             old = Path(tmp) / claims.name
             old.write_text((text or "") + "\n")
             try:
-                same = text is not None and _substance(load_spec(old)) == now
-            except ConfigError:  # a version today's reader refuses: counted as different
-                same = False
+                same = text is not None and (
+                    _substance(load_spec(old)) == now if now is not None else text.strip() == raw
+                )
+            except ConfigError:  # a version today's reader refuses: the same only as text
+                same = text is not None and now is None and text.strip() == raw
             if not same:
                 break
             since, since_date = commit, date
@@ -433,6 +438,8 @@ def provenance(claims: Path, run_dirs: Sequence[Path]) -> tuple[list[str], dict[
     at: dict[str, list[str]] = {}  # "<commit>" / "<commit> (dirty)" / "not recorded" -> runs
     older = since is not None and not changed
     early: list[str] = []  # started before the claims' commit
+    by_content: list[str] = []  # runs whose commit is not in this history, checked by its own
+    other: dict[str, tuple[str | None, str | None, str | None, str | None]] = {}
     unstarted: list[str] = []  # no start time recorded (runs from before summaries had one)
     twice: dict[str, list[str]] = {}
     starts: list[str] = []
@@ -448,6 +455,16 @@ def provenance(claims: Path, run_dirs: Sequence[Path]) -> tuple[list[str], dict[
             continue
         at.setdefault(code["commit"] + (" (dirty)" if code.get("dirty") else ""), []).append(d.name)
         contains = _git(root, "merge-base", "--is-ancestor", since or "", code["commit"])
+        run_since_date = since_date
+        if contains is None and since is not None:
+            # not in this history (a rebase rewrote the commits): the run's own commit must hold
+            # these claims, committed before it started, as its history tells
+            if code["commit"] not in other:
+                other[code["commit"]] = claims_history(claims, code["commit"])
+            _, _, theirs, run_since_date = other[code["commit"]]
+            if theirs is not None:
+                contains = ""
+                by_content.append(d.name)
         if code.get("dirty") or contains is None:
             older = False
         started = summary.get("started_at")
@@ -455,7 +472,7 @@ def provenance(claims: Path, run_dirs: Sequence[Path]) -> tuple[list[str], dict[
             unstarted.append(d.name)
         else:
             starts.append(started)
-            if since_date is not None and _utc(started) < _utc(since_date):
+            if run_since_date is not None and _utc(started) < _utc(run_since_date):
                 early.append(d.name)
                 older = False
     why = (
@@ -499,13 +516,21 @@ def provenance(claims: Path, run_dirs: Sequence[Path]) -> tuple[list[str], dict[
         lines.append("No run records its start time (`started_at` came after these runs).")
     if early:
         lines.append(f"**Started before the claims' commit**: {', '.join(early)}.")
+    if by_content:
+        lines.append(
+            f"{len(by_content)} runs ran at a commit outside this history (rewritten by a rebase); each "
+            "was checked against its own commit's history, which holds these claims committed before it "
+            "started."
+        )
     if twice:
         named = "; ".join(f"{k} ({', '.join(v)})" for k, v in sorted(twice.items()))
         lines.append(f"**Run more than once** (an earlier run set aside by `--restart`): {named}.")
     lines += ["", f"Pre-registered: **{'yes' if older else 'no'}** ({why})."]
     numbers = {"claims_commit": claims_commit, "claims_date": claims_date, "claims_substance_since": since,
                "claims_substance_since_date": since_date, "claims_changed": bool(changed), "runs_at": at,
-               "started_before_claims": early, "start_not_recorded": unstarted, "run_more_than_once": twice,
+               "started_before_claims": early,
+               "checked_in_own_history": by_content, "start_not_recorded": unstarted,
+               "run_more_than_once": twice,
                "pre_registered": older}  # fmt: skip
     return lines, numbers
 

@@ -165,7 +165,10 @@ class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
 
         start = config.oracle_holdout_from
         start = int(start if start is not None else self.task.data["train_subset"])
-        means, counts = held_out_class_means(self.task.data, start)
+        from ..data.registry import load_from_config
+
+        ds = load_from_config({**self.task.data, "train_subset": None})  # every image, the hold-out's
+        means, counts = held_out_class_means(ds, start)
         vectors = pca_keep_gram(means, dim)
         self.oracle_info = {"oracle_holdout_from": start, "oracle_images": int(sum(counts))}
         return oracle_targets(config.targets, vectors, self.seed, COARSE_GROUPS.get(self.task.dataset))

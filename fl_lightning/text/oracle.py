@@ -21,7 +21,7 @@ Kinds (`method.targets`):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -41,13 +41,11 @@ __all__ = [
 ]
 
 
-def held_out_class_means(data: Mapping[str, Any], holdout_from: int) -> tuple[torch.Tensor, list[int]]:
+def held_out_class_means(ds: Any, holdout_from: int) -> tuple[torch.Tensor, list[int]]:
     """Each class's mean input (normalised, flattened; float64 [C, D]) over the training images
-    from `holdout_from` on, and the number of images per class. One ConfigError line when the
-    hold-out is empty or misses a class."""
-    from ..data.registry import load_from_config
-
-    ds = load_from_config({**data, "train_subset": None})  # every training image, the hold-out's
+    of `ds` (a `data.registry.ArrayDataset` with every training image) from `holdout_from` on,
+    and the number of images per class. One ConfigError line when the hold-out is empty or
+    misses a class."""
     n, c = len(ds.train_y), ds.num_classes
     if ds.multilabel:
         raise ConfigError(f"method.targets=oracle needs single-label data ({ds.name} is multi-label)")

@@ -11,10 +11,11 @@ Options from the paper: prompt ensembles (`templates=imagenet80`), random or ran
 orthogonal class vectors instead of text (Table 10), and FedGLCL+FedProx / +MOON
 (`prox_mu`, `moon_mu`: the language loss replaces cross-entropy inside those methods).
 `targets` is the controls switch all text-using methods share (`text/targets.py`: text,
-permuted, orthogonal, uniform, centred), plus the oracle targets, FedGLCL's only (`text/oracle.py`:
-held-out class means, the positive control of experiment E6); `class_embedding` is the older one, kept so the
-committed reports rerun (its `random` is normalised randn: near-orthogonal in 384-d, unlike
-the paper's correlated random tensors, which `targets=uniform` gives).
+permuted, orthogonal, uniform, centred), plus the oracle targets, FedGLCL's only
+(`text/oracle.py`: held-out class means, the positive control of experiment E6);
+`class_embedding` is the older one, kept so the committed reports rerun (its `random` is
+normalised randn: near-orthogonal in 384-d, unlike the paper's correlated random tensors,
+which `targets=uniform` gives).
 
 The projector (`projector`): `linear` (Linear to the text dimension), `bn` (Linear → BN1d)
 or `bn_relu` (Linear → BN1d → ReLU, the authors' AlexNet head). The default `auto` is
@@ -161,12 +162,11 @@ class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
     def oracle(self, config: FedGLCLConfig, dim: int) -> torch.Tensor:
         """The oracle targets (`text/oracle.py`): the held-out class means in `dim` dimensions."""
         from ..data.fmnist_digits20 import COARSE_GROUPS
+        from ..data.registry import load_from_config
         from ..text.oracle import held_out_class_means, oracle_targets, pca_keep_gram
 
         start = config.oracle_holdout_from
         start = int(start if start is not None else self.task.data["train_subset"])
-        from ..data.registry import load_from_config
-
         ds = load_from_config({**self.task.data, "train_subset": None})  # every image, the hold-out's
         means, counts = held_out_class_means(ds, start)
         vectors = pca_keep_gram(means, dim)

@@ -1,5 +1,5 @@
 """Oracle class targets: vectors whose image alignment is known, the positive control for the
-text-target methods (experiment E6 of the science review, `conf/reproduce/controls_oracle.yaml`).
+text-target methods (experiment E6 of the science review, `conf/reproduce/controls_fedglcl_oracle.yaml`).
 
 The oracle of class c is the mean of the model's own inputs (for `fmnist_digits20_eff`: the
 frozen EfficientNet-Lite0 features, standardised as the model sees them) over HELD-OUT training

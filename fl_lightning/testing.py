@@ -182,12 +182,14 @@ class Rounds:
         records: each round's line (`server` metrics, the global `evaluation`, `bytes_down`).
         host: the clients' host; its `.states` hold their resident state.
         objective: the driver's objective (the global evaluation's).
+        initial: the server state before round 1 (`init_state`).
     """
 
     strategy: Strategy[Any, Any, Any]
     init: Params
     host: ClientHost
     objective: ClientObjective[Any]
+    initial: ServerState
     plans: list[RoundPlan] = field(default_factory=list)
     updates: list[list[ClientUpdate]] = field(default_factory=list)
     states: list[ServerState] = field(default_factory=list)
@@ -230,6 +232,7 @@ def serial_rounds(
     objective: ClientObjective[Any] | None = None,
     evaluate: bool = False,
     unlabeled: torch.Tensor | None = None,
+    split: FederatedSplit | None = None,
 ) -> Rounds:
     """Rounds 1 to `rounds` of `strategy` through the run's own loop (`run_rounds`) on a
     `SerialExecutor` over `host`, from the weights `init`: the same configure, fit, sort,
@@ -238,7 +241,8 @@ def serial_rounds(
     global evaluation's; default: scikit-learn's digits); `objective`: the driver's (default:
     built from `host.spec`); `evaluate`: each client evaluates its trained model on its own
     test split before it uploads (`eval.timing=trained`); `unlabeled`: the server's images
-    (`ServerContext.unlabeled`)."""
+    (`ServerContext.unlabeled`); `split`: the clients' indices into `dataset` (what `client_*`'s
+    majority-class reference reads; default: none known)."""
     from .config import compose
 
     spec = host.spec
@@ -246,18 +250,21 @@ def serial_rounds(
     if objective is None:
         with torch.random.fork_rng(devices=[]):  # the global RNG as the caller left it
             objective = build_objective(spec)
-    train = [np.arange(0)] * strategy.num_clients
-    test = [np.arange(0)] * strategy.num_clients if evaluate else []  # ClientEval: on if any
+    if split is None:
+        none = [np.arange(0)] * strategy.num_clients
+        split = FederatedSplit(none, none if evaluate else [])  # ClientEval: on where test splits are
     cfg = compose(
         [f"fl.num_clients={strategy.num_clients}", f"fl.clients_per_round={strategy.clients_per_round}",
          f"fl.rounds={rounds}", f"seed={strategy.seed}", "eval.overlap=false", "eval.device=cpu",
-         f"eval.clients={str(evaluate).lower()}", "eval.timing=trained", "runtime=serial"]
+         f"eval.clients={str(evaluate).lower()}", f"eval.timing={'trained' if evaluate else 'received'}",
+         "runtime=serial"]
     )  # fmt: skip
-    p = Prepared(cfg, ds, FederatedSplit(train, test), strategy, spec, init, objective, strategy.eval_spec())
+    p = Prepared(cfg, ds, split, strategy, spec, init, objective, strategy.eval_spec())
     clock = WallClock()
     # no run directory: the global evaluation writes to it only with eval.save_predictions (off)
     steps = RoundSteps(GlobalEval(p, Path(), clock), ClientEval(p))
-    out = Rounds(strategy, init or {}, host, objective)
+    state = strategy.init_state(init)
+    out = Rounds(strategy, init or {}, host, objective, state)
 
     def context(rnd: int) -> ServerContext:
         def build_model() -> nn.Module:
@@ -270,7 +277,6 @@ def serial_rounds(
 
     executor = SerialExecutor(host)
     try:
-        state = strategy.init_state(init)
         run_rounds(state, rounds, strategy, executor, strategy.seed, context, steps, _Kept(out), clock)
     finally:
         steps.global_eval.close()
@@ -332,7 +338,9 @@ def loop(
     init = to_cpu(objective.model_state())  # as a run's: the model without its frozen entries
     spec = dataclasses.replace(spec, init_params=init)
     host = ClientHost(spec, ds, train, test)
-    return serial_rounds(strategy, host, init, rounds, ds, objective, evaluate, unlabeled)
+    ids = range(len(train))
+    split = FederatedSplit([train[c] for c in ids], [test[c] for c in ids] if test is not None else [])
+    return serial_rounds(strategy, host, init, rounds, ds, objective, evaluate, unlabeled, split)
 
 
 def two_rounds(

@@ -27,7 +27,7 @@ from fl_lightning.core.strategy import FedAvgStrategy, MethodConfig, TaskInfo, r
 from fl_lightning.data.registry import load_dataset
 from fl_lightning.methods import METHODS
 from fl_lightning.runtime.host import build_objective
-from fl_lightning.testing import Toy, loop, toy_spec
+from fl_lightning.testing import Toy, loop, toy_spec, two_rounds
 
 from .conftest import small
 
@@ -234,3 +234,22 @@ def test_the_docs_write_a_method_example_imports_the_facade_alone():
     block = text.split('"""ProxM: FedProx')[1].split("```")[0]
     ours = sorted({line.split()[1] for line in block.splitlines() if line.startswith("from fl_lightning")})
     assert ours == ["fl_lightning.api"]
+
+
+# --- the testing kit runs the run's loop -------------------------------------------------------
+def test_the_kit_runs_the_runs_own_loop_with_any_model_and_sampler(digits3):
+    """`loop` is `run_rounds` on a serial executor: a sampler of the test's own draws the clients,
+    a model other than Toy trains, `state.round` is set, the global evaluation runs; with one
+    client in round 2, FedAvg's new global model is that client's, bit for bit."""
+    draws = {1: [0, 1, 2], 2: [1]}
+    r = loop("fedavg", digits3, "mlp", lambda rnd, rng: draws[rnd])
+    assert [p.client_ids for p in r.plans] == [[0, 1, 2], [1]]
+    assert [s.round for s in r.states] == [1, 2] and r.initial.round == 0
+    assert [[u.client_id for u in ups] for ups in r.updates] == [[0, 1, 2], [1]]
+    assert all("accuracy" in rec.evaluation for rec in r.records)  # the driver evaluated each round
+    assert set(r.init) == set(r.objective.model.state_dict()) != set(Toy().state_dict())  # the MLP
+    only = r.updates[1][0].params
+    assert all(torch.equal(r.states[1].global_params[k], only[k]) for k in only)
+    # two_rounds: the same loop, FedAvg's own draw (3 clients, 2 a round)
+    init, plans, states, _ = two_rounds("fedavg", digits3)
+    assert [p.client_ids for p in plans] == [[0, 1], [0, 2]] and [s.round for s in states] == [1, 2]

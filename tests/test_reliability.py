@@ -878,8 +878,8 @@ def test_a_killed_parallel_sweep_resumes_without_duplicates_or_orphans(tmp_path,
     # the lines of a run that resumes (or had finished) stay as written: a run killed between its
     # checkpoint and that round's metrics line has no line yet (the checkpoint carries it, and
     # resume writes it), so only lines already written are compared
-    kept = {d.name: (d / "metrics.jsonl").read_text() for d in made if need[d] in ("resume", "finished")}
-    kept = {name: text for name, text in kept.items() if text.strip()}
+    lines = {d: d / "metrics.jsonl" for d in made if need[d] in ("resume", "finished")}
+    kept = {d.name: f.read_text() for d, f in lines.items() if f.exists() and f.read_text().strip()}
 
     # the resumed sweep runs its runs one after another, here in this process (what it resumes
     # is the same either way; a process per run, as --parallel starts, costs ~5 CPU-seconds each)

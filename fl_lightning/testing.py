@@ -3,10 +3,14 @@ code under test, over two rounds with partial participation, in float32 and in f
 
 - data: `three_clients()` (scikit-learn's digits, real and tiny: 3 clients of 70, 50 and 40
   examples, `SIZES3`), `two_clients()` (2 clients of 70 and 50);
-- the engine's side: `two_rounds(name, data, **method_kwargs)` runs a registered method's
-  strategy and a real `ClientHost` (the worker's code, Lightning's Trainer) on `Toy` (64 → 8
-  with batch norm → 10), 2 clients a round: round 1 trains clients 0 and 1, round 2 clients 0
-  and 2 (client 0 brings its state, client 2 starts fresh, client 1 sits out);
+- the engine's side: `two_rounds(name, data, model="toy", sampler=None, **method_kwargs)` runs
+  a registered method through the run's own loop (`runtime.runner.run_rounds` on a
+  `SerialExecutor`: a real `ClientHost`, the worker's code, Lightning's Trainer, the global
+  evaluation) on `Toy` (64 → 8 with batch norm → 10) or any registered model, 2 clients a
+  round; with the three clients and FedAvg's draw, round 1 trains clients 0 and 1, round 2
+  clients 0 and 2 (client 0 brings its state, client 2 starts fresh, client 1 sits out);
+  `loop(...)` is the same with every choice open (rounds, clients per round, the task, the
+  optimiser, clients' own test splits) and returns all it ran (`Rounds`);
 - the reference, written out: `train` / `manual_fit` (the same local SGD as a plain PyTorch
   loop, same seeds), `example_mean` and `written_mean` (the example-weighted mean by hand, in
   float64), `cast`, `ce`, `sd`;
@@ -21,7 +25,10 @@ model `toy`. `docs/architecture.md` ("Golden-test it") shows a method's test wri
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -31,28 +38,28 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from .core.aggregation import Aggregator
-from .core.messages import RoundPlan, ServerState
+from .core.messages import ClientUpdate, RoundPlan, ServerState
 from .core.method import MethodConfig
+from .core.objective import ClientObjective
 from .core.optim import OptimConfig
 from .core.params import to_cpu
-from .core.strategy import (
-    ServerContext,
-    Strategy,
-    TaskInfo,
-    aggregate_with,
-    aggregated,
-    round_rng,
-    server_rng,
-)
+from .core.strategy import ServerContext, Strategy, TaskInfo, server_rng
+from .core.types import ClientId
+from .data.federated import FederatedSplit
 from .data.registry import ArrayDataset, load_dataset
 from .methods import METHODS
-from .models import MODELS
-from .runtime.host import ClientHost, ClientSpec, torch_threads
+from .models import MODELS, build_client_model
+from .runtime.callbacks import Callback, ClientEval, GlobalEval, WallClock
+from .runtime.executor import SerialExecutor
+from .runtime.host import ClientHost, ClientSpec, build_objective, torch_threads
+from .runtime.record import RoundRecord
+from .runtime.runner import Prepared, RoundSteps, run_rounds
 
 __all__ = [
-    "BS", "EPS32", "LR", "MOM", "SIZES3", "Toy", "cast", "ce", "check", "client_data", "ctx", "example_mean",
-    "f32_tolerances", "manual_fit", "match", "sd", "three_clients", "toy_spec", "train", "twin",
-    "two_clients", "two_rounds", "rounds_1_and_2", "written_mean",
+    "BS", "EPS32", "LR", "MOM", "SIZES3", "Rounds", "Sampler", "Toy", "cast", "ce", "check", "client_data",
+    "ctx", "example_mean", "f32_tolerances", "loop", "manual_fit", "match", "sd", "serial_rounds",
+    "three_clients", "toy_spec", "train", "twin", "two_clients", "two_rounds", "rounds_1_and_2",
+    "written_mean",
 ]  # fmt: skip
 
 #: the local training of every golden test: SGD at this learning rate (momentum MOM where a
@@ -63,7 +70,13 @@ EPS32 = torch.finfo(torch.float32).eps  # 2^-23
 SIZES3 = {0: 70, 1: 50, 2: 40}
 
 Params = dict[str, torch.Tensor]
-Data = tuple[ArrayDataset, dict[int, np.ndarray]]
+Shards = dict[int, np.ndarray]
+#: (dataset, {client: training indices})
+Data = tuple[ArrayDataset, Shards]
+#: `Data`, or with {client: indices of its own test split} too (`loop`)
+SplitData = Data | tuple[ArrayDataset, Shards, Shards]
+#: a draw of the round's clients in place of the strategy's: (round, the round's rng) -> ids
+Sampler = Callable[[int, np.random.Generator], list[ClientId]]
 T = TypeVar("T")
 
 
@@ -156,43 +169,206 @@ def check(name: str, *overrides: str) -> MethodConfig:
     return checked
 
 
-def two_rounds(
-    name: str, data: Data, aggregator: Aggregator | None = None, **method_kwargs: Any
-) -> tuple[Params, list[RoundPlan], list[ServerState], ClientHost]:
-    """Two rounds of method `name` on the three clients of `three_clients()`, 2 a round
-    (|S| = 2 < N = 3), through the strategy and one host as a run does them, plain SGD:
-    (initial weights, each round's plan, the state after each round, the host, which keeps
-    the clients' resident state in `.states`). `aggregator`: the run's aggregation chain
-    (default: the example-weighted mean)."""
-    ds, shards = data
+@dataclass
+class Rounds:
+    """What `loop` / `serial_rounds` ran, round by round (index 0: round 1).
+
+    Attributes:
+        strategy: the method's strategy (its hyperparameters, `task`).
+        init: the initial global weights.
+        plans: each round's plan (the clients drawn, their payloads' seeds).
+        updates: each round's updates, sorted by client id as the loop aggregates them.
+        states: the server state after each round (`round` set by the loop).
+        records: each round's line (`server` metrics, the global `evaluation`, `bytes_down`).
+        host: the clients' host; its `.states` hold their resident state.
+        objective: the driver's objective (the global evaluation's).
+        initial: the server state before round 1 (`init_state`).
+    """
+
+    strategy: Strategy[Any, Any, Any]
+    init: Params
+    host: ClientHost
+    objective: ClientObjective[Any]
+    initial: ServerState
+    plans: list[RoundPlan] = field(default_factory=list)
+    updates: list[list[ClientUpdate]] = field(default_factory=list)
+    states: list[ServerState] = field(default_factory=list)
+    records: list[RoundRecord] = field(default_factory=list)
+
+    @property
+    def state(self) -> ServerState:
+        """The state after the last round."""
+        return self.states[-1]
+
+    @property
+    def metrics(self) -> list[dict[str, float]]:
+        """Each round's server metrics (`aggregate`'s and `server_update`'s)."""
+        return [r.server for r in self.records]
+
+
+class _Kept(Callback):
+    """Keeps what each round of the loop ran, for the test to read."""
+
+    def __init__(self, rounds: Rounds) -> None:
+        self.rounds = rounds
+
+    def on_round_start(self, plan: RoundPlan) -> None:
+        self.rounds.plans.append(plan)
+
+    def on_updates(self, record: RoundRecord, updates: Any) -> None:
+        self.rounds.updates.append(list(updates))
+
+    def on_round_end(self, state: ServerState, record: RoundRecord) -> None:
+        self.rounds.states.append(state)
+        self.rounds.records.append(record)
+
+
+def serial_rounds(
+    strategy: Strategy[Any, Any, Any],
+    host: ClientHost,
+    init: Params | None,
+    rounds: int = 2,
+    dataset: ArrayDataset | None = None,
+    objective: ClientObjective[Any] | None = None,
+    evaluate: bool = False,
+    unlabeled: torch.Tensor | None = None,
+    split: FederatedSplit | None = None,
+) -> Rounds:
+    """Rounds 1 to `rounds` of `strategy` through the run's own loop (`run_rounds`) on a
+    `SerialExecutor` over `host`, from the weights `init`: the same configure, fit, sort,
+    aggregate, server update, `state.round` and global evaluation as a run, without a run
+    directory or checkpoints. `dataset`: the one `host` was built on (its test set is the
+    global evaluation's; default: scikit-learn's digits); `objective`: the driver's (default:
+    built from `host.spec`); `evaluate`: each client evaluates its trained model on its own
+    test split before it uploads (`eval.timing=trained`); `unlabeled`: the server's images
+    (`ServerContext.unlabeled`); `split`: the clients' indices into `dataset` (what `client_*`'s
+    majority-class reference reads; default: none known)."""
+    from .config import compose
+
+    spec = host.spec
+    ds = dataset if dataset is not None else load_dataset("digits", "")
+    if objective is None:
+        with torch.random.fork_rng(devices=[]):  # the global RNG as the caller left it
+            objective = build_objective(spec)
+    if split is None:
+        none = [np.arange(0)] * strategy.num_clients
+        split = FederatedSplit(none, none if evaluate else [])  # ClientEval: on where test splits are
+    cfg = compose(
+        [f"fl.num_clients={strategy.num_clients}", f"fl.clients_per_round={strategy.clients_per_round}",
+         f"fl.rounds={rounds}", f"seed={strategy.seed}", "eval.overlap=false", "eval.device=cpu",
+         f"eval.clients={str(evaluate).lower()}", f"eval.timing={'trained' if evaluate else 'received'}",
+         "runtime=serial"]
+    )  # fmt: skip
+    p = Prepared(cfg, ds, split, strategy, spec, init, objective, strategy.eval_spec())
+    clock = WallClock()
+    # no run directory: the global evaluation writes to it only with eval.save_predictions (off)
+    steps = RoundSteps(GlobalEval(p, Path(), clock), ClientEval(p))
+    state = strategy.init_state(init)
+    out = Rounds(strategy, init or {}, host, objective, state)
+
+    def context(rnd: int) -> ServerContext:
+        def build_model() -> nn.Module:
+            return build_client_model(
+                spec.model, 0, spec.num_classes, spec.in_channels, spec.image_size, **spec.model_kwargs
+            )
+
+        rng, cpu, task = server_rng(strategy.seed, rnd), torch.device("cpu"), strategy.task
+        return ServerContext(rnd, cpu, rng, task, build_model, unlabeled=unlabeled, seed=strategy.seed)
+
+    executor = SerialExecutor(host)
+    try:
+        run_rounds(state, rounds, strategy, executor, strategy.seed, context, steps, _Kept(out), clock)
+    finally:
+        steps.global_eval.close()
+    return out
+
+
+def loop(
+    name: str,
+    data: SplitData,
+    model: str = "toy",
+    sampler: Sampler | None = None,
+    *,
+    method: Mapping[str, Any] | None = None,
+    rounds: int = 2,
+    clients_per_round: int = 2,
+    task: TaskInfo | None = None,
+    model_kwargs: Mapping[str, Any] | None = None,
+    optim: OptimConfig | None = None,
+    batch_size: int = BS,
+    evaluate: bool = False,
+    unlabeled: torch.Tensor | None = None,
+    aggregator: Aggregator | None = None,
+) -> Rounds:
+    """`rounds` rounds of method `name` (its config: `method`) through the run's own loop
+    (`serial_rounds`), `clients_per_round` of `data`'s clients a round, on `model` (a
+    registered model; `Toy` by default) built under seed 0, one thread, CPU. `data`: (dataset,
+    training shards) or (dataset, training shards, each client's own test shard); `sampler`:
+    draws each round's clients in place of the strategy's `sample_clients`; `task`: default
+    the dataset's classes and names; `optim`: default plain SGD at `LR`; `evaluate`: clients
+    evaluate their trained models on their own test splits before they upload; `aggregator`: the
+    run's aggregation chain (default: the example-weighted mean)."""
+    ds, train = data[0], data[1]
+    test = data[2] if len(data) == 3 else None
     cls = METHODS.get(name)
-    config = cls.config_cls(**method_kwargs)
-    task = TaskInfo(num_classes=10)
-    strategy = cls(config, num_clients=3, clients_per_round=2, seed=0, task=task, aggregator=aggregator)
+    if sampler is not None:  # the draw the test asks for, the rest of the method as it is
+        draw = sampler
+
+        def sample_clients(self: Any, rnd: int, rng: np.random.Generator) -> list[ClientId]:
+            return [int(c) for c in draw(rnd, rng)]
+
+        cls = type(cls.__name__, (cls,), {"sample_clients": sample_clients})
+    if task is None:
+        task = TaskInfo(
+            num_classes=ds.num_classes, class_names=tuple(ds.class_names), dataset=ds.name,
+            has_client_test_split=test is not None, rounds=rounds,
+        )  # fmt: skip
+    config = cls.config_cls(**dict(method or {}))
+    strategy = cls(config, len(train), clients_per_round, seed=0, task=task, aggregator=aggregator)
+    optim = optim or OptimConfig(lr=LR, momentum=0.0)
+    kwargs = strategy.model_kwargs(model, dict(model_kwargs or {}))
+    spec = ClientSpec(
+        method=name, method_module=cls.__module__, objective_kwargs=strategy.objective_kwargs(), model=model,
+        model_kwargs=kwargs, optim=optim, num_classes=ds.num_classes, in_channels=ds.in_channels,
+        image_size=ds.image_size, batch_size=batch_size, threads=1, accelerator="cpu",
+    )  # fmt: skip
     torch.manual_seed(0)
-    obj = cls.build_objective(Toy(), OptimConfig(lr=LR, momentum=0.0), **strategy.objective_kwargs())
-    init = to_cpu(obj.model.state_dict())
-    host = ClientHost(toy_spec(name, strategy.objective_kwargs(), init, momentum=0.0), ds, shards)
-    plans, states = rounds_1_and_2(strategy, host, init)
-    return init, plans, states, host
+    objective = build_objective(spec)  # the driver's: the initial weights, the global evaluation
+    strategy.check_model(objective.model)  # as a run does, before its first round
+    init = to_cpu(objective.model_state())  # as a run's: the model without its frozen entries
+    spec = dataclasses.replace(spec, init_params=init)
+    host = ClientHost(spec, ds, train, test)
+    ids = range(len(train))
+    split = FederatedSplit([train[c] for c in ids], [test[c] for c in ids] if test is not None else [])
+    return serial_rounds(strategy, host, init, rounds, ds, objective, evaluate, unlabeled, split)
+
+
+def two_rounds(
+    name: str,
+    data: SplitData,
+    model: str = "toy",
+    sampler: Sampler | None = None,
+    aggregator: Aggregator | None = None,
+    **method_kwargs: Any,
+) -> tuple[Params, list[RoundPlan], list[ServerState], ClientHost]:
+    """Two rounds of method `name` on `data`'s clients (the three of `three_clients()`: |S| = 2
+    < N = 3), 2 a round, through the run's own loop (`loop`), plain SGD: (initial weights,
+    each round's plan, the state after each round, the host, which keeps the clients' resident
+    state in `.states`). Which clients trained is in the plans: a test asserts the draw it
+    expects. `aggregator`: the run's aggregation chain (default: the example-weighted mean)."""
+    r = loop(name, data, model, sampler, method=method_kwargs, aggregator=aggregator)
+    return r.init, r.plans, r.states, r.host
 
 
 def rounds_1_and_2(
     strategy: Strategy[Any, Any, Any], host: ClientHost, init: Params
 ) -> tuple[list[RoundPlan], list[ServerState]]:
-    """Rounds 1 and 2 of `strategy` (3 clients, 2 a round) through `host`, as a run does them,
-    from the weights `init`: each round's plan and the state after it."""
-    state, plans, states = strategy.init_state(init), [], []
-    for rnd in (1, 2):
-        plan = strategy.configure_round(state, rnd, round_rng(0, rnd))
-        updates = sorted((host.fit(plan.broadcast, p) for p in plan.payloads), key=lambda u: u.client_id)
-        c = ctx(strategy, rnd)
-        state, _ = aggregated(aggregate_with(strategy, state, updates, c))
-        state, _ = strategy.server_update(state, updates, c)
-        plans.append(plan)
-        states.append(state)
-    assert [p.client_ids for p in plans] == [[0, 1], [0, 2]]  # partial: client 1 sits out round 2
-    return plans, states
+    """Rounds 1 and 2 of `strategy` (3 clients, 2 a round, FedAvg's draw) through `host` and
+    the run's own loop (`serial_rounds`), from the weights `init`: each round's plan and the
+    state after it."""
+    r = serial_rounds(strategy, host, init)
+    assert [p.client_ids for p in r.plans] == [[0, 1], [0, 2]]  # partial: client 1 sits out round 2
+    return r.plans, r.states
 
 
 Loss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -33,15 +33,14 @@ from fl_lightning.cli.main import main
 from fl_lightning.core.augment import Augment, augment_batch
 from fl_lightning.core.messages import ClientUpdate
 from fl_lightning.core.params import nbytes, to_cpu, weighted_mean
-from fl_lightning.core.strategy import OptimConfig, TaskInfo, round_rng, server_rng
-from fl_lightning.methods import METHODS
+from fl_lightning.core.strategy import OptimConfig, TaskInfo, server_rng
 from fl_lightning.methods.creff import CReFFUpdate, derived_generator
-from fl_lightning.runtime.host import ClientHost
 from fl_lightning.server_steps.federated_features import prototype_contrastive
+from fl_lightning.testing import loop
 
 from .conftest import small
 from .run_files import assert_same_run
-from .test_methods import LR, MOM, Toy, ctx, manual_fit, match, toy_spec, twin
+from .test_methods import LR, MOM, Toy, ctx, manual_fit, match, twin
 from .test_pfl_personal_heads import clients3  # noqa: F401  (fixture)
 
 C = 10
@@ -50,27 +49,16 @@ SMALL_CREFF = dict(num_features=4, match_steps=3, feature_lr=0.5, retrain_epochs
 
 
 def run(name, data, rounds=2, per_round=2, task_data=None, **kw):
-    ds, train, test = data
-    cls = METHODS.get(name)
+    """`rounds` rounds of `name` through the run's own loop (`fl_lightning.testing.loop`), SGD
+    with momentum, `per_round` of the three clients a round."""
+    ds = data[0]
     task = TaskInfo(num_classes=C, class_names=tuple(ds.class_names), dataset="digits",
                     has_client_test_split=True, data=task_data or {})  # fmt: skip
-    strategy = cls(cls.config_cls(**kw), num_clients=3, clients_per_round=per_round, seed=0, task=task)
-    torch.manual_seed(0)
-    obj = cls.build_objective(Toy(), OptimConfig(lr=LR, momentum=MOM), **strategy.objective_kwargs())
-    init = to_cpu(obj.model.state_dict())
-    host = ClientHost(toy_spec(name, strategy.objective_kwargs(), init), ds, train, test)
-    state0 = state = strategy.init_state(init)
-    plans, updates, metrics = [], [], []
-    for rnd in range(1, rounds + 1):
-        plan = strategy.configure_round(state, rnd, round_rng(0, rnd))
-        ups = sorted((host.fit(plan.broadcast, p) for p in plan.payloads), key=lambda u: u.client_id)
-        state, m = strategy.server_update(strategy.aggregate(state, ups), ups, ctx(strategy, rnd))
-        state = dataclasses.replace(state, round=rnd)
-        plans.append(plan)
-        updates.append(ups)
-        metrics.append(m)
-    return SimpleNamespace(strategy=strategy, plans=plans, updates=updates, state=state, state0=state0,
-                           init=init, host=host, metrics=metrics, obj=obj)  # fmt: skip
+    r = loop(name, data, method=kw, rounds=rounds, clients_per_round=per_round, task=task,
+             optim=OptimConfig(lr=LR, momentum=MOM))  # fmt: skip
+    return SimpleNamespace(strategy=r.strategy, plans=r.plans, updates=r.updates, state=r.state,
+                           state0=r.initial, init=r.init, host=r.host, metrics=r.metrics,
+                           obj=r.objective)  # fmt: skip
 
 
 def shard(data, cid, dt=torch.float32):

@@ -3,7 +3,9 @@
 Layers, top to bottom; a module may import only from its own unit or from a lower layer:
 
     cli (+ __main__)                               the commands
+    testing                                        the golden-test kit (runs the run's loop)
     runtime                                        building and running a run
+    api                                            what a method file imports, in one place
     config                                         composes and validates the config; checks
                                                    names against the registries of methods,
                                                    models, data and text (lazily), so it sits
@@ -54,6 +56,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cli", "__main__"),
     ("testing",),  # the public golden-test kit: runs clients the way the runtime does
     ("runtime",),
+    ("api",),  # the method author's import facade: re-exports config, methods and core names
     ("config",),
     ("methods",),
     ("server_steps", "text", "models", "data", "tracking"),

@@ -6,8 +6,6 @@ tests/test_methods.py). Mutations tried by hand are listed in each docstring.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -18,11 +16,10 @@ from fl_lightning.config import compose, validate_registered
 from fl_lightning.core.errors import ConfigError
 from fl_lightning.core.metrics import EvalSpec
 from fl_lightning.core.objective import evaluate
-from fl_lightning.core.params import to_cpu, weighted_mean
-from fl_lightning.core.strategy import OptimConfig, TaskInfo, round_rng, server_rng
-from fl_lightning.methods import METHODS
+from fl_lightning.core.params import weighted_mean
+from fl_lightning.core.strategy import OptimConfig, TaskInfo, server_rng
 from fl_lightning.runtime import checkpoint
-from fl_lightning.runtime.host import ClientHost
+from fl_lightning.testing import loop
 
 from . import test_methods
 from .test_methods import (
@@ -31,13 +28,11 @@ from .test_methods import (
     Toy,
     ce,
     client_data,
-    ctx,
     manual_clients,
     match,
     mean_of_clients,
     one_round,
     sd,
-    toy_spec,
     twin,
 )
 
@@ -52,26 +47,16 @@ def digits3(digits):
 
 
 def run_rounds(name: str, data, rounds: int, per_round: int = 2, server_images=None, **method_kwargs):
-    """`rounds` rounds of method `name` on the toy model; (strategy, init, objective, history)
-    with history = [(plan, updates, state after the round, server metrics)]. `server_images`:
-    the server's unlabeled images (`ServerContext.unlabeled`)."""
-    ds, shards = data
-    cls = METHODS.get(name)
+    """`rounds` rounds of method `name` on the toy model through the run's own loop
+    (`fl_lightning.testing.loop`), SGD with momentum; (strategy, init, objective, history) with
+    history = [(plan, updates, state after the round, server metrics)]. `server_images`: the
+    server's unlabeled images (`ServerContext.unlabeled`)."""
+    ds = data[0]
     task = TaskInfo(num_classes=10, class_names=tuple(ds.class_names), dataset="digits")
-    strategy = cls(cls.config_cls(**method_kwargs), len(shards), per_round, seed=0, task=task)
-    torch.manual_seed(0)
-    obj = cls.build_objective(Toy(), OptimConfig(lr=LR, momentum=MOM), **strategy.objective_kwargs())
-    init = to_cpu(obj.model.state_dict())
-    host = ClientHost(toy_spec(name, strategy.objective_kwargs(), init), ds, shards)
-    state, history = strategy.init_state(init), []
-    for rnd in range(1, rounds + 1):
-        plan = strategy.configure_round(state, rnd, round_rng(0, rnd))
-        updates = sorted((host.fit(plan.broadcast, p) for p in plan.payloads), key=lambda u: u.client_id)
-        c = dataclasses.replace(ctx(strategy, rnd), unlabeled=server_images)
-        state, metrics = strategy.server_update(strategy.aggregate(state, updates), updates, c)
-        state = dataclasses.replace(state, round=rnd)
-        history.append((plan, updates, state, metrics))
-    return strategy, init, obj, history
+    r = loop(name, data, method=method_kwargs, rounds=rounds, clients_per_round=per_round, task=task,
+             optim=OptimConfig(lr=LR, momentum=MOM), unlabeled=server_images)  # fmt: skip
+    history = list(zip(r.plans, r.updates, r.states, r.metrics, strict=True))
+    return r.strategy, r.init, r.objective, history
 
 
 # --- FedAvgM ----------------------------------------------------------------------------

@@ -58,12 +58,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fl_lightning.config import RootConfig
-from fl_lightning.core.checks import nonnegative, positive
-from fl_lightning.core.messages import Broadcast
-from fl_lightning.core.objective import ClientObjective
-from fl_lightning.core.strategy import FedAvgStrategy, MethodConfig
-from fl_lightning.methods import METHODS
+from fl_lightning.api import (
+    METHODS, Broadcast, ClientObjective, FedAvgStrategy, MethodConfig, RootConfig, nonnegative, positive,
+)
 
 
 @METHODS.register("fedsam")
@@ -130,11 +127,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fl_lightning.config import RootConfig
-from fl_lightning.core.checks import positive
-from fl_lightning.core.objective import is_weight
-from fl_lightning.core.strategy import FedAvgStrategy, MethodConfig
-from fl_lightning.methods import METHODS
+from fl_lightning.api import METHODS, FedAvgStrategy, MethodConfig, RootConfig, is_weight, positive
 
 
 @METHODS.register("fedexp")

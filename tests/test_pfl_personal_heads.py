@@ -20,14 +20,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.config import compose
 from fl_lightning.core.params import to_cpu, weighted_mean
-from fl_lightning.core.strategy import OptimConfig, TaskInfo, round_rng
-from fl_lightning.methods import METHODS
-from fl_lightning.runtime.host import ClientHost
+from fl_lightning.core.strategy import OptimConfig, TaskInfo
 from fl_lightning.runtime.runner import start_run
 from fl_lightning.testing import check as check_config
+from fl_lightning.testing import loop
 
 from .conftest import small
-from .test_methods import BS, LR, MOM, Toy, ctx, match, toy_spec, twin
+from .test_methods import BS, LR, MOM, Toy, match, twin
 
 PFL = ("fedper", "fedrep", "ditto", "fedrod", "feddtr")
 
@@ -58,37 +57,21 @@ def run(
     evaluate: bool = False,
     **method_kwargs,
 ):
-    """`rounds` rounds of `name` on the three clients, `per_round` of them each round, with
-    the engine's own host and strategy (no Ray): what the references are checked against.
-    `evaluate`: each payload asks for its trained model's evaluation (`eval.timing=trained`)."""
-    ds, train, test = data
-    cls = METHODS.get(name)
+    """`rounds` rounds of `name` on the three clients, `per_round` of them each round, through
+    the run's own loop on a serial executor (`fl_lightning.testing.loop`, no Ray): what the
+    references are checked against. `evaluate`: each payload asks for its trained model's
+    evaluation (`eval.timing=trained`)."""
+    ds = data[0]
     task = TaskInfo(
         num_classes=10, class_names=tuple(ds.class_names), dataset="digits", has_client_test_split=True,
         rounds=rounds,
     )  # fmt: skip
     keys = [f"method.{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in method_kwargs.items()]
     check_config(name, "data.client_test_fraction=0.25", *keys)  # as a run's, before anything starts
-    config = cls.config_cls(**method_kwargs)
-    strategy = cls(config, num_clients=3, clients_per_round=per_round, seed=0, task=task)
-    torch.manual_seed(0)
-    obj = cls.build_objective(Toy(), OptimConfig(lr=LR, momentum=momentum), **strategy.objective_kwargs())
-    init = to_cpu(obj.model.state_dict())
-    spec = dataclasses.replace(toy_spec(name, strategy.objective_kwargs(), init, momentum), batch_size=bs)
-    host = ClientHost(spec, ds, train, test)
-    state = strategy.init_state(init)
-    plans, updates = [], []
-    for rnd in range(1, rounds + 1):
-        plan = strategy.configure_round(state, rnd, round_rng(0, rnd))
-        if evaluate:
-            asks = [dataclasses.replace(p, evaluate=True) for p in plan.payloads]
-            plan = dataclasses.replace(plan, payloads=asks)
-        ups = sorted((host.fit(plan.broadcast, p) for p in plan.payloads), key=lambda u: u.client_id)
-        state, _ = strategy.server_update(strategy.aggregate(state, ups), ups, ctx(strategy, rnd))
-        state = dataclasses.replace(state, round=rnd)
-        plans.append(plan)
-        updates.append(ups)
-    return SimpleNamespace(strategy=strategy, plans=plans, updates=updates, state=state, init=init, host=host)
+    r = loop(name, data, method=method_kwargs, rounds=rounds, clients_per_round=per_round, task=task,
+             optim=OptimConfig(lr=LR, momentum=momentum), batch_size=bs, evaluate=evaluate)  # fmt: skip
+    return SimpleNamespace(strategy=r.strategy, plans=r.plans, updates=r.updates, state=r.state, init=r.init,
+                           host=r.host)  # fmt: skip
 
 
 def shard(data, cid, split="train", dt=torch.float32):

@@ -4,21 +4,17 @@ groups and presets.
 
 A method's needs are read off the code, not written twice: a personalised method needs each
 client's own test split; a method whose `check` refuses single-label (or multi-label)
-data needs the other kind; a method that refuses its own default config names the setting
-it asks for; the groups its file picks (`defaults: {model: ..., text: ...}`) are shown.
+data needs the other kind; a method that refuses its own default config shows the settings
+its refusal carries (`ConfigError.needs`: data, never parsed out of the message), or the
+refusal's first clause where it carries none; the groups its file picks (`defaults: {model:
+..., text: ...}`) are shown.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from ..core.errors import ConfigError
-
-#: a setting a refusal asks for: `data.server_subset=N`, `data.train_subset=55000 or less`
-_SETTING = re.compile(
-    r"\b((?:data|fl|model|text|eval|optim)\.[a-z_]+=\S+?(?: or (?:less|more))?)[,;.)]?(?:\s|$)"
-)
 
 
 def method_needs(name: str) -> list[str]:
@@ -32,18 +28,18 @@ def method_needs(name: str) -> list[str]:
         return [*needs, f"(its config does not compose: {e})"]
     if method_cfg.keeps_personal_models():  # at its defaults (FedTSP: unless share_weights)
         needs.append("clients' own test splits (data.client_test_fraction > 0)")
-    refused: dict[bool, str] = {}
+    refused: dict[bool, ConfigError] = {}
     split = "data.client_test_fraction=0.25"  # named above: not what the labels probe asks
     for multilabel, data in ((False, "data=fmnist"), (True, "data=fmnist_multilabel")):
         try:
             check_method(compose([f"method={name}", data, split]))
         except ConfigError as e:
-            refused[multilabel] = str(e)
+            refused[multilabel] = e
     if len(refused) == 1:
         needs.append("single-label data" if True in refused else "multi-label data")
     elif refused:
-        asked = _SETTING.findall(refused[False])
-        needs.append(", ".join(asked) if asked else refused[False].split(";")[0])
+        why = refused[False]
+        needs.append(", ".join(why.needs) if why.needs else str(why).split(";")[0])
     picks = method_group_defaults(name)
     if picks:
         needs.append("defaults " + " ".join(f"{g}={v}" for g, v in picks.items()))

@@ -2,7 +2,17 @@
 
 
 class ConfigError(ValueError):
-    """A configuration that cannot run: unknown key or name, impossible value, missing data."""
+    """A configuration that cannot run: unknown key or name, impossible value, missing data.
+
+    Attributes:
+        needs: the settings that would let it run, as data (`("data.server_subset=N",)`), for
+            what shows them without parsing the message (`fl-lightning list`); empty when the
+            refusal names no setting.
+    """
+
+    def __init__(self, message: str, needs: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.needs = tuple(needs)  # pickled with the instance's __dict__ (BaseException.__reduce__)
 
 
 class CheckpointError(RuntimeError):

@@ -11,6 +11,9 @@ before Ray, torch or any data start.
             if self.mu < 0:
                 raise ConfigError(f"method.mu must be >= 0 (got {self.mu})")
 
+        def check_model(self, model: nn.Module, task: TaskInfo) -> None:  # what the built model shows
+            ...
+
     class FedFoo(Strategy[FedFooConfig, ServerState, Broadcast]): ...   # found by its config
 
 `METHODS.get(name)` is the strategy whose generic config argument is the registered class
@@ -27,8 +30,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from .errors import ConfigError
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from ..config import RootConfig
-    from .strategy import Strategy
+    from .strategy import Strategy, TaskInfo
 
 
 @dataclass
@@ -52,6 +57,13 @@ class MethodConfig:
         """Refuse a run this method cannot do (a bad value, a dataset, model, optimiser or text
         encoder it cannot take) with one ConfigError line. Called on the typed run config
         before torch, Ray or any data start. Default: accept."""
+
+    def check_model(self, model: nn.Module, task: TaskInfo) -> None:
+        """Refuse a model this method cannot train (no batch norm for FedBN, no linear `head`
+        for CReFF) with one ConfigError line: what only the built model shows. Called on the
+        driver's model (client 0's architecture) once it is built, before the run directory
+        exists or Ray starts (`runtime/build.py::prepare`), so a refused run leaves nothing
+        behind. Default: accept."""
 
     def keeps_personal_models(self) -> bool:
         """Whether this run keeps personal models (`personalised`; a method whose keys decide

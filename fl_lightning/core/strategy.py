@@ -29,10 +29,11 @@ from .method import METHODS, MethodConfig, needs_test_split_error
 from .metrics import EvalSpec
 from .objective import ClientObjective
 from .optim import OptimConfig
+from .sampling import Sampling
 from .state_classes import register_state_classes
 from .types import ClientId, Metrics, StateDict
 
-__all__ = ["MethodConfig", "ServerContext", "Strategy", "TaskInfo", "FedAvgStrategy"]
+__all__ = ["MethodConfig", "Sampling", "ServerContext", "Strategy", "TaskInfo", "FedAvgStrategy"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,24 @@ def _generic_args(cls: type) -> dict[str, type]:
     return {}
 
 
+def init_keywords(cls: type) -> frozenset[str] | None:
+    """The keyword arguments `cls(...)` accepts, following `**kwargs` up the bases' `__init__`s
+    (an objective hands them on to `ClientObjective`'s); None where any is accepted."""
+    names: set[str] = set()
+    for base in cls.__mro__:
+        init = base.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            params = inspect.signature(init).parameters.values()
+        except (TypeError, ValueError):  # a builtin's: nothing to read
+            return None
+        names.update(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return frozenset(names - {"self"})
+    return None
+
+
 class Strategy(Generic[ConfigT, StateT, BroadcastT]):
     """The driver side of a method. `config_cls`, `state_cls` and `broadcast_cls` come from the
     generic arguments (`class FedFoo(Strategy[FedFooConfig, FedFooState, Broadcast])`); a class
@@ -185,7 +204,7 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
                 METHODS.add_strategy(config, cls)
 
     #: no global model (personal weights): evaluated on each client's own test split. From
-    #: the config (`MethodConfig.personalised`), or set by the runtime (`fl.bn_stats=local`).
+    #: the config (`MethodConfig.personalised`), or the run's sampling (`fl.bn_stats=local`).
     personalised: bool
     #: True when `payload` carries what only training needs (other clients' models: FedFomo,
     #: FedAMP): evaluation then gets the plain payload
@@ -211,6 +230,7 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         seed: int,
         task: TaskInfo | None = None,
         aggregator: Aggregator | None = None,
+        sampling: Sampling | None = None,
     ) -> None:
         self.config = config
         #: how `average` turns the round's updates into the new global params: the run's
@@ -223,15 +243,23 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         self.personalised = config.keeps_personal_models()
         if self.personalised and task is not None and not task.has_client_test_split:
             raise ConfigError(needs_test_split_error(self.name))
+        s = sampling or Sampling()  # how the run draws its clients, given once
+        self.participation = s.participation
+        self.sample_weights = None if s.weights is None else np.asarray(s.weights, dtype=np.float64)
+        self.personalised = self.personalised or s.local_bn
 
     # --- client side, built inside hosts ---------------------------------------------
     def objective_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the client objective (picklable; shipped to hosts once).
-        Default: the method config's fields, by name; none for a method whose clients train
-        FedAvg's objective (`objective_cls` is `ClientObjective`: a server-side method)."""
+        Default: the method config's fields that the objective's `__init__` takes, by name (a
+        server's key, FedBuff's `concurrency`, stays with the server); none for a method whose
+        clients train FedAvg's objective (`objective_cls` is `ClientObjective`: a server-side
+        method)."""
         if self.objective_cls is ClientObjective:
             return {}
-        return {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config)}
+        takes = init_keywords(self.objective_cls)
+        fields = (f.name for f in dataclasses.fields(self.config))
+        return {k: getattr(self.config, k) for k in fields if takes is None or k in takes}
 
     def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The backbone's keyword arguments (`model.*` of the config) for model `model`; a
@@ -355,6 +383,13 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
     def warnings(self) -> list[str]:
         """Degenerate settings worth telling the user about."""
         return []
+
+    def check_model(self, model: nn.Module) -> None:
+        """Refuse the driver's built model with one ConfigError line, before the run directory
+        exists (`runtime/build.py::prepare`). Default: the config's `check_model`; a strategy
+        overrides it only for what its own construction decided (CLIP2FL: the class text's
+        dimension)."""
+        self.config.check_model(model, self.task)
 
     def resolved(self, model: nn.Module) -> dict[str, Any]:
         """The choices this method made where the run's config left them open (`auto`, `none`),

@@ -26,10 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.errors import ConfigError
-from ..core.types import StateDict
 from ..text.targets import class_targets
 from .configs.clip2fl import CLIP2FLConfig, teacher_model_kwargs
-from .creff import CReFF, CReFFObjective, CReFFState
+from .creff import CReFF, CReFFObjective
 from .teacher import AlignedTeacherConfig, FrozenTeacher, TeacherSpec
 
 log = logging.getLogger(__name__)
@@ -168,16 +167,15 @@ class CLIP2FL(CReFF):
             "teacher_text": self.text if c.beta > 0 else None,
         }
 
-    def init_state(self, global_params: StateDict | None) -> CReFFState:
-        state = super().init_state(global_params)
+    def check_model(self, model: nn.Module) -> None:
+        super().check_model(model)
         if self.config.pcl_weight > 0 and self.text is not None:
-            assert state.features is not None
-            if state.features.shape[1] != self.text.shape[1]:
+            d = int(model.state_dict()["head.weight"].shape[1])  # the federated features' (CReFF's φ̂)
+            if d != self.text.shape[1]:
                 raise ConfigError(
                     f"clip2fl's contrastive term needs features of the text dimension {self.text.shape[1]}; "
-                    f"the model's are {state.features.shape[1]} (use a model with feature_dim, e.g. resnet8)"
+                    f"the model's are {d} (use a model with feature_dim, e.g. resnet8)"
                 )
-        return state
 
     def run_summary(self) -> dict[str, Any]:
         if not self.teacher_info:

@@ -31,7 +31,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective, on_shared_features
 from ..core.strategy import ServerContext, Strategy
@@ -182,8 +181,8 @@ class CReFF(Strategy[CReFFConfig, CReFFState, CReFFBroadcast]):
 
     def init_state(self, global_params: StateDict | None) -> CReFFState:
         """φ̂ as PyTorch initialises a Linear(d, C), and V ~ N(0, 1), from the run seed."""
-        if global_params is None or "head.weight" not in global_params or "head.bias" not in global_params:
-            raise ConfigError(f"{self.name} needs a model whose classifier is a Linear `head`")
+        # the model has a Linear `head` (`CReFFConfig.check_model` refused one without, before the run)
+        assert global_params is not None and "head.weight" in global_params
         num_classes, d = global_params["head.weight"].shape
         g = derived_generator(self.seed, 0xFEA7)
         bound = 1.0 / float(d) ** 0.5

@@ -177,11 +177,8 @@ class FedDTR(Strategy[FedDTRConfig, ServerState, DTRBroadcast]):
             self.text_encoder = str(text_cfg["name"])
 
     def objective_kwargs(self) -> dict[str, Any]:
-        kw = super().objective_kwargs()
-        kw.pop("template")
-        kw.pop("targets")
         dim = int(self.class_features.shape[1]) if self.class_features is not None else 0
-        return kw | {"text_dim": dim}
+        return super().objective_kwargs() | {"text_dim": dim}
 
     def broadcast(self, state: ServerState, rnd: int) -> DTRBroadcast:
         return DTRBroadcast(round=rnd, global_params=state.global_params, class_features=self.class_features)

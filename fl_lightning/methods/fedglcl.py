@@ -174,10 +174,7 @@ class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
         return oracle_targets(config.targets, vectors, self.seed, COARSE_GROUPS.get(self.task.dataset))
 
     def objective_kwargs(self) -> dict[str, Any]:
-        kw = super().objective_kwargs()
-        for k in ("templates", "class_embedding", "targets", "oracle_holdout_from"):
-            kw.pop(k)
-        return kw | {"text_dim": int(self.class_features.shape[1])}
+        return super().objective_kwargs() | {"text_dim": int(self.class_features.shape[1])}
 
     def broadcast(self, state: ServerState, rnd: int) -> GLCLBroadcast:
         return GLCLBroadcast(round=rnd, global_params=state.global_params, class_features=self.class_features)

@@ -66,8 +66,7 @@ class LGTObjective(ClientObjective[Broadcast]):
         reduction: str = "sum",
         **kwargs: Any,
     ) -> None:
-        if not isinstance(model, CTran):
-            raise ConfigError("fedlgt / fedctran need a C-Tran model: model=ctran")
+        assert isinstance(model, CTran)  # `FedLGTConfig.check_model` refused any other before the run
         if label_features is not None or state_features is not None:
             model.fix_embeddings(label_features, state_features)
         super().__init__(model, **kwargs)
@@ -161,10 +160,10 @@ class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
         return {**kwargs, "d_model": d}
 
     def objective_kwargs(self) -> dict[str, Any]:
-        kw = super().objective_kwargs()
-        for k in ("label_embedding", "state_embedding", "prompt", "state_words", "targets", "state_targets"):
-            kw.pop(k)
-        return kw | {"label_features": self.label_features, "state_features": self.state_features}
+        return super().objective_kwargs() | {
+            "label_features": self.label_features,
+            "state_features": self.state_features,
+        }
 
     def summary(self) -> dict[str, Any]:
         return super().summary() | {"text_encoder": self.text_encoder, "text_dim": self.width}

@@ -97,11 +97,6 @@ class PFedMeObjective(ClientObjective[Broadcast]):
 class PFedMe(Strategy[PFedMeConfig, ServerState, Broadcast]):
     objective_cls = PFedMeObjective
 
-    def objective_kwargs(self) -> dict[str, Any]:
-        kwargs = super().objective_kwargs()
-        kwargs.pop("beta")  # the server's
-        return kwargs
-
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
     ) -> ServerState:

@@ -24,6 +24,7 @@ from ..core.errors import ConfigError
 from ..core.metrics import EvalSpec
 from ..core.objective import ClientObjective
 from ..core.params import to_cpu
+from ..core.sampling import Sampling
 from ..core.strategy import Strategy, TaskInfo
 from ..data.federated import FederatedSplit, split_from_config
 from ..data.fmnist_digits20 import COARSE_GROUPS
@@ -95,16 +96,7 @@ def prepare(
         image_mean=tuple(np.atleast_1d(np.asarray(dataset.mean, np.float64)).tolist()),
         image_std=tuple(np.atleast_1d(np.asarray(dataset.std, np.float64)).tolist()),
     )
-    strategy = strategy_cls(
-        method_cfg,
-        cfg.fl.num_clients,
-        clients_per_round(cfg),
-        cfg.seed,
-        task,
-        aggregator=build_aggregator(cfg),
-    )
-    check_aggregation(strategy)
-    strategy.participation = participation(cfg)
+    weights = None
     if cfg.fl.sampling == "size":  # a client is drawn with probability its share of the examples
         sizes = np.asarray([len(t) for t in split.train], dtype=np.float64)
         if np.count_nonzero(sizes) < clients_per_round(cfg):
@@ -112,9 +104,19 @@ def prepare(
                 f"fl.sampling=size draws {clients_per_round(cfg)} clients a round, but only "
                 f"{np.count_nonzero(sizes)} hold training examples"
             )
-        strategy.sample_weights = sizes / sizes.sum()
-    if cfg.fl.bn_stats == "local":  # no one set of statistics: each client's own model is evaluated
-        strategy.personalised = True
+        weights = tuple((sizes / sizes.sum()).tolist())
+    # fl.bn_stats=local: no one set of statistics, so each client's own model is evaluated
+    sampling = Sampling(participation(cfg), weights, local_bn=cfg.fl.bn_stats == "local")
+    strategy = strategy_cls(
+        method_cfg,
+        cfg.fl.num_clients,
+        clients_per_round(cfg),
+        cfg.seed,
+        task,
+        aggregator=build_aggregator(cfg),
+        sampling=sampling,
+    )
+    check_aggregation(strategy)
     ev = cfg.eval
     eval_spec = strategy.eval_spec(
         ev.per_class, list(ev.longtail) if ev.longtail is not None else None, ev.threshold
@@ -151,6 +153,8 @@ def prepare(
     )
     torch.manual_seed(cfg.seed)
     objective = build_objective(spec)  # the driver's copy: initial weights, global evaluation
+    # what only the built model shows (`MethodConfig.check_model`), before Ray or any file
+    strategy.check_model(objective.model)
     if spec.batched and (why := model_refusal(objective)):  # before Ray or any file
         raise ConfigError(f"runtime.batched={spec.batched}: {why}; use runtime.batched=0")
     weights_info = None

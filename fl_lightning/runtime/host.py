@@ -20,7 +20,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import lightning as L
 import numpy as np
@@ -52,6 +52,23 @@ _PRECISIONS: dict[str, Precision] = {"32": "32", "bf16-mixed": "bf16-mixed", "16
 def precision_of(value: object) -> Precision:
     """`runtime.precision` (already checked by config.py) as Lightning's literal type."""
     return _PRECISIONS[str(value)]
+
+
+@runtime_checkable
+class FrozenImageTower(Protocol):
+    """A model with a frozen image tower whose features it takes as input (the CLIP prompt
+    learner): `frozen_image_features` says whether to compute them once and keep them."""
+
+    frozen_image_features: bool
+
+    def encode_images(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+def frozen_tower(model: object) -> FrozenImageTower | None:
+    """`model` as a `FrozenImageTower` when it declares `frozen_image_features`; else None."""
+    if isinstance(model, FrozenImageTower) and model.frozen_image_features:
+        return model
+    return None
 
 
 @dataclass(frozen=True)
@@ -466,14 +483,12 @@ class ClientHost:
         """`x` as the model's frozen image tower sees it, computed once per run and kept with
         the shard, for a model that declares `frozen_image_features` (the CLIP prompt learner:
         it takes 2-d inputs as its own features) and un-augmented data; else `x`."""
-        model = obj.model
-        if not getattr(model, "frozen_image_features", False) or (
-            self.spec.augment and self.spec.augment.names
-        ):
+        tower = frozen_tower(obj.model)
+        if tower is None or (self.spec.augment and self.spec.augment.names):
             return x
         if key not in self.features:
             obj.to(self._device())
-            self.features[key] = model.encode_images(x.to(self._device())).cpu()  # type: ignore[operator]
+            self.features[key] = tower.encode_images(x.to(self._device())).cpu()
         return self.features[key]
 
     def _evaluate(self, obj: ClientObjective[Any], cid: ClientId) -> ClientEval:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ClientFailure
-from ..core.messages import ClientEval, ClientUpdate, RoundPlan
+from ..core.messages import ClientEval, ClientUpdate, RoundPlan, tensor_nbytes
 from ..core.metrics import dual_metrics
 
 #: record fields written as they are, in this order (the dicts go in between, see `line`)
@@ -34,6 +34,12 @@ _TAIL = (
     "bytes_down", "bytes_up", "time_fit_s", "time_eval_wait_s", "time_server_s", "time_eval_s",
     "round_time_s",
 )  # fmt: skip
+
+
+def down_nbytes(plan: RoundPlan) -> int:
+    """Bytes `plan` sends over a real network: the broadcast to each of its clients, plus every
+    tensor a payload carries for its client alone (other clients' models: FedFomo, FedAMP)."""
+    return plan.broadcast.nbytes() * len(plan.payloads) + sum(tensor_nbytes(p) for p in plan.payloads)
 
 
 @dataclasses.dataclass
@@ -94,7 +100,7 @@ class RoundRecord:
         broadcast to every sampled client and every update), its times (from `perf_counter`:
         start, fit done, updates checked, server done; evaluation ends now) and memory."""
         t3 = time.perf_counter()
-        self.bytes_down = (self.bytes_down or 0) + plan.broadcast.nbytes() * len(plan.payloads)
+        self.bytes_down = (self.bytes_down or 0) + down_nbytes(plan)
         self.bytes_up = (self.bytes_up or 0) + sum(u.upload_nbytes() for u in updates)
         self.time_fit_s, self.time_eval_wait_s, self.time_server_s = tf - t0, t1 - tf, t2 - t1
         self.time_eval_s, self.round_time_s = t3 - t2, t3 - t0

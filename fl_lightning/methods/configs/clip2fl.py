@@ -92,7 +92,8 @@ class CLIP2FLConfig(CReFFConfig):
             raise ConfigError(
                 f"method.teacher=aligned learns from training images {self.teacher_holdout_from} on "
                 f"(method.teacher_holdout_from); keep every client off them: data.train_subset="
-                f"{self.teacher_holdout_from} or less (got {sub})"
+                f"{self.teacher_holdout_from} or less (got {sub})",
+                needs=(f"data.train_subset={self.teacher_holdout_from} or less",),
             )
 
 

@@ -9,7 +9,10 @@ from ...core.errors import ConfigError
 from ...core.method import METHODS, MethodConfig
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from ...config import RootConfig
+    from ...core.strategy import TaskInfo
 
 
 AUGMENTS = ("dsa", "none")
@@ -29,6 +32,11 @@ class CReFFConfig(MethodConfig):
     grad_repeats: int = 10  # client gradient draws per class [code]
     grad_batch: int = 32  # images per draw [code: batch_real]
     grad_augment: str = "dsa"  # dsa (color/crop/cutout/flip/scale/rotate) | none
+
+    def check_model(self, model: nn.Module, task: TaskInfo) -> None:
+        keys = model.state_dict()
+        if "head.weight" not in keys or "head.bias" not in keys:  # φ̂ is a Linear(d, C) of its shape
+            raise ConfigError(f"{self.name} needs a model whose classifier is a Linear `head`")
 
     def check(self, run: RootConfig) -> None:
         if self.grad_augment not in AUGMENTS:

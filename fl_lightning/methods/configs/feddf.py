@@ -24,7 +24,8 @@ class DistillConfig(MethodConfig):
         if not run.data.server_subset:
             raise ConfigError(
                 f"method {self.name} distils on unlabeled server images: set data.server_subset=N "
-                "(N training images taken out of every client's data)"
+                "(N training images taken out of every client's data)",
+                needs=("data.server_subset=N",),
             )
         positive(
             self, *(f.name for f in fields(self) if f.name.startswith("distill_") or f.name == "swa_every")

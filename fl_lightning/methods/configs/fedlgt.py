@@ -11,7 +11,10 @@ from ...core.method import METHODS, MethodConfig
 from . import multilabel
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from ...config import RootConfig
+    from ...core.strategy import TaskInfo
 
 
 LABEL_EMBEDDINGS = ("text", "learned", "frozen_random")
@@ -40,6 +43,12 @@ class FedLGTConfig(MethodConfig):
     epsilon: float = 0.02  # [paper] uncertainty margin around the threshold
     threshold: float = 0.5  # [paper] τ
     reduction: str = "sum"  # sum (authors' code) | mean over the unknown positions
+
+    def check_model(self, model: nn.Module, task: TaskInfo) -> None:
+        from ...models.ctran import CTran
+
+        if not isinstance(model, CTran):  # label and state embeddings are C-Tran's
+            raise ConfigError("fedlgt / fedctran need a C-Tran model: model=ctran", needs=("model=ctran",))
 
     def check(self, run: RootConfig) -> None:
         within(self, "threshold", 0, 1, open_lo=True, open_hi=True)  # on sigmoid scores

@@ -40,5 +40,6 @@ class FedOTPConfig(PromptConfig):
         if isinstance(vision.get("layers"), (list, tuple)) or vision.get("timm_model_name"):
             raise ConfigError(
                 f"method=fedotp matches ViT patch tokens: model.arch={arch} is no open_clip ViT "
-                "(use e.g. model.arch=ViT-B-16)"
+                "(use e.g. model.arch=ViT-B-16)",
+                needs=("model.arch=ViT-B-16 or another open_clip ViT",),
             )

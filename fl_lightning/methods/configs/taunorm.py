@@ -6,10 +6,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...core.checks import nonnegative
+from ...core.errors import ConfigError
 from ...core.method import METHODS, MethodConfig
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from ...config import RootConfig
+    from ...core.strategy import TaskInfo
 
 
 @METHODS.register("taunorm")
@@ -19,3 +23,10 @@ class TauNormConfig(MethodConfig):
 
     def check(self, run: RootConfig) -> None:
         nonnegative(self, "tau")
+
+    def check_model(self, model: nn.Module, task: TaskInfo) -> None:
+        from torch import nn
+
+        head = getattr(model, "head", None)
+        if not isinstance(head, nn.Module) or not any(isinstance(m, nn.Linear) for m in head.modules()):
+            raise ConfigError("taunorm needs a model whose head has a linear classifier layer")

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...core.bn_stats import bn_stats_nbytes, pooled_bn_params
-from ...core.messages import ClientUpdate, RoundPlan, ServerState
+from ...core.messages import ClientUpdate, RoundPlan, ServerState, tensor_nbytes
 from ...core.strategy import Strategy
 from ..executor import Executor
 from ..record import RoundRecord
@@ -37,5 +37,7 @@ def recompute_bn_stats(
     )
     stats = sorted(executor.bn_stats(bplan), key=lambda s: s.client_id)
     record.bytes_up = (record.bytes_up or 0) + sum(bn_stats_nbytes(s) for s in stats)
-    record.bytes_down = (record.bytes_down or 0) + bplan.broadcast.nbytes() * len(stats)
+    measured = {s.client_id for s in stats}  # the payloads of those that answered, as the round's count
+    sent = sum(tensor_nbytes(p) for p in bplan.payloads if p.client_id in measured)
+    record.bytes_down = (record.bytes_down or 0) + bplan.broadcast.nbytes() * len(stats) + sent
     return dataclasses.replace(state, global_params=pooled_bn_params(stats, params))

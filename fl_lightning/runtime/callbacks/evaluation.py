@@ -23,6 +23,7 @@ from ...core.types import ClientId
 from ...data.fmnist_digits20 import COARSE, COARSE_GROUPS
 from ..build import Prepared
 from ..executor import Executor
+from ..host import frozen_tower
 from ..record import RoundRecord, client_metrics, majority_accuracies
 from .base import WallClock
 
@@ -168,12 +169,12 @@ class GlobalEval:
         computed at the first evaluation and kept: each later evaluation runs the text side
         only, as the clients' own test splits do (`ClientHost._frozen_features`). Patch tokens
         (`image_tokens`: ~200x the pooled size) are computed each time instead."""
-        model = obj.model
-        if not getattr(model, "frozen_image_features", False) or getattr(model, "image_tokens", False):
+        tower = frozen_tower(obj.model)
+        if tower is None or getattr(tower, "image_tokens", False):
             return self.test[0]
         if self.test_features is None:
             with torch.no_grad():
-                self.test_features = model.encode_images(self.test[0].to(self.device)).cpu()
+                self.test_features = tower.encode_images(self.test[0].to(self.device)).cpu()
         return self.test_features
 
     def now(self, state: ServerState) -> dict[str, float]:

@@ -67,10 +67,18 @@ class Checkpointer:
             executor.restore_states(self.saved_states(sorted(self.client_index)))
 
     def round_end(
-        self, state: ServerState, updates: Sequence[ClientUpdate], record: RoundRecord, evaluating: bool
+        self,
+        state: ServerState,
+        updates: Sequence[ClientUpdate],
+        record: RoundRecord,
+        evaluating: bool,
+        trained: Sequence[ClientId] | None = None,
     ) -> None:
-        """Round `state.round` ended: checkpoint it if due, with its line as known now."""
+        """Round `state.round` ended: checkpoint it if due, with its line as known now.
+        `trained`: the clients whose fits ended this round, where more than `updates` (a
+        deadline's late ones)."""
         self.changed.update(u.client_id for u in updates)
+        self.changed.update(trained or ())
         if state.round % self.every == 0 or state.round == self.last_round:
             self.save(state, {**self.meta, LINE: record.line(), EVALUATING: evaluating})
 

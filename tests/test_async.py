@@ -308,3 +308,23 @@ def test_killed_with_clients_in_flight_resumes_to_the_same_run(tmp_path, data_ro
     assert_same_run(killed_dir, full_dir, stateful=False)
     assert [x["virtual_time"] for x in _lines(killed_dir)] == [x["virtual_time"] for x in _lines(full_dir)]
     assert records(killed_dir)[-1]["round"] == 4
+
+
+def test_compare_against_virtual_time_gives_each_rows_time_to_a_target(tmp_path, data_root, capsys):
+    """`compare --x time --target`: the plot is against the virtual clock, and each row's time to
+    the target is the virtual time of its first line that reaches it."""
+    trace = _trace(tmp_path, [1.0, 2.0, 3.0, 4.0])
+    args = small(tmp_path / "runs", "runtime=serial", "fl.rounds=2", "data.train_subset=600",
+                 "system.speed=trace", f"system.trace={trace}", "logger=none")  # fmt: skip
+    _, sync = start_run(compose([*args, "run_id=sync"]), console=False)
+    _, buff = start_run(compose([*args, "method=fedavgm", "system.mode=fedbuff", "system.concurrency=3",
+                                 "system.buffer=2", "run_id=fedbuff"]), console=False)  # fmt: skip
+    target = min(_lines(sync)[-1]["accuracy"], _lines(buff)[-1]["accuracy"])
+    out = tmp_path / "cmp"
+    assert main(["compare", str(tmp_path / "runs"), "--x", "time", "--target", str(target),
+                 "--out", str(out)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert (out / "accuracy_vs_time.png").is_file()
+    for run_dir, name in ((sync, "fedavg"), (buff, "fedavgm")):
+        first = next(x["virtual_time"] for x in _lines(run_dir) if x["accuracy"] >= target)
+        assert f"  {name}  {first:.1f}  (1/1)" in text

@@ -152,7 +152,7 @@ def run_rounds(
             # `state.schedule`); the line is written once complete
             if steps.checkpointer is not None:
                 steps.checkpointer.round_end(
-                    state, updates, record, evaluating=line.waits, trained=got.trained
+                    state, updates, record, evaluating=line.waits, trained=got.trained, states=got.states
                 )
             callbacks.on_round_end(state, record)
             if not line.waits:

@@ -33,7 +33,7 @@ import torch
 from ..core.errors import ClientFailure
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState
 from ..core.strategy import Strategy
-from ..core.types import ClientId, StateDict
+from ..core.types import ClientId, ClientState, StateDict
 from .executor import Executor
 from .host import fit_batches
 from .system import SystemModel, system_model
@@ -55,6 +55,9 @@ class Collected:
     #: every client whose fit ended for this step, kept or dropped (their resident state changed:
     #: the checkpoint collects it); None: those of `updates`
     trained: list[ClientId] | None = None
+    #: the resident state of each client whose fit ended, taken as its update was (asynchronous
+    #: modes: by the next checkpoint the client may be in flight again, its state moving on)
+    states: list[tuple[ClientId, ClientState]] | None = None
 
 
 class Scheduler(Protocol):
@@ -231,6 +234,7 @@ class Buffered:
             self._load(state, executor)
         kept: list[tuple[Job, ClientUpdate]] = []
         dropped, in_flight, trained = 0, [], []
+        states: list[tuple[ClientId, ClientState]] = []
         while len(kept) < self.buffer:
             self._fill(state, rnd, executor, {j.client_id for j, _ in kept})
             if not self.jobs:
@@ -240,6 +244,9 @@ class Buffered:
             self.jobs.remove(job)
             update = executor.take(self.handles.pop(job.client_id))
             trained.append(job.client_id)
+            # its state now: no other fit of this client is queued yet (it is dispatched again
+            # only later), on any executor
+            states += [(c, st) for c, st in executor.collect_states([job.client_id]) if st]
             self.time = job.arrival
             tau = self.version - job.version
             if self.max_staleness is not None and tau > self.max_staleness:
@@ -264,7 +271,7 @@ class Buffered:
             "in_flight": float(np.mean(in_flight)),
             "version": float(self.version + 1),
         }
-        return Collected(plan, updates, staleness, metrics, trained)
+        return Collected(plan, updates, staleness, metrics, trained, states)
 
     def _rebased(self, job: Job, update: ClientUpdate, state: ServerState) -> ClientUpdate:
         """FedBuff: a stale update as the current model plus its delta from where it started

@@ -339,3 +339,16 @@ def test_compare_against_virtual_time_gives_each_rows_time_to_a_target(tmp_path,
     for run_dir, name in ((sync, "fedavg"), (buff, "fedavgm")):
         first = next(x["virtual_time"] for x in _lines(run_dir) if x["accuracy"] >= target)
         assert f"  {name}  {first:.1f}  (1/1)" in text
+
+
+@pytest.mark.parametrize("method", ["fedprox", "fedadam"])
+def test_fedbuff_composes_with_methods_that_upload_a_model(tmp_path, data_root, method):
+    """The staleness weights are a step of the chain: FedProx's clients and FedAdam's server
+    optimiser run under FedBuff by configuration alone, stale updates weighted."""
+    args = small(tmp_path, "runtime=serial", "fl.rounds=3", "data.train_subset=600", f"method={method}",
+                 *FEDBUFF, "system.concurrency=3", "system.buffer=1")  # fmt: skip
+    summary, run_dir = start_run(compose(args), console=False)
+    lines = _lines(run_dir)
+    assert summary["status"] == "completed" and [x["clients"] for x in lines] == [1, 1, 1]
+    assert max(x["system/staleness_max"] for x in lines) >= 1  # some update was stale
+    assert all(math.isfinite(x["accuracy"]) for x in lines)

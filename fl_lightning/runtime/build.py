@@ -278,6 +278,11 @@ def check_system(cfg: RootConfig, strategy: Strategy[Any, Any, Any]) -> None:
         raise ConfigError(
             f"method {strategy.name} cannot run in system.mode={s.mode}: {why}; use system.mode=sync"
         )
+    if fl.sampling != "uniform" or fl.fraction_range is not None:
+        raise ConfigError(
+            f"system.mode={s.mode} dispatches each client uniformly among those free and online: "
+            "fl.sampling=size and fl.fraction_range are for synchronous rounds"
+        )
     buffer = 1 if s.mode == "fedasync" else int(s.buffer)
     if s.concurrency > fl.num_clients or buffer > fl.num_clients:
         raise ConfigError(

@@ -193,35 +193,35 @@ class RayExecutor:
 
     def submit(self, broadcast: Broadcast, payload: ClientPayload) -> Any:
         """One client's fit on the actor hosting it, from `broadcast` (put once per broadcast:
-        the clients of one model version share it). The handle: (payload, broadcast, tries, ref)."""
+        the clients of one model version share it). The handle: (payload, broadcast, tries, ref, actor)."""
         key = id(broadcast)
         if key not in self._broadcasts or self._broadcasts[key][0] is not broadcast:
             self._broadcasts[key] = (broadcast, ray.put(broadcast))
             while len(self._broadcasts) > _BROADCASTS:  # the oldest versions no job starts from now
                 del self._broadcasts[next(iter(self._broadcasts))]
-        ref = self._actor_of(payload).fit.remote(self._broadcasts[key][1], payload)
-        return (payload, broadcast, 0, ref)
+        actor = self._actor_of(payload)
+        return (payload, broadcast, 0, actor.fit.remote(self._broadcasts[key][1], payload), actor)
 
     def take(self, handle: Any) -> Any:
         """The update of a submitted fit; a failed one is retried once (on a fresh actor if its
         actor died), then the run stops with the client and cause (an asynchronous run has no
         round to drop a client from)."""
-        payload, broadcast, tries, ref = handle
+        payload, broadcast, tries, ref, actor = handle
         try:
             return ray.get(ref)
         except (RayTaskError, RayActorError) as e:
             cause = _cause(e)
             index = self.placement.assignment[payload.client_id]
-            if isinstance(e, RayActorError):
-                self._restart(index)
+            if isinstance(e, RayActorError) and self.actors[index] is actor:
+                self._restart(index)  # once per dead actor (its other jobs in flight fail too)
             if tries:
                 msg = f"round {payload.round}: client {payload.client_id} failed: {cause}"
                 self.failures.append(msg)
                 raise ClientFailure(msg) from None
             log.warning("client %s failed (%s); retrying once", payload.client_id, cause)
             self.retries.append(f"round {payload.round}: client {payload.client_id}: {cause}")
-            _, _, _, again = self.submit(broadcast, payload)
-            return self.take((payload, broadcast, 1, again))
+            again = self.submit(broadcast, payload)
+            return self.take((payload, broadcast, 1, *again[3:]))
 
     def evaluate(self, plan: RoundPlan) -> Iterator[Any]:
         return self._run(plan, "evaluate")

@@ -103,11 +103,14 @@ def run_rounds(
     scheduler = scheduler if scheduler is not None else Synchronous()
     line: Line | None = None  # the newest round's line until it is written (`waits`: its evaluation runs)
 
+    started: set[int] = set()  # the rounds whose plan `on_round_start` saw
+
     def configure(state: ServerState, rnd: int) -> RoundPlan:
         # sample clients, the broadcast and each client's payload (to evaluate before it
         # uploads, eval.timing=trained)
         plan = steps.client_eval.before_upload(strategy.configure_round(state, rnd, round_rng(seed, rnd)))
         callbacks.on_round_start(plan)
+        started.add(rnd)
         return plan
 
     try:
@@ -117,6 +120,8 @@ def run_rounds(
             failed, retried = len(executor.failures), len(executor.retries)
             got = scheduler.collect(state, rnd, executor, configure)
             plan, updates = got.plan, got.updates
+            if rnd not in started:  # an asynchronous step: the clients it took, once they are known
+                callbacks.on_round_start(plan)
             tf = time.perf_counter()
             # the previous round's evaluation ends before this round's is prepared: its line now
             _write(line, callbacks)

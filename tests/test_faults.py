@@ -147,3 +147,23 @@ def test_batched_under_ray_each_actor_trains_its_share(tmp_path, data_root, work
         for lines in (ex.retries, ex.failures):  # one line per client
             assert sorted(int(f.split("client ")[1].split()[0].rstrip(":")) for f in lines) == plan.client_ids
             assert all(f.startswith("round 3: client ") and "KeyError" in f for f in lines)
+
+
+def test_a_submitted_fit_whose_actor_dies_is_retried_and_one_that_fails_twice_stops(
+    executor_parts, ray_session
+):
+    """`submit` / `take` (the asynchronous scheduler's): a fit on a killed actor comes back from
+    a fresh one, the same update as the serial host computes; one that raises every time stops
+    the run after its retry, naming client and cause (no round to drop it from)."""
+    p, ex = executor_parts
+    state = p.strategy.init_state(p.init_params)
+    plan = p.strategy.configure_round(state, 1, round_rng(0, 1))
+    dead = ex.actors[0]
+    ray_session.kill(dead)
+    handles = [ex.submit(plan.broadcast, pl) for pl in plan.payloads]
+    updates = [ex.take(h) for h in handles]
+    assert [u.client_id for u in updates] == [0, 1] and ex.actors[0] is not dead
+    assert any("client 0" in r for r in ex.retries)
+    bad = _unloadable(plan.broadcast)
+    with pytest.raises(ClientFailure, match=r"round 1: client 1 failed: KeyError"):
+        ex.take(ex.submit(bad, plan.payloads[1]))

@@ -97,6 +97,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     cmp_.add_argument("--no-plots", action="store_true")
     cmp_.add_argument(
+        "--x", default="round", choices=["round", "time"],
+        help="plot against rounds, or against the virtual clock (virtual_time; docs/async.md)",
+    )  # fmt: skip
+    cmp_.add_argument(
+        "--target", type=float, default=None,
+        help="also give each row's virtual time to reach this value of the metric, paired by seed",
+    )  # fmt: skip
+    cmp_.add_argument(
         "--baseline", default=None,
         help="the row the others are paired against by seed (default: fedavg where present, else the first)",
     )  # fmt: skip
@@ -250,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
 
             paths = [str(resolve_run_path(p)) for p in args.paths]  # inside a Ray job: $FL_LIGHTNING_RUNS
             out = str(resolve_output_dir(args.out)) if args.out else None
-            return compare_command(paths, args.by, args.metric, out, not args.no_plots, args.baseline)
+            return compare_command(
+                paths, args.by, args.metric, out, not args.no_plots, args.baseline, args.x, args.target
+            )
         elif args.cmd == "sync":
             from ..runtime.paths import resolve_run_path
             from .sync import sync_command

@@ -216,6 +216,65 @@ class AggregatorConfig:
 
 
 @dataclass
+class SystemConfig:
+    """The clients' hardware and the server's mode on a virtual clock (`runtime/system.py`,
+    `runtime/scheduler.py`, docs/async.md). The default is today's: every client takes no time,
+    synchronous rounds. A client's update takes examples × epochs × `seconds_per_example` ×
+    its speed factor (drawn once per run: `speed`) × a noise factor (`noise`, mean 1)."""
+
+    mode: Literal["sync", "fedbuff", "fedasync"] = "sync"
+    clock: Literal["virtual"] = "virtual"
+    seconds_per_example: float = 0.0  # 0: every client takes no time
+    #: per-client speed factor: none (1), tiers (uniformly one of `tiers`), lognormal
+    #: (exp N(0, sigma²)), trace (a file of per-client durations in seconds, one a line)
+    speed: Literal["none", "tiers", "lognormal", "trace"] = "none"
+    tiers: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
+    sigma: float = 0.5
+    trace: str | None = None
+    #: each update's noise factor: constant (1), half_normal (|N(0,1)|·sqrt(pi/2)), exponential (Exp(1))
+    noise: Literal["constant", "half_normal", "exponential"] = "constant"
+    #: always, or a fixed fraction online (redrawn each round / each dispatch)
+    availability: Literal["always", "fraction"] = "always"
+    online: float = 1.0
+    #: synchronous rounds: updates arriving more than this many virtual seconds after the round
+    #: started are dropped (and counted); null: none
+    deadline: float | None = None
+    #: synchronous rounds: sample ceil(over_select · K) clients, keep the first K to arrive
+    over_select: float = 1.0
+    concurrency: int = 10  # fedbuff/fedasync: M, clients in flight at all times
+    buffer: int = 10  # fedbuff: K, updates buffered per server step (fedasync: 1)
+    staleness: Literal["constant", "polynomial", "hinge"] = "polynomial"
+    staleness_a: float = 0.5
+    staleness_b: float = 4.0
+    mix: float = 0.6  # fedasync: α, the mixing weight of one arrival
+    max_staleness: int | None = None  # staler updates are dropped (and counted); null: none
+
+    def check(self) -> None:
+        _at_least_zero("system", self, "seconds_per_example", "sigma", "staleness_a", "staleness_b")
+        _positive("system", self, "concurrency", "buffer", "deadline")
+        if not 0.0 < self.online <= 1.0:
+            raise ConfigError(f"system.online must be in (0, 1] (got {self.online})")
+        if self.over_select < 1.0:
+            raise ConfigError(f"system.over_select must be >= 1 (got {self.over_select})")
+        if not 0.0 < self.mix <= 1.0:
+            raise ConfigError(f"system.mix must be in (0, 1] (got {self.mix})")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ConfigError(f"system.max_staleness must be >= 0 (got {self.max_staleness})")
+        if self.speed == "tiers" and (not self.tiers or min(self.tiers) <= 0):
+            raise ConfigError(f"system.tiers must be positive speed factors (got {self.tiers})")
+        if self.speed == "trace" and not self.trace:
+            raise ConfigError("system.speed=trace needs system.trace=<file of per-client durations>")
+        if self.mode == "fedbuff" and self.buffer > self.concurrency:
+            raise ConfigError(
+                f"system.buffer (K={self.buffer}) must be <= system.concurrency (M={self.concurrency})"
+            )
+        if self.mode != "sync" and (self.deadline is not None or self.over_select != 1.0):
+            raise ConfigError(
+                f"system.deadline and system.over_select are for synchronous rounds, not {self.mode}"
+            )
+
+
+@dataclass
 class RuntimeConfig:
     executor: Literal["ray", "serial"] = "ray"
     # "auto" or host:port joins a cluster; null: $RAY_ADDRESS (a Ray job's cluster), else local
@@ -290,6 +349,7 @@ class RootConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     #: modules outside the package imported for the methods they register, comma-separated
     #: (`methods=mypkg.fedfoo`); an installed package can name its modules under the entry-point
@@ -310,6 +370,7 @@ class RootConfig:
             self.checkpoint,
             self.runtime,
             self.aggregator,
+            self.system,
         ):
             section.check()
         cross_check(self)

@@ -40,11 +40,16 @@ class ServerState:
         aggregation: the aggregation chain's memory, one dict per step by name (adaptive
             clipping's bound, an accountant's history), and the last round's chain metrics
             under "metrics" (`core/aggregation.py`); checkpointed, so a resume continues it.
+        schedule: the scheduler's state (`runtime/scheduler.py`): the virtual clock, the
+            server's model version, and the clients in flight with the broadcast each started
+            from; checkpointed, so a resume with clients in flight repeats what they would do.
+            Empty for a synchronous run on no system model.
     """
 
     round: int
     global_params: StateDict | None
     aggregation: dict[str, Any] = field(default_factory=dict)
+    schedule: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -14,7 +14,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from .messages import ServerState
+from .messages import Broadcast, ClientPayload, ServerState
 
 _CLASSES: dict[str, type] = {}
 
@@ -53,7 +53,11 @@ def register_classes(*classes: Any) -> None:
 def register_state_classes(strategy: Any) -> None:
     """Declare the classes checkpoints of `strategy` (a Strategy class) may hold; called for
     every method `METHODS` registers."""
-    register_classes(getattr(strategy, "state_cls", None), *getattr(strategy, "checkpoint_classes", ()))
+    register_classes(
+        getattr(strategy, "state_cls", None),
+        getattr(strategy, "broadcast_cls", None),  # a checkpoint's clients in flight started from one
+        *getattr(strategy, "checkpoint_classes", ()),
+    )
 
 
 def state_class(name: str) -> type | None:
@@ -61,4 +65,4 @@ def state_class(name: str) -> type | None:
     return _CLASSES.get(name)
 
 
-register_classes(ServerState)
+register_classes(ServerState, Broadcast, ClientPayload)  # payloads: a checkpoint's clients in flight

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -84,6 +84,9 @@ class ServerContext:
         unlabeled: the server's unlabeled images (`data.server_subset`, held out of every
             client's data), normalised, on the CPU; None without one.
         seed: the run's seed (`generator` derives from it).
+        staleness: each update's staleness (server versions since the version it started
+            from) in an asynchronous server step (`system.mode=fedbuff|fedasync`); empty in
+            synchronous rounds, where every update is fresh.
     """
 
     round: int
@@ -93,6 +96,7 @@ class ServerContext:
     build_model: Callable[[], nn.Module]
     unlabeled: torch.Tensor | None = None
     seed: int = 0
+    staleness: Mapping[ClientId, int] = dataclasses.field(default_factory=dict)
 
     def generator(self, *tag: int) -> torch.Generator:
         """A CPU torch generator seeded by (seed, round, *tag) alone: an aggregation step's

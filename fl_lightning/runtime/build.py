@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from ..core.metrics import EvalSpec
 from ..core.objective import ClientObjective
 from ..core.params import to_cpu
 from ..core.sampling import Sampling
+from ..core.staleness import Staleness
 from ..core.strategy import Strategy, TaskInfo
 from ..data.federated import FederatedSplit, split_from_config
 from ..data.fmnist_digits20 import COARSE_GROUPS
@@ -110,13 +112,14 @@ def prepare(
     strategy = strategy_cls(
         method_cfg,
         cfg.fl.num_clients,
-        clients_per_round(cfg),
+        sampled_per_round(cfg),
         cfg.seed,
         task,
         aggregator=build_aggregator(cfg),
         sampling=sampling,
     )
     check_aggregation(strategy)
+    check_system(cfg, strategy)
     ev = cfg.eval
     eval_spec = strategy.eval_spec(
         ev.per_class, list(ev.longtail) if ev.longtail is not None else None, ev.threshold
@@ -232,8 +235,60 @@ def on_cpu(cfg: RootConfig) -> bool:
 
 
 def build_aggregator(cfg: RootConfig) -> Aggregator:
-    """The run's aggregation chain, `aggregator.steps` in order (`core/aggregation.py`)."""
-    return Aggregator([AGGREGATION_STEPS[name](cfg) for name in cfg.aggregator.steps])
+    """The run's aggregation chain, `aggregator.steps` in order (`core/aggregation.py`); an
+    asynchronous server mode puts its staleness weights first (`core/staleness.py`)."""
+    steps = [AGGREGATION_STEPS[name](cfg) for name in cfg.aggregator.steps]
+    if cfg.system.mode != "sync":
+        steps.insert(0, Staleness.from_config(cfg))
+    return Aggregator(steps)
+
+
+def sampled_per_round(cfg: RootConfig) -> int:
+    """Clients a round samples: `clients_per_round`, times `system.over_select` (the first K of
+    them to arrive are kept)."""
+    return int(math.ceil(clients_per_round(cfg) * float(cfg.system.over_select) - 1e-9))
+
+
+def check_system(cfg: RootConfig, strategy: Strategy[Any, Any, Any]) -> None:
+    """ConfigError for a `system=` the run's method or sampling cannot take, before any work.
+    The asynchronous modes step the server on K updates that started from different versions:
+    a method's server step must work on the chain's mean alone (FedAvg, FedProx, FedAvgM,
+    FedAdam, FedGLCL, PromptFL, ...), not on a whole round of its clients."""
+    s, fl = cfg.system, cfg.fl
+    if s.over_select != 1.0 and fl.fraction_range is not None:
+        raise ConfigError(
+            "system.over_select keeps the first K of a fixed cohort: set fl.clients_per_round, "
+            "not fl.fraction_range"
+        )
+    if s.mode == "sync":
+        if s.availability != "always":
+            raise ConfigError(
+                "system.availability=fraction is modelled in the asynchronous modes "
+                "(system.mode=fedbuff|fedasync)"
+            )
+        return
+    why = ""
+    if type(strategy).server_update is not Strategy.server_update:
+        why = "its server step needs a whole round of its clients"
+    elif not strategy.aggregates_through_chain or strategy.personalised:
+        why = "it does not aggregate through the chain that weighs stale updates"
+    elif "ctx" not in inspect.signature(type(strategy).aggregate).parameters:
+        why = "its aggregate takes no ctx (the updates' staleness)"
+    if why:
+        raise ConfigError(
+            f"method {strategy.name} cannot run in system.mode={s.mode}: {why}; use system.mode=sync"
+        )
+    if fl.sampling != "uniform" or fl.fraction_range is not None:
+        raise ConfigError(
+            f"system.mode={s.mode} dispatches each client uniformly among those free and online: "
+            "fl.sampling=size and fl.fraction_range are for synchronous rounds"
+        )
+    buffer = 1 if s.mode == "fedasync" else int(s.buffer)
+    if s.concurrency > fl.num_clients or buffer > fl.num_clients:
+        raise ConfigError(
+            f"system.concurrency (M={s.concurrency}) and the buffer (K={buffer}) must be at most "
+            f"fl.num_clients={fl.num_clients}"
+        )
 
 
 def check_aggregation(strategy: Strategy[Any, Any, Any]) -> None:

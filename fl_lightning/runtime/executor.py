@@ -1,6 +1,10 @@
 """Executors decide *where* clients run; strategies never see them (fedjax's
-ForEachClientBackend, Flower's Grid). Both yield results in completion order; the
-round loop sorts them by client id before aggregating, so sums are order-independent.
+ForEachClientBackend, Flower's Grid). `fit` runs a round's cohort and yields results in
+completion order; the scheduler sorts them by client id before aggregating, so sums are
+order-independent. `submit` starts one client's fit from a given broadcast (the model version
+it starts from) and returns a handle; `take` waits for that handle's update. The scheduler
+(`scheduler.py`) decides which handle to take next (virtual arrival time, ties by client id),
+never which worker answers first, so results do not depend on the executor.
 
 Clients' resident state lives in the hosts; `collect_states` streams it out (one client
 at a time, so the driver never holds all of it) for checkpoints, `restore_states` puts
@@ -10,10 +14,10 @@ it back on resume.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..core.bn_stats import BNStats
-from ..core.messages import ClientEval, ClientUpdate, RoundPlan
+from ..core.messages import Broadcast, ClientEval, ClientPayload, ClientUpdate, RoundPlan
 from ..core.types import ClientId, ClientState
 from .host import ClientHost
 
@@ -25,6 +29,14 @@ class Executor(Protocol):
     retries: list[str]
 
     def fit(self, plan: RoundPlan) -> Iterator[ClientUpdate]: ...
+
+    def submit(self, broadcast: Broadcast, payload: ClientPayload) -> Any:
+        """Start one client's fit from `broadcast`; a handle for `take`."""
+        ...
+
+    def take(self, handle: Any) -> ClientUpdate:
+        """The update of a submitted fit, once it is done (each handle is taken once)."""
+        ...
 
     def evaluate(self, plan: RoundPlan) -> Iterator[ClientEval]: ...
 
@@ -56,6 +68,15 @@ class SerialExecutor:
             return
         for payload in plan.payloads:
             yield self.host.fit(plan.broadcast, payload)
+
+    def submit(self, broadcast: Broadcast, payload: ClientPayload) -> Any:
+        # at once: a client is in flight at most once, so each client's fits run in the order
+        # they were submitted here as on Ray (its resident state sees the same sequence)
+        return self.host.fit(broadcast, payload)
+
+    def take(self, handle: Any) -> ClientUpdate:
+        update: ClientUpdate = handle
+        return update
 
     def evaluate(self, plan: RoundPlan) -> Iterator[ClientEval]:
         for payload in plan.payloads:

@@ -26,7 +26,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from ..core.errors import ClientFailure
-from ..core.messages import ClientPayload, RoundPlan
+from ..core.messages import Broadcast, ClientPayload, RoundPlan
 from ..core.types import ClientId, ClientState
 from ..data.registry import ArrayDataset
 from .host import ClientSpec
@@ -36,6 +36,7 @@ from .workers import Idle, WorkerSource, new_worker
 
 log = logging.getLogger(__name__)
 _WINDOW = 4  # tasks in flight per actor (see `RayExecutor._run`)
+_BROADCASTS = 64  # model versions `submit` keeps put (clients in flight start from these)
 
 
 class RayExecutor:
@@ -65,6 +66,7 @@ class RayExecutor:
         self._dataset_ref = ray.put(dataset)  # once; actors read it zero-copy
         self._train, self._test = train, test
         self._setup: dict[int, Any] = {}
+        self._broadcasts: dict[int, tuple[Broadcast, Any]] = {}  # `submit`'s, by identity
         self.reused = 0 if idle.early else len(handles)
         self.prestarted = len(handles) if idle.early else 0
         self.actors: list[Any] = []
@@ -188,6 +190,38 @@ class RayExecutor:
 
     def fit(self, plan: RoundPlan) -> Iterator[Any]:
         return self._run(plan, "fit")
+
+    def submit(self, broadcast: Broadcast, payload: ClientPayload) -> Any:
+        """One client's fit on the actor hosting it, from `broadcast` (put once per broadcast:
+        the clients of one model version share it). The handle: (payload, broadcast, tries, ref, actor)."""
+        key = id(broadcast)
+        if key not in self._broadcasts or self._broadcasts[key][0] is not broadcast:
+            self._broadcasts[key] = (broadcast, ray.put(broadcast))
+            while len(self._broadcasts) > _BROADCASTS:  # the oldest versions no job starts from now
+                del self._broadcasts[next(iter(self._broadcasts))]
+        actor = self._actor_of(payload)
+        return (payload, broadcast, 0, actor.fit.remote(self._broadcasts[key][1], payload), actor)
+
+    def take(self, handle: Any) -> Any:
+        """The update of a submitted fit; a failed one is retried once (on a fresh actor if its
+        actor died), then the run stops with the client and cause (an asynchronous run has no
+        round to drop a client from)."""
+        payload, broadcast, tries, ref, actor = handle
+        try:
+            return ray.get(ref)
+        except (RayTaskError, RayActorError) as e:
+            cause = _cause(e)
+            index = self.placement.assignment[payload.client_id]
+            if isinstance(e, RayActorError) and self.actors[index] is actor:
+                self._restart(index)  # once per dead actor (its other jobs in flight fail too)
+            if tries:
+                msg = f"round {payload.round}: client {payload.client_id} failed: {cause}"
+                self.failures.append(msg)
+                raise ClientFailure(msg) from None
+            log.warning("client %s failed (%s); retrying once", payload.client_id, cause)
+            self.retries.append(f"round {payload.round}: client {payload.client_id}: {cause}")
+            again = self.submit(broadcast, payload)
+            return self.take((payload, broadcast, 1, *again[3:]))
 
     def evaluate(self, plan: RoundPlan) -> Iterator[Any]:
         return self._run(plan, "evaluate")

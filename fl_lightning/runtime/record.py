@@ -54,6 +54,9 @@ class RoundRecord:
     client_failures: list[str] = dataclasses.field(default_factory=list)
     client: dict[str, float] = dataclasses.field(default_factory=dict)  # `client/<k>`: training
     server: dict[str, float] = dataclasses.field(default_factory=dict)  # `server/<k>`
+    #: the virtual clock when the round's server step ran (`runtime/system.py`; 0 on no system model)
+    virtual_time: float = 0.0
+    system: dict[str, float] = dataclasses.field(default_factory=dict)  # `system/<k>`: the scheduler's
     evaluation: dict[str, float] = dataclasses.field(default_factory=dict)  # the global model's
     client_evaluation: dict[str, float] = dataclasses.field(default_factory=dict)  # client_<m>, ...
     bytes_down: int | None = None
@@ -115,6 +118,8 @@ class RoundRecord:
             out["client_failures"] = list(self.client_failures)
         out.update({f"client/{k}": v for k, v in self.client.items()})
         out.update({f"server/{k}": v for k, v in self.server.items()})
+        out["virtual_time"] = self.virtual_time
+        out.update({f"system/{k}": v for k, v in self.system.items()})
         out.update(self.evaluation)
         out.update(self.client_evaluation)
         out.update(dual_metrics(out))  # FLiP's dual: global and personal accuracy's harmonic mean
@@ -129,7 +134,8 @@ class RoundRecord:
     @classmethod
     def from_line(cls, line: dict[str, Any]) -> RoundRecord:
         """The record of a line `line()` wrote (a checkpoint's unwritten line, read back)."""
-        known = {f.name for f in dataclasses.fields(cls)} - {"client", "server", "memory", "evaluation"}
+        dicts = {"client", "server", "system", "memory", "evaluation"}
+        known = {f.name for f in dataclasses.fields(cls)} - dicts
         rec = cls(round=int(line["round"]))
         for k, v in line.items():
             if k in known and k != "round":
@@ -138,6 +144,8 @@ class RoundRecord:
                 rec.client[k.removeprefix("client/")] = v
             elif k.startswith("server/"):
                 rec.server[k.removeprefix("server/")] = v
+            elif k.startswith("system/"):
+                rec.system[k.removeprefix("system/")] = v
             elif k.startswith("driver_"):
                 rec.memory[k] = v
             elif k.startswith("client_") or k == "clients_evaluated":

@@ -27,7 +27,7 @@ import torch
 from ..config import RootConfig, to_yaml
 from ..core.errors import DivergedError
 from ..core.files import open_new
-from ..core.messages import ServerState
+from ..core.messages import RoundPlan, ServerState
 from ..core.strategy import (
     ServerContext,
     Strategy,
@@ -66,6 +66,7 @@ from .callbacks.metrics import wandb_loggers
 from .executor import Executor
 from .placement import Placement
 from .record import RoundRecord
+from .scheduler import Scheduler, Synchronous, scheduler_for, virtual_time
 from .session import Session, Workers
 from .summary import run_summary
 
@@ -94,36 +95,55 @@ def run_rounds(
     steps: RoundSteps,
     callbacks: Callback,
     clock: WallClock,
+    scheduler: Scheduler | None = None,
 ) -> ServerState:
-    """Rounds `state.round + 1` to `last_round`: the algorithm, in order; callbacks observe."""
+    """Rounds (server steps) `state.round + 1` to `last_round`: the algorithm, in order;
+    callbacks observe. `scheduler` decides each step's updates (`scheduler.py`; default:
+    synchronous rounds, every client taking no time)."""
+    scheduler = scheduler if scheduler is not None else Synchronous()
     line: Line | None = None  # the newest round's line until it is written (`waits`: its evaluation runs)
+
+    started: set[int] = set()  # the rounds whose plan `on_round_start` saw
+
+    def configure(state: ServerState, rnd: int) -> RoundPlan:
+        # sample clients, the broadcast and each client's payload (to evaluate before it
+        # uploads, eval.timing=trained)
+        plan = steps.client_eval.before_upload(strategy.configure_round(state, rnd, round_rng(seed, rnd)))
+        callbacks.on_round_start(plan)
+        started.add(rnd)
+        return plan
+
     try:
         for rnd in range(state.round + 1, last_round + 1):
             t0 = time.perf_counter()
-            # 1. configure: sample clients, the broadcast and each client's payload (to evaluate
-            #    before it uploads, eval.timing=trained)
-            plan = steps.client_eval.before_upload(strategy.configure_round(state, rnd, round_rng(seed, rnd)))
-            callbacks.on_round_start(plan)
-            # 2. fit: results come in completion order; sorted, so the sums do not depend on it
+            # 1. configure, 2. fit: the scheduler's updates for this step, in client-id order
             failed, retried = len(executor.failures), len(executor.retries)
-            updates = sorted(executor.fit(plan), key=lambda u: u.client_id)
+            got = scheduler.collect(state, rnd, executor, configure)
+            plan, updates = got.plan, got.updates
+            if rnd not in started:  # an asynchronous step: the clients it took, once they are known
+                callbacks.on_round_start(plan)
             tf = time.perf_counter()
             # the previous round's evaluation ends before this round's is prepared: its line now
             _write(line, callbacks)
             record = RoundRecord.of_fit(
                 rnd, plan, updates, executor.failures[failed:], executor.retries[retried:]
             )
+            record.system = got.system
             finite_losses(record, updates)
             callbacks.on_updates(record, updates)
             t1 = time.perf_counter()
             # 3. aggregate, 4. server update (then fl.bn_stats=recompute: the clients that trained
             #    measure the new global model's batch-norm statistics)
             ctx = context(rnd)
+            if got.staleness:
+                ctx = dataclasses.replace(ctx, staleness=got.staleness)
             state, aggregate_metrics = aggregated(aggregate_with(strategy, state, updates, ctx))
             state, chain_metrics = chain_metrics_of(state)
             state, server_metrics = strategy.server_update(state, updates, ctx)
             record.server = {**chain_metrics, **aggregate_metrics, **server_metrics}
             state = finite_weights(dataclasses.replace(state, round=rnd), record)
+            state = scheduler.stepped(state, rnd)
+            record.virtual_time = virtual_time(state)
             if steps.bn_stats:
                 state = recompute_bn_stats(state, plan, updates, record, strategy, executor)
             t2 = time.perf_counter()
@@ -133,9 +153,12 @@ def run_rounds(
             steps.client_eval.evaluate(state, updates, record, executor)
             record.finish(plan, updates, t0, tf, t1, t2)
             record.wall_time_s = clock.wall(record.done)
-            # the checkpoint holds the round's line as known now; the line is written once complete
+            # the checkpoint holds the round's line as known now (and the clients in flight, in
+            # `state.schedule`); the line is written once complete
             if steps.checkpointer is not None:
-                steps.checkpointer.round_end(state, updates, record, evaluating=line.waits)
+                steps.checkpointer.round_end(
+                    state, updates, record, evaluating=line.waits, trained=got.trained, states=got.states
+                )
             callbacks.on_round_end(state, record)
             if not line.waits:
                 _write(line, callbacks)
@@ -225,7 +248,9 @@ class Run:
                 callbacks.on_line(record)
             self.startup_s = clock.start() - self.started_at
             last, seed = int(cfg.fl.rounds), int(cfg.seed)
-            run_rounds(state, last, p.strategy, workers.executor, seed, self.context, steps, callbacks, clock)
+            sched = scheduler_for(p)
+            ex = workers.executor
+            run_rounds(state, last, p.strategy, ex, seed, self.context, steps, callbacks, clock, sched)
             status = "completed"
         except BaseException as e:
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"  # interrupted: resumable

@@ -135,6 +135,20 @@ class RunResult:
         ok = [r for r in self.records if _number(r.get(key)) and not r.get("diverged")]
         return {int(r["round"]): float(r[key]) for r in ok}
 
+    def time_curve(self, metric: str | None = None) -> list[tuple[float, float]]:
+        """(virtual_time, value) of each evaluated round (`system=`, docs/async.md)."""
+        key = self.metric_key(metric)
+        ok = [r for r in self.records if _number(r.get(key)) and not r.get("diverged")]
+        return [(float(r.get("virtual_time", 0.0)), float(r[key])) for r in ok]
+
+    def time_to(self, target: float, metric: str | None = None) -> float | None:
+        """The virtual time of the first evaluated round whose metric reaches `target` (None: never)."""
+        low = lower_is_better(self.metric_key(metric))
+        for t, v in self.time_curve(metric):
+            if (v <= target) if low else (v >= target):
+                return t
+        return None
+
     def final_best(self, metric: str | None = None) -> tuple[float | None, float | None]:
         """The last evaluated round's value and the best (`lower_is_better`) of any round."""
         curve = self.curve(metric)
@@ -411,6 +425,56 @@ def paired_differences(groups: Sequence[Group], baseline: str | None = None) -> 
     return out
 
 
+def time_to_target(groups: Sequence[Group], target: float, baseline: str | None = None) -> list[str]:
+    """Per group, the virtual time to reach `target` (mean ± std over the runs that reach it), and
+    each group's time minus the baseline's, paired by seed (lower is better)."""
+    from .reproduce import paired
+
+    if not groups:
+        return []
+    metric = groups[0].metric_name
+    sign = "<=" if lower_is_better(metric) else ">="
+    lines = [f"virtual time to {metric} {sign} {target} (seconds; runs that reach it / runs)"]
+    times: dict[str, dict[int, float]] = {}
+    for g in groups:
+        ok = [r for r in g.runs if not r.failed]
+        got = [(r.summary.get("seed"), r.time_to(target, g.metric)) for r in ok]
+        reached = [t for _, t in got if t is not None]
+        times[g.label] = {int(sd): t for sd, t in got if isinstance(sd, int) and t is not None}
+        lines.append(f"  {g.label}  {_pm(_stats(reached), '.1f')}  ({len(reached)}/{len(ok)})")
+    base = baseline_group(groups, baseline)
+    if base is not None:
+        for g in groups:
+            if g is base:
+                continue
+            p = paired(times[g.label], times[base.label], "lower")
+            interval = f" [{p.low:+.1f}, {p.high:+.1f}]" if p.low is not None and p.high is not None else ""
+            mean = "-" if p.mean is None else f"{p.mean:+.1f}"
+            lines.append(f"  {g.label} minus {base.label}, paired by seed: {mean}{interval}  {p.verdict}")
+    return lines
+
+
+def write_time_plots(groups: Sequence[Group], out_dir: Path) -> list[Path]:
+    """Per metric: every run's metric against virtual time, coloured by group
+    (`<metric>_vs_time.png`): the seeds' clocks differ, so no band is drawn."""
+    paths = []
+    for metric, gs in by_metric(groups).items():
+        fig, ax = _figure()
+        for i, g in enumerate(gs):
+            for j, r in enumerate(x for x in g.runs if not x.failed):
+                pts = r.time_curve(g.metric)
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), color=f"C{i % 10}", label=g.legend if j == 0 else None)
+        ax.set_xlabel("virtual time (s)")
+        ax.set_ylabel(f"{metric} ({'lower' if lower_is_better(metric) else 'higher'} is better)")
+        ax.set_title(f"{metric} against virtual time: one line per run", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+        fig.tight_layout()
+        paths.append(save_figure(fig, Path(out_dir) / f"{_safe(metric)}_vs_time.png"))
+    return paths
+
+
 def _paired_lines(pairs: Sequence[dict[str, Any]]) -> list[str]:
     if not pairs:
         return []
@@ -517,8 +581,11 @@ def compare(
     plots: bool = True,
     runs: Sequence[RunResult] | None = None,
     baseline: str | None = None,
+    x: str = "round",
+    target: float | None = None,
 ) -> tuple[str, list[Path]]:
-    """The comparison table (as text) and the files written (plots, compare.json)."""
+    """The comparison table (as text) and the files written (plots, compare.json). `x="time"`:
+    plots against the virtual clock; `target`: each group's virtual time to reach it."""
     if runs is None:
         runs = find_runs(paths or [])
     if not runs:
@@ -531,6 +598,9 @@ def compare(
         valid = ", ".join(sorted({g.label for g in groups}))
         raise ConfigError(f"--baseline {baseline!r} names no row; rows: {valid}")
     table = format_compare(groups, by, None if metric else common_metric(runs), baseline)
+    if target is not None:
+        extra = [ln for gs in by_metric(groups).values() for ln in time_to_target(gs, target, baseline)]
+        table = table + "\n" + _CONTROL.sub("?", "\n".join(extra))
     written: list[Path] = []
     if out_dir is None:  # inside the compared folder, which may not be ours: not through a link
         out_dir = Path(paths[0]) / "compare" if paths else runs[0].run_dir.parent / "compare"
@@ -540,7 +610,7 @@ def compare(
                 "own; remove it, or name one with --out"
             )
     if plots:
-        written += write_plots(groups, out_dir)
+        written += write_time_plots(groups, out_dir) if x == "time" else write_plots(groups, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paired = [p for gs in by_metric(groups).values() for p in paired_differences(gs, baseline)]
     doc = {
@@ -564,10 +634,14 @@ def compare_command(
     out: str | None,
     plots: bool,
     baseline: str | None = None,
+    x: str = "round",
+    target: float | None = None,
 ) -> int:
     keys = [k.strip() for k in by.split(",") if k.strip()] if by else None
     out_dir = Path(out) if out else None
-    table, written = compare([Path(p) for p in paths], keys, metric, out_dir, plots, baseline=baseline)
+    table, written = compare(
+        [Path(p) for p in paths], keys, metric, out_dir, plots, baseline=baseline, x=x, target=target
+    )
     print(table)
     for p in written:
         print(f"wrote {p}")

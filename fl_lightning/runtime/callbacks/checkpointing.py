@@ -49,6 +49,8 @@ class Checkpointer:
         self.client_index = client_index
         #: clients that trained since the last checkpoint (their resident state changed)
         self.changed: set[ClientId] = set()
+        #: states taken when their clients' updates arrived, not yet written (asynchronous runs)
+        self.held: dict[ClientId, ClientState] = {}
         self.meta: dict[str, Any] = {}  # what every checkpoint carries (the W&B run id)
         self.executor: Executor | None = None
 
@@ -67,10 +69,24 @@ class Checkpointer:
             executor.restore_states(self.saved_states(sorted(self.client_index)))
 
     def round_end(
-        self, state: ServerState, updates: Sequence[ClientUpdate], record: RoundRecord, evaluating: bool
+        self,
+        state: ServerState,
+        updates: Sequence[ClientUpdate],
+        record: RoundRecord,
+        evaluating: bool,
+        trained: Sequence[ClientId] | None = None,
+        states: Sequence[tuple[ClientId, ClientState]] | None = None,
     ) -> None:
-        """Round `state.round` ended: checkpoint it if due, with its line as known now."""
-        self.changed.update(u.client_id for u in updates)
+        """Round `state.round` ended: checkpoint it if due, with its line as known now.
+        `trained`: the clients whose fits ended this round, where more than `updates` (a
+        deadline's late ones); `states`: their states as taken when their updates arrived (an
+        asynchronous run, whose clients may be in flight again by now), written in place of
+        collecting them."""
+        if states is not None:
+            self.held.update(states)
+        else:
+            self.changed.update(u.client_id for u in updates)
+            self.changed.update(trained or ())
         if state.round % self.every == 0 or state.round == self.last_round:
             self.save(state, {**self.meta, LINE: record.line(), EVALUATING: evaluating})
 
@@ -83,4 +99,8 @@ class Checkpointer:
                 )
                 self.client_index.update(written)
                 self.changed.clear()
+            if self.held:
+                held = sorted(self.held.items())
+                self.client_index.update(checkpoint.save_client_states(self.run_dir, state.round, held))
+                self.held.clear()
             checkpoint.save(self.run_dir, state, meta, self.client_index)

@@ -108,6 +108,10 @@ def run_rounds(
             failed, retried = len(executor.failures), len(executor.retries)
             updates = sorted(executor.fit(plan), key=lambda u: u.client_id)
             tf = time.perf_counter()
+            # the clients' last act before anything of the server's reads their updates
+            # (secure aggregation masks them here: core/secagg.py)
+            ctx = context(rnd)
+            updates = strategy.aggregator.upload(state, updates, ctx)
             # the previous round's evaluation ends before this round's is prepared: its line now
             _write(line, callbacks)
             record = RoundRecord.of_fit(
@@ -118,7 +122,6 @@ def run_rounds(
             t1 = time.perf_counter()
             # 3. aggregate, 4. server update (then fl.bn_stats=recompute: the clients that trained
             #    measure the new global model's batch-norm statistics)
-            ctx = context(rnd)
             state, aggregate_metrics = aggregated(aggregate_with(strategy, state, updates, ctx))
             state, chain_metrics = chain_metrics_of(state)
             state, server_metrics = strategy.server_update(state, updates, ctx)

@@ -10,15 +10,15 @@ FedAvg's CNN at full width is larger) from random deltas. Per cohort and dropout
            SecAgg+'s graph of k = 2·⌈log2 n⌉ neighbours (every other client when n ≤ k + 1),
            threshold a majority of the k + 1 holders
 
-Time: `client_s`, one client's work (keys, shares, quantising, masking: the clients are run one
-after another in this process, so it is their total / n); `server_s`, the server's (routing,
-summing, unmasking, rebuilding the dropped clients' masks); `plain_s`, the plain mean.
-Bytes: `up_bytes` every client's upload summed (secagg: log2 M bits a coordinate, two public
-keys, the encrypted shares, the dropped clients' shares included; `plain_up_bytes`: the
-surviving clients' updates at 4 bytes a coordinate); `down_bytes` what the secure server
-sends beyond the model (rosters, routed shares, unmask requests). The model's broadcast is the
-same either way and not counted. One process, one thread; times are this machine's, the median
-of `--reps`.
+Time: `client_s`, one client's work (keys, shares, quantising, masking, answering the unmask
+request: the clients are run one after another in this process, so it is their total / n);
+`server_s`, the server's (routing, summing, unmasking, rebuilding the dropped clients' masks);
+`plain_s`, the plain mean. Bytes: `up_bytes`, every client's upload summed (secagg: log2 M bits
+a coordinate, two public keys, the encrypted shares, the dropped clients' shares included, and
+the shares the survivors reveal to unmask); `plain_up_bytes`, the surviving clients' updates at
+4 bytes a coordinate; `down_bytes`, what the secure server sends beyond the model (rosters,
+routed shares, unmask requests). The model's broadcast is the same either way and not counted.
+One process, one thread; times are this machine's, the median of `--reps`.
 
 Run: `python benchmarks/secagg.py --out benchmarks/results/secagg.json`
 """
@@ -82,10 +82,10 @@ def once(n: int, dim: int, dropout: float, seed: int) -> dict:
         "neighbours": server.p.degree(n),
         "threshold": server.t,
         "plain_s": plain_s,
-        "client_s": (t1 - t0) / n,
-        "server_s": t2 - t1,
+        "client_s": (t1 - t0 + server.clients_s) / n,
+        "server_s": t2 - t1 - server.clients_s,
         "plain_up_bytes": 4 * dim * len(survivors),  # the same clients' updates, unmasked
-        "up_bytes": sum(u.upload_nbytes() for u in masked if isinstance(u, MaskedUpdate)),
+        "up_bytes": sum(u.upload_nbytes() for u in masked if isinstance(u, MaskedUpdate)) + server.bytes_up,
         "down_bytes": server.bytes_down,
         "max_error": err,
         "error_bound": len(survivors) * p.step * 150.0 / w,

@@ -57,6 +57,7 @@ from fl_lightning.testing import SIZES3, Toy, cast, f32_tolerances, toy_spec, tr
 from .conftest import small
 from .run_files import assert_same_run, records
 from .test_methods import digits3  # noqa: F401  (a fixture)
+from .test_prompt import _two_rounds, clip_file  # noqa: F401  (a fixture)
 
 
 def round_ctx(rnd: int, seed: int = 0) -> ServerContext:
@@ -379,6 +380,26 @@ def test_secagg_plus_with_fedavg_is_fedavg_within_the_quantisation_error(levels,
         start = got.global_params
     if levels == 2**12:
         assert worst > 0.05  # the quantisation's error shows at this coarse grid
+
+
+def test_promptfl_under_secagg_plus_is_its_unweighted_mean_within_one_step(clip_file):  # noqa: F811
+    """PromptFL (uniform weights: each client weighs itself 1 before secagg_plus) over two
+    rounds with partial participation: each round's context is the plain mean of what the
+    clients uploaded (written out), within one quantisation step 2c/L plus float32 rounding."""
+    from fl_lightning.testing import three_clients, written_mean
+
+    p = SecAggParams()
+    agg = SecureAggregator([SecAggPlus(p)])
+    init, plans, states, host = _two_rounds("promptfl", clip_file, three_clients(), aggregator=agg)
+    assert [pl.client_ids for pl in plans] == [[0, 1], [0, 2]]
+    for plan, got in zip(plans, states, strict=True):
+        ups = [host.fit(plan.broadcast, q) for q in plan.payloads]
+        want = written_mean([u.params for u in ups if u.params], [1] * len(ups))
+        for k, v in want.items():
+            if v.is_floating_point():
+                tol = p.step + 4 * torch.finfo(torch.float32).eps * float(v.abs().max())
+                assert float((got.global_params[k].double() - v.double()).abs().max()) <= tol, k
+        assert not torch.equal(got.global_params["prompt.ctx"], init["prompt.ctx"])
 
 
 def test_dropouts_are_recovered_in_the_mean_and_below_the_threshold_the_round_fails():

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from fl_lightning.config import compose
+from fl_lightning.core.aggregation import ClipL2
 from fl_lightning.core.errors import ConfigError
 from fl_lightning.core.messages import ClientUpdate, ServerState
 from fl_lightning.core.optim import OptimConfig
@@ -521,3 +522,28 @@ def test_a_round_below_the_threshold_fails_in_one_line(tmp_path, data_root, caps
         "fl-lightning: error: round 1: secure aggregation cannot unmask"
     )
     assert json.loads((tmp_path / "default" / "f" / "summary.json").read_text())["status"] == "failed"
+
+
+def test_an_upload_carrying_more_than_params_is_refused():
+    """A method of another package that forgot `reads_each_update`: its own upload fields (here
+    SCAFFOLD's control-variate change) would reach the server in the clear, so the clients'
+    stage refuses them instead of dropping them silently."""
+    from fl_lightning.methods.scaffold import ScaffoldUpdate
+
+    base = {"w": torch.zeros(3)}
+    ups = [ScaffoldUpdate(c, 10, {"w": torch.ones(3)}, c_delta={"w": torch.ones(3)}) for c in range(3)]
+    agg = SecureAggregator([SecAggPlus(SecAggParams(max_weight=10.0))])
+    with pytest.raises(ValueError, match="client 0's upload carries c_delta beside its params"):
+        agg.upload(ServerState(round=0, global_params=base), ups, round_ctx(1))
+
+
+def test_a_step_of_another_package_that_reads_each_update_is_refused_after_secagg_plus():
+    """A registered step with a per-update hook (a privacy package's clipping) after
+    secagg_plus would silently not run: refused when the chain is built."""
+    from fl_lightning.core.aggregation import make_aggregator
+
+    with pytest.raises(
+        ValueError, match="step clip_l2 reads each update, so it must come before secagg_plus"
+    ):
+        make_aggregator([SecAggPlus(), ClipL2(1.0)])
+    assert isinstance(make_aggregator([ClipL2(1.0), SecAggPlus()]), SecureAggregator)

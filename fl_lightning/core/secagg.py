@@ -60,7 +60,7 @@ from .aggregation import (
     register_step,
     step_tag,
 )
-from .errors import ClientFailure
+from .errors import ClientFailure, ConfigError
 from .messages import ClientUpdate, ServerState
 from .types import ClientId, Metrics, StateDict
 
@@ -384,6 +384,7 @@ class SecAggServer:
         self.total: torch.Tensor | None = None
         self.survivors: set[ClientId] = set()
         self.endpoints: dict[ClientId, SecAggClient] = {}  # how to reach a client in stage 3
+        self.layout: Layout | None = None  # which tensors the vector holds (public: the method's)
         self.bytes_down = 0  # what the server sends: rosters, routed ciphertexts, requests
         self.clients_s = 0.0  # seconds the clients spent answering stage 3 (a benchmark's split)
         self.bytes_up = 0  # what the survivors send in stage 3 (their revealed shares)
@@ -440,7 +441,8 @@ class SecAggServer:
             except ShamirError:
                 raise SecAggFailure(
                     f"round {self.round}: secure aggregation cannot unmask the sum: client {owner}'s "
-                    f"{what} has {len(shares)} shares among the {len(survivors)} survivors, threshold "
+                    f"{what} has {len(shares)} share{'' if len(shares) == 1 else 's'} among the "
+                    f"{len(survivors)} survivors, threshold "
                     f"{self.t} ({len(dropped)} of {len(self.roster)} clients dropped after sharing)"
                 ) from None
 
@@ -600,7 +602,13 @@ class SecureAggregator(Aggregator):
         step = self.steps[i]
         assert isinstance(step, SecAggPlus)
         self.p = step.params
-        self.client_steps, self.server_steps = self.steps[:i], self.steps[i + 1 :]
+        self.client_steps = self.steps[:i]  # run by each client on its own update
+        for s in self.steps[i + 1 :]:  # the server has no single update to give them
+            if type(s).one is not AggregationStep.one:
+                raise ConfigError(
+                    f"aggregation step {s.name} reads each update, so it must come before secagg_plus "
+                    "(each client applies it to its own update)"
+                )
         #: the round's server, from `upload` to `result` (the protocol's transient session)
         self._sessions: dict[int, SecAggServer] = {}
         #: the round's cohort (the bound an exact coordinate must keep below M/2 summed)
@@ -624,7 +632,7 @@ class SecureAggregator(Aggregator):
         weights, noise), times w/max_weight, quantised; integer buffers' w·Δ, w and the
         clipped count exact; all as int64 in [0, M)."""
         assert update.params is not None
-        lay = layout_of(base)
+        lay = layout_of({k: base[k] for k in base if k in update.params})
         deltas = {
             k: update.params[k].detach().to("cpu", torch.float64) - base[k].detach().to("cpu", torch.float64)
             for k, _ in lay.floats
@@ -664,6 +672,18 @@ class SecureAggregator(Aggregator):
         if base is None or not any(u.params for u in ups):
             return list(ups)
         cohort = [u for u in ups if u.params]
+        base_fields = {f.name for f in dataclasses.fields(ClientUpdate)}
+        for u in cohort:  # a method's own upload fields would reach the server in the clear
+            extra = [f.name for f in dataclasses.fields(u) if f.name not in base_fields]
+            if extra:
+                raise ValueError(
+                    f"secagg_plus: client {u.client_id}'s upload carries {', '.join(extra)} beside its "
+                    f"params, which the server would read one by one (declare the method's "
+                    f"reads_each_update so such a run is refused before it starts)"
+                )
+        keys = {frozenset(u.params or {}) for u in cohort}
+        if len(keys) != 1:  # the vector's layout is public: every client sends the same tensors
+            raise ValueError("secure aggregation needs every client to upload the same tensors")
         server = SecAggServer(ctx.round, self.p, ctx.generator(step_tag("secagg_plus"), SERVER, 1))
         self.n_max = len(cohort)
         clients = {u.client_id: SecAggClient(u.client_id, ctx.round, self.p, ctx) for u in cohort}
@@ -696,6 +716,7 @@ class SecureAggregator(Aggregator):
                     modulus_bits=self.p.bits,
                 )
             )
+        server.layout = layout_of({k: base[k] for k in base if k in next(iter(keys))})
         self._sessions[ctx.round] = server
         return out
 
@@ -712,12 +733,8 @@ class SecureAggregator(Aggregator):
             )
         memory = {s.name: dict(state.aggregation.get(s.name, {})) for s in self.steps}
         assert state.global_params is not None
-        return SecureAccumulator(
-            base=state.global_params,
-            memory=memory,
-            server=self._sessions[ctx.round],
-            layout=layout_of(state.global_params),
-        )
+        server = self._sessions[ctx.round]
+        return SecureAccumulator(base=state.global_params, memory=memory, server=server, layout=server.layout)
 
     def add(self, acc: Accumulator, update: ClientUpdate, ctx: ServerContext | None = None) -> Accumulator:
         assert isinstance(acc, SecureAccumulator) and acc.server is not None

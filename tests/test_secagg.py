@@ -547,3 +547,29 @@ def test_a_step_of_another_package_that_reads_each_update_is_refused_after_secag
     ):
         make_aggregator([SecAggPlus(), ClipL2(1.0)])
     assert isinstance(make_aggregator([ClipL2(1.0), SecAggPlus()]), SecureAggregator)
+
+
+def test_the_clients_shares_of_the_noise_sum_to_the_central_std_on_the_mean():
+    """m = 4 clients with zero deltas, each adding N(0, σ²C²/m) before quantising: the securely
+    aggregated mean has std σC/m (the central `gaussian` step's), within 5 standard errors over
+    n = 100,000 coordinates (σ̂/σ − 1 ~ 1/√(2n)) plus the rounding's at most step/(2√m)."""
+    from fl_lightning.core.aggregation import Uniform
+    from fl_lightning.core.secagg import DistributedGaussian
+
+    n, m, sigma, clip = 100_000, 4, 1.3, 0.5
+    base = {"a": torch.zeros(n)}
+    state = ServerState(round=0, global_params=base)
+    p = SecAggParams()
+    agg = SecureAggregator([ClipL2(clip), Uniform(), DistributedGaussian(sigma, clip, m), SecAggPlus(p)])
+    ups = [ClientUpdate(c, c + 1, {"a": torch.zeros(n)}) for c in range(m)]
+    ctx = round_ctx(1)
+    masked = agg.upload(state, ups, ctx)
+    acc = agg.start(state, ctx)
+    for u in masked:
+        acc = agg.add(acc, u, ctx)
+    params, _, metrics = agg.result(acc, state, ctx)
+    x = params["a"].double()
+    std = sigma * clip / m
+    assert metrics["secagg_plus/clipped"] == 0.0
+    assert abs(float(x.mean())) <= 5 * std / math.sqrt(n)
+    assert abs(float(x.std()) / std - 1) <= 5 / math.sqrt(2 * n) + p.step / (2 * math.sqrt(m) * std)

@@ -100,16 +100,19 @@ def test_the_model_holds_only_the_prompt_and_a_phrase_reproduces_the_handwritten
     torch.testing.assert_close(shared(shared.encode_images(x)), want, atol=1e-5, rtol=1e-5)
 
 
-def _two_rounds(name: str, clip_file: str, data, task_data: dict | None = None, **model_kw):
+def _two_rounds(name: str, clip_file: str, data, task_data: dict | None = None, aggregator=None, **model_kw):
     """Two rounds of `name` through its strategy and a real host: 3 clients, 2 a round
-    (round 1: clients 0, 1; round 2: clients 0, 2), plain SGD at the kit's rate."""
+    (round 1: clients 0, 1; round 2: clients 0, 2), plain SGD at the kit's rate; `aggregator`:
+    the run's aggregation chain (default: the plain one)."""
     ds, shards = data
     task = TaskInfo(
         num_classes=10, class_names=tuple(DIGIT_NAMES), image_mean=(0.3,), image_std=(0.4,),
         has_client_test_split=True, data=task_data or {},
     )  # fmt: skip
     cls = METHODS.get(name)
-    strategy = cls(cls.config_cls(), num_clients=3, clients_per_round=2, seed=0, task=task)
+    strategy = cls(
+        cls.config_cls(), num_clients=3, clients_per_round=2, seed=0, task=task, aggregator=aggregator
+    )
     kwargs = strategy.model_kwargs(
         "clip_prompt", {"arch": ARCH, "pretrained": clip_file, "n_ctx": 4, **model_kw}
     )

@@ -204,15 +204,34 @@ class AggregatorConfig:
     the mean (σ = `noise_multiplier`). A privacy guarantee with an accountant is `privacy=`'s."""
 
     steps: list[str] = field(default_factory=list)
-    clip: float = 1.0  # C: the L2 bound of one update's delta (clip_l2, gaussian)
-    noise_multiplier: float = 0.0  # σ (gaussian)
+    clip: float = 1.0  # C: the L2 bound of one update's delta (clip_l2, gaussian, distributed_gaussian)
+    noise_multiplier: float = 0.0  # σ (gaussian, distributed_gaussian)
+    # secagg_plus (core/secagg.py, docs/secagg.md): Flower's numbers by default
+    secagg_clip_range: float = 8.0  # c: each coordinate of a weighted update clipped to [-c, c]
+    secagg_levels: int = 4194304  # L = 2^22: [-c, c] quantised to the integers [0, L]
+    secagg_modulus: int = 4294967296  # M = 2^32 (a power of two <= 2^62); needs clients_per_round·L < M
+    secagg_neighbours: int | None = None  # k, even (SecAgg+'s graph); null: every other client (SecAgg)
+    secagg_threshold: int | None = None  # t of the k+1 holders (neighbours, self); null: a majority
+    secagg_dropout: float = 0.0  # fraction of each round's cohort that drops after sharing (simulated)
+    secagg_max_weight: float | None = None  # w enters as w/max_weight; null: the largest client's examples
 
     def check(self) -> None:
         from ..core.chain import check_chain
 
-        _positive("aggregator", self, "clip")
+        _positive("aggregator", self, "clip", "secagg_clip_range", "secagg_levels", "secagg_neighbours",
+                  "secagg_threshold", "secagg_max_weight")  # fmt: skip
         _at_least_zero("aggregator", self, "noise_multiplier")
         check_chain(list(self.steps))
+        m = int(self.secagg_modulus)
+        if m < 2 or m & (m - 1) or m > 2**62:
+            raise ConfigError(f"aggregator.secagg_modulus must be a power of two <= 2^62 (got {m})")
+        if not 0 <= self.secagg_dropout < 1:
+            raise ConfigError(f"aggregator.secagg_dropout must be in [0, 1) (got {self.secagg_dropout})")
+        if self.secagg_neighbours is not None and self.secagg_neighbours % 2:
+            raise ConfigError(
+                f"aggregator.secagg_neighbours must be even (k/2 neighbours each side of a ring; got "
+                f"{self.secagg_neighbours})"
+            )
 
 
 @dataclass
@@ -379,6 +398,25 @@ class RootConfig:
 def cross_check(run: RootConfig) -> None:
     """The checks that read two sections: the one place for them."""
     fl, data, ev = run.fl, run.data, run.eval
+    agg = run.aggregator
+    if "secagg_plus" in agg.steps:
+        m = _per_round(fl)
+        if m * int(agg.secagg_levels) >= int(agg.secagg_modulus):
+            raise ConfigError(
+                f"secagg_plus would overflow: {m} clients a round · {agg.secagg_levels} levels >= modulus "
+                f"{agg.secagg_modulus} (the sum wraps); raise aggregator.secagg_modulus or lower "
+                "aggregator.secagg_levels"
+            )
+        if m < 2:
+            raise ConfigError(
+                f"secagg_plus needs at least 2 clients a round (got {m}): a sum of one is its update"
+            )
+        k = m - 1 if agg.secagg_neighbours is None else min(int(agg.secagg_neighbours), m - 1)
+        if agg.secagg_threshold is not None and int(agg.secagg_threshold) > k + 1:
+            raise ConfigError(
+                f"secagg_plus: aggregator.secagg_threshold={agg.secagg_threshold} exceeds the {k + 1} "
+                f"holders (its {k} neighbours and itself) each of {m} clients a round shares its secrets with"
+            )
     if fl.bn_stats == "local" and not client_tests(data):
         raise ConfigError(
             "fl.bn_stats=local keeps each client's batch-norm statistics, so models are evaluated on "

@@ -54,6 +54,7 @@ __all__ = [
     "GaussianNoise",
     "Uniform",
     "l2_norm",
+    "make_aggregator",
     "register_step",
 ]
 
@@ -119,6 +120,22 @@ class AggregationStep:
     def describe(self) -> dict[str, Any]:
         """The step's settings, as `summary()` and W&B record them."""
         return {"name": self.name}
+
+    def build(self, steps: tuple[AggregationStep, ...]) -> Aggregator | None:
+        """A step that changes how the chain sums (secure aggregation: the server holds only
+        the sum) returns the Aggregator that runs `steps`; None: the plain running sum."""
+        return None
+
+
+def make_aggregator(steps: Sequence[AggregationStep] = ()) -> Aggregator:
+    """The chain of `steps`: the Aggregator a step builds (`AggregationStep.build`), else the
+    plain one."""
+    steps = tuple(steps)
+    for s in steps:
+        agg = s.build(steps)
+        if agg is not None:
+            return agg
+    return Aggregator(steps)
 
 
 #: name -> a factory of the step from the run config (`aggregator.*`, and what other groups
@@ -261,10 +278,18 @@ class Aggregator:
         a chain that already has a step of that name is returned as it is."""
         if any(s.name == step.name for s in self.steps):
             return self
-        return Aggregator((step, *self.steps))
+        return make_aggregator((step, *self.steps))
 
     def describe(self) -> list[dict[str, Any]]:
         return [s.describe() for s in self.steps]
+
+    def upload(
+        self, state: ServerState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
+    ) -> list[ClientUpdate]:
+        """The clients' last act before their updates reach the server (the runner calls it
+        after the fit, before anything of the server's reads them): nothing for the plain
+        chain; secure aggregation masks each update here (`core/secagg.py`)."""
+        return list(updates)
 
     def start(self, state: ServerState, ctx: ServerContext | None = None) -> Accumulator:
         memory = {s.name: dict(state.aggregation.get(s.name, {})) for s in self.steps}

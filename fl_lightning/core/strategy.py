@@ -219,6 +219,10 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
     #: be ignored: such a run is refused), with the reason in `..._why`
     aggregates_through_chain: ClassVar[bool] = True
     aggregates_through_chain_why: ClassVar[str] = ""
+    #: what the server reads of each client's upload beyond the sum of its params (prototypes,
+    #: control variates, logits); secure aggregation, which gives the server only the sum,
+    #: refuses the method naming it. "": nothing (or `aggregates_through_chain_why`)
+    reads_each_update: ClassVar[str] = ""
     #: (fewest, most) clients per round for unstable participation (`fl.fraction_range`);
     #: None: always `clients_per_round`
     participation: tuple[int, int] | None = None

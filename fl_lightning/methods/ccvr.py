@@ -177,6 +177,7 @@ class CCVRObjective(ClientObjective[CCVRBroadcast]):
 
 
 class CCVR(Strategy[CCVRConfig, CCVRState, CCVRBroadcast]):
+    reads_each_update = "it reads each client's per-class feature means and covariances"
     objective_cls = CCVRObjective
 
     def objective_kwargs(self) -> dict[str, Any]:

@@ -168,6 +168,7 @@ def aggregate_class_gradients(
 
 
 class CReFF(Strategy[CReFFConfig, CReFFState, CReFFBroadcast]):
+    reads_each_update = "it reads each client's per-class classifier gradients"
     objective_cls: ClassVar[type[ClientObjective[Any]]] = CReFFObjective
 
     def objective_kwargs(self) -> dict[str, Any]:

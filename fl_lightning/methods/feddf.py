@@ -37,6 +37,8 @@ class ServerDistillation(Strategy[DistillConfigT, ServerState, Broadcast]):
     """FedAvg on the clients, then a distillation on the server's unlabeled images (FedDF,
     FedBE): `distil` gets the round's FedAvg mean (`state.global_params`) and client models."""
 
+    reads_each_update = "it reads each client's model (the distillation's ensemble of teachers)"
+
     def server_update(
         self, state: ServerState, updates: Sequence[ClientUpdate], ctx: ServerContext
     ) -> tuple[ServerState, Metrics]:

@@ -84,6 +84,7 @@ class FedDistillObjective(LocalClassMeans[LogitBroadcast]):
 
 
 class FedDistill(Strategy[FedDistillConfig, DistillState, LogitBroadcast]):
+    reads_each_update = "it reads each client's per-class logits"
     objective_cls = FedDistillObjective
 
     def objective_kwargs(self) -> dict[str, Any]:

@@ -169,6 +169,7 @@ class FedProtoObjective(ClientObjective[BroadcastT]):
 
 
 class FedProto(Strategy[FedProtoConfig, PrototypeState, PrototypeBroadcast]):
+    reads_each_update = "it reads each client's class prototypes"
     objective_cls = FedProtoObjective
 
     def objective_kwargs(self) -> dict[str, Any]:

@@ -52,6 +52,7 @@ class FedTGPObjective(LocalClassMeans[PrototypeBroadcast], FedProtoObjective[Pro
 
 
 class FedTGP(Strategy[FedTGPConfig, FedTGPState, PrototypeBroadcast]):
+    reads_each_update = "it reads each client's class prototypes"
     objective_cls = FedTGPObjective
 
     def objective_kwargs(self) -> dict[str, Any]:

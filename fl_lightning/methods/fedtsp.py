@@ -126,6 +126,7 @@ class FedTSPObjective(LocalClassMeans[TSPBroadcast]):
 
 
 class FedTSP(Strategy[FedTSPConfig, FedTSPState, TSPBroadcast]):
+    reads_each_update = "it reads each client's class prototypes"
     objective_cls = FedTSPObjective
 
     def __init__(self, config: FedTSPConfig, *args: Any, **kwargs: Any) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.aggregation import Uniform, aggregate_chain
+from ..core.aggregation import Uniform
 from ..core.messages import Broadcast, ClientUpdate, ServerState
 from ..core.strategy import ServerContext
 from .configs.promptfl import PromptFLConfig
@@ -37,10 +37,14 @@ class PromptFL(PromptStrategy[PromptFLConfig, ServerState, Broadcast]):
         # weighting is the server's
         return {"own_classes": self.config.own_classes, "trained_classes": self.trained_classes()}
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.config.weighted:
+            # utils.average_weights: Σ w_k / K, the run's chain after the uniform weights (set
+            # here, not per round: under secure aggregation the clients weigh their own updates)
+            self.aggregator = self.aggregator.after(Uniform())
+
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
     ) -> ServerState:
-        if self.config.weighted:
-            return self.average(state, updates, ctx)
-        # utils.average_weights: Σ w_k / K, the run's chain after the uniform weights
-        return aggregate_chain(self.aggregator.after(Uniform()), state, updates, ctx)
+        return self.average(state, updates, ctx)

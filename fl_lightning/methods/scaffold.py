@@ -82,6 +82,7 @@ class ScaffoldObjective(ClientObjective[ScaffoldBroadcast]):
 
 
 class Scaffold(Strategy[ScaffoldConfig, ScaffoldServerState, ScaffoldBroadcast]):
+    reads_each_update = "it reads each client's control-variate change (c_delta)"
     objective_cls = ScaffoldObjective
 
     def objective_kwargs(self) -> dict[str, Any]:

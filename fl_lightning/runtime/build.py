@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from ..config import RootConfig, clients_per_round, participation, resolved_config, validate_registered
-from ..core.aggregation import AGGREGATION_STEPS, Aggregator
+from ..core import secagg
+from ..core.aggregation import AGGREGATION_STEPS, Aggregator, make_aggregator
 from ..core.augment import Augment, black
 from ..core.batched import model_refusal
 from ..core.errors import ConfigError
@@ -115,7 +116,7 @@ def prepare(
         sampled_per_round(cfg),
         cfg.seed,
         task,
-        aggregator=build_aggregator(cfg),
+        aggregator=build_aggregator(cfg, max(len(t) for t in split.train) if split.train else 1),
         sampling=sampling,
     )
     check_aggregation(strategy)
@@ -234,13 +235,27 @@ def on_cpu(cfg: RootConfig) -> bool:
     return rt.accelerator == "cpu" or (rt.accelerator == "auto" and local_resources(cfg)[1] == 0)
 
 
-def build_aggregator(cfg: RootConfig) -> Aggregator:
+def build_aggregator(cfg: RootConfig, largest_client: int = 1) -> Aggregator:
     """The run's aggregation chain, `aggregator.steps` in order (`core/aggregation.py`); an
-    asynchronous server mode puts its staleness weights first (`core/staleness.py`)."""
+    asynchronous server mode puts its staleness weights first (`core/staleness.py`).
+    `largest_client`: the most training examples a client has (secagg_plus's default bound
+    on a weight, so w/max_weight ≤ 1)."""
     steps = [AGGREGATION_STEPS[name](cfg) for name in cfg.aggregator.steps]
+    for i, s in enumerate(steps):
+        if isinstance(s, secagg.SecAggPlus) and s.params.max_weight is None:
+            bound = dataclasses.replace(s.params, max_weight=float(largest_client))
+            steps[i] = dataclasses.replace(s, params=bound)
+        if isinstance(s, secagg.DistributedGaussian):  # each client's share: σ²C²/m of the sum's
+            steps[i] = dataclasses.replace(s, cohort=clients_per_round(cfg))
     if cfg.system.mode != "sync":
+        if any(isinstance(s, secagg.SecAggPlus) for s in steps):
+            raise ConfigError(
+                f"aggregator.steps=[...,secagg_plus] unmasks the sum of a round's cohort, whose clients "
+                f"share their mask seeds with each other; system.mode={cfg.system.mode} steps on K "
+                "updates from different rounds: use system.mode=sync"
+            )
         steps.insert(0, Staleness.from_config(cfg))
-    return Aggregator(steps)
+    return make_aggregator(steps)
 
 
 def sampled_per_round(cfg: RootConfig) -> int:
@@ -298,6 +313,15 @@ def check_aggregation(strategy: Strategy[Any, Any, Any]) -> None:
     if not strategy.aggregator.steps:
         return
     names = ",".join(s.name for s in strategy.aggregator.steps)
+    if isinstance(strategy.aggregator, secagg.SecureAggregator):
+        reads = strategy.reads_each_update or (
+            "" if strategy.aggregates_through_chain else strategy.aggregates_through_chain_why
+        )
+        if reads:
+            raise ConfigError(
+                f"method {strategy.name} cannot run under secagg_plus, which gives the server only the "
+                f"cohort's sum: {reads}"
+            )
     if not strategy.aggregates_through_chain:
         raise ConfigError(
             f"method {strategy.name} does not aggregate through the aggregation chain "

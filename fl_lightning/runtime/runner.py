@@ -123,6 +123,12 @@ def run_rounds(
             if rnd not in started:  # an asynchronous step: the clients it took, once they are known
                 callbacks.on_round_start(plan)
             tf = time.perf_counter()
+            # the clients' last act before anything of the server's reads their updates
+            # (secure aggregation masks them here: core/secagg.py)
+            ctx = context(rnd)
+            if got.staleness:
+                ctx = dataclasses.replace(ctx, staleness=got.staleness)
+            updates = strategy.aggregator.upload(state, updates, ctx)
             # the previous round's evaluation ends before this round's is prepared: its line now
             _write(line, callbacks)
             record = RoundRecord.of_fit(
@@ -134,9 +140,6 @@ def run_rounds(
             t1 = time.perf_counter()
             # 3. aggregate, 4. server update (then fl.bn_stats=recompute: the clients that trained
             #    measure the new global model's batch-norm statistics)
-            ctx = context(rnd)
-            if got.staleness:
-                ctx = dataclasses.replace(ctx, staleness=got.staleness)
             state, aggregate_metrics = aggregated(aggregate_with(strategy, state, updates, ctx))
             state, chain_metrics = chain_metrics_of(state)
             state, server_metrics = strategy.server_update(state, updates, ctx)

@@ -397,6 +397,8 @@ def _step(command: str) -> str:
             "anchors and aliases (&, *) are not allowed",
         ),
         (TINY.replace("title: tiny", "title: {a: 1}"), "title must be text"),
+        (TINY.replace("title: tiny", "title: tiny\nstat: median"), "stat must be one of final|best|last_k"),
+        (TINY.replace("title: tiny", "title: tiny\nmultiplicity: bonf"), "multiplicity must be one of holm"),
         # prepare steps run only pretrain into the folder or teacher build
         (_step("[run, method=fedavg]"), "may run only `pretrain` or `teacher build`"),
         (_step("[pretrain, --out, /tmp/x.pt]"), "writes only inside the folder"),
@@ -545,3 +547,190 @@ def test_a_model_key_the_method_set_is_no_other_setting(tmp_path):
     assert changes(["model.hidden=64"], {"hidden": 99}) == ["model.hidden: 99 -> 64"]
     assert changes(["optim.lr=0.5"], {}) == []
     assert changes([], {"name": "mlp"}) == ["model.name: mlp -> cnn"]
+
+
+HOLM = """
+title: holm
+citation: a test of the multiplicity line, the majority reference and exploratory claims
+stat: final
+stat_note: the paper's protocol
+multiplicity: holm
+decision: read the first claim
+scales:
+  mini:
+    overrides: [data=fmnist]
+    seeds: [0, 1, 2, 3]
+    needs: nothing
+rows:
+  a: {label: A, overrides: [method=fedavg]}
+  b: {label: B, overrides: [method=fedavg]}
+  c: {label: C, overrides: [method=fedavg]}
+  low: {label: below its majority, overrides: [method=fedavg]}
+claims:
+  - {id: a_b, text: A beats B, row: a, baseline: b, metric: client_accuracy}
+  - {id: a_c, text: A beats C, row: a, baseline: c, metric: client_accuracy}
+  - {id: b_c, text: B beats C, row: b, baseline: c, metric: client_accuracy, stat: best}
+  - {id: a_low, text: A beats a degenerate baseline, row: a, baseline: low, metric: client_accuracy}
+  - {id: c_b, text: seen after the runs, row: c, baseline: b, metric: client_accuracy,
+     exploratory: added later}
+"""
+
+
+def test_holm_majority_reference_and_exploratory_claims_by_hand(tmp_path):
+    """Three claims in the family: Holm's adjusted p-values computed here by hand from scipy's
+    paired t-tests; a baseline below its clients' majority reference gives no verdict (and is
+    out of the family); an exploratory claim is marked and out of the family; the declared
+    statistic, its note, the multiplicity rule and the decision rule are printed."""
+    from scipy.stats import ttest_rel
+
+    from fl_lightning.tracking.reproduce import build_report
+
+    finals = {"a": [0.80, 0.83, 0.85, 0.81], "b": [0.78, 0.805, 0.83, 0.79], "c": [0.70, 0.75, 0.83, 0.74],
+              "low": [0.30, 0.35, 0.32, 0.31]}  # fmt: skip
+    runs = tmp_path / "runs"
+    for row, values in finals.items():
+        for seed, v in enumerate(values):
+            d = runs / f"{row}_s{seed}"
+            d.mkdir(parents=True)
+            lines = [{"round": 1, "client_accuracy": v + 0.01, "client_majority_accuracy": 0.6},
+                     {"round": 2, "client_accuracy": v, "client_majority_accuracy": 0.6}]  # fmt: skip
+            (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+            (d / "summary.json").write_text(json.dumps({"status": "completed", "rounds_completed": 2}))
+    (tmp_path / "holm.yaml").write_text(HOLM)
+    spec = load_spec(tmp_path / "holm.yaml")
+    report, numbers = build_report(spec, "mini", runs, [0, 1, 2, 3], "cmd")
+    got = {c["id"]: c for c in numbers["claims"]}
+    best = {k: [x + 0.01 for x in v] for k, v in finals.items()}  # round 1 is each run's best
+    p = {"a_b": ttest_rel(finals["a"], finals["b"]).pvalue, "a_c": ttest_rel(finals["a"], finals["c"]).pvalue,
+         "b_c": ttest_rel(best["b"], best["c"]).pvalue}  # fmt: skip
+    for k, v in p.items():
+        assert got[k]["p"] == pytest.approx(v, rel=1e-9)
+    (i1, p1), (i2, p2), (i3, p3) = sorted(p.items(), key=lambda kv: kv[1])
+    adj1 = min(1.0, 3 * p1)
+    adj2 = max(adj1, min(1.0, 2 * p2))
+    adj3 = max(adj2, min(1.0, p3))
+    for k, v in ((i1, adj1), (i2, adj2), (i3, adj3)):
+        assert got[k]["holm_p"] == pytest.approx(v, rel=1e-9)
+        assert got[k]["holm_verdict"] == ("supported" if v < 0.05 else "inconclusive")
+    assert got["a_b"]["verdict"] == "supported" and got["a_b"]["holm_p"] < 0.05  # survives Holm
+    assert got["a_c"]["verdict"] == "supported" and got["a_c"]["holm_verdict"] == "inconclusive"  # does not
+    assert got["a_low"]["verdict"] == "no verdict" and got["a_low"]["p"] is None
+    assert got["a_low"]["why"] == "baseline below the majority reference: 32.00 vs 60.00"
+    assert got["c_b"]["holm_p"] is None and got["c_b"]["holm_verdict"] == "– (exploratory)"
+    assert "*(exploratory: added later)*" in report
+    assert (
+        "- **Statistic**: declared in the claims file: `final`; the claims use `best`, `final`. the paper's"
+        in report
+    )
+    assert (
+        "- **Multiplicity**: Holm, declared in the claims file" in report and "Family: the 3 claims" in report
+    )
+    assert "(exploratory, outside it: c_b)" in report
+    assert "- **Decision rule** (written in the claims file before the runs): read the first claim" in report
+    # a row at or above its reference keeps its verdict; undeclared files say so
+    undeclared = HOLM.replace("stat: final\n", "").replace("multiplicity: holm\n", "")
+    (tmp_path / "holm.yaml").write_text(undeclared)
+    report, _ = build_report(load_spec(tmp_path / "holm.yaml"), "mini", runs, [0, 1, 2, 3], "cmd")
+    assert "not declared in the claims file (each claim's own, default `final`)" in report
+    assert "- **Multiplicity**: not declared in the claims file" in report
+
+
+def test_provenance_start_times_amendments_and_runs_made_twice(tmp_path):
+    """In a real git repository: annotations committed after the runs (a note, a multiplicity
+    rule, the statistic every claim already used) keep them pre-registered against the commit
+    since which the claims' substance is unchanged; a changed claim does not; a run started
+    before that commit, and a run made twice (an earlier one set aside), are named."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+
+    def commit(message: str) -> tuple[str, str]:
+        git("add", "-A")
+        git("commit", "-qm", message)
+        return git("rev-parse", "HEAD"), git("log", "-1", "--format=%cI")
+
+    git("init", "-q")
+    claims = tmp_path / "conf" / "reproduce" / "tiny.yaml"
+    claims.parent.mkdir(parents=True)
+    claims.write_text(TINY)
+    c1, d1 = commit("claims")
+    out = tmp_path / "out"
+
+    def run(name: str, started: str | None, folder: Path = out / "tiny_mini") -> Path:
+        d = folder / name
+        d.mkdir(parents=True)
+        summary = {"status": "completed", "code": {"commit": c1, "dirty": False},
+                   **({"started_at": started} if started else {})}  # fmt: skip
+        (d / "summary.json").write_text(json.dumps(summary))
+        return d
+
+    later = "2999-01-01T00:00:00+00:00"
+    runs = [run("fast_s0", later), run("slow_s0", later)]
+    lines, nums = provenance(claims, runs)
+    assert nums["pre_registered"] and "Runs started 2999-01-01T00:00:00+00:00" in "\n".join(lines)
+    claims.write_text(
+        TINY.replace("title: tiny", "title: tiny\nstat: final\nmultiplicity: holm\nstat_note: x")
+    )
+    c2, _ = commit("annotations after the runs")
+    lines, nums = provenance(claims, runs)
+    assert nums["claims_commit"] == c2 and nums["claims_substance_since"] == c1 and nums["pre_registered"]
+    assert f"is unchanged since `{c1[:10]}`" in "\n".join(lines)
+    early = run("fast_s1", "2000-01-01T00:00:00+00:00")
+    lines, nums = provenance(claims, [*runs, early])
+    assert not nums["pre_registered"] and nums["started_before_claims"] == ["fast_s1"]
+    assert "**Started before the claims' commit**: fast_s1." in "\n".join(lines)
+    run("fast_s0", later, out / "set_aside" / "20261129-070000")
+    lines, nums = provenance(claims, runs)
+    assert nums["run_more_than_once"] == {"fast_s0": ["20261129-070000"]}
+    assert "**Run more than once**" in "\n".join(lines)
+    claims.write_text(claims.read_text().replace("metric: accuracy}", "metric: accuracy, stat: best}"))
+    c3, _ = commit("a claim's statistic changed after the runs")
+    _, nums = provenance(claims, runs)
+    assert nums["claims_substance_since"] == c3 and not nums["pre_registered"]
+    assert d1  # the claims' first commit has a date git reports
+
+
+def test_provenance_survives_a_rebase_of_the_claims_commit(tmp_path):
+    """Runs made at a commit that a rebase later rewrote (the claims re-committed under another
+    hash): checked against their own commit's history, which holds the same claims committed
+    before they started; pre-registered, and the report says how it was checked. Runs made at a
+    commit whose claims differ are not."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    claims = tmp_path / "conf" / "reproduce" / "tiny.yaml"
+    claims.parent.mkdir(parents=True)
+    claims.write_text(TINY.replace("metric: accuracy}", "metric: accuracy, stat: best}"))
+    git("add", "-A")
+    git("commit", "-qm", "other claims")
+    before = git("rev-parse", "HEAD")
+    claims.write_text(TINY)
+    git("add", "-A")
+    git("commit", "-qm", "claims")
+    c1 = git("rev-parse", "HEAD")
+
+    def run(name: str, commit: str) -> Path:
+        d = tmp_path / "out" / name
+        d.mkdir(parents=True)
+        summary = {"status": "completed", "code": {"commit": commit, "dirty": False},
+                   "started_at": "2999-01-01T00:00:00+00:00"}  # fmt: skip
+        (d / "summary.json").write_text(json.dumps(summary))
+        return d
+
+    runs = [run("fast_s0", c1), run("slow_s0", c1)]
+    git("checkout", "-q", "--orphan", "rebased")  # the same tree, a new history without c1
+    git("commit", "-qm", "claims, rebased")
+    lines, nums = provenance(claims, runs)
+    assert nums["claims_commit"] != c1 and nums["pre_registered"]
+    assert nums["checked_in_own_history"] == ["fast_s0", "slow_s0"]
+    assert "2 runs ran at a commit outside this history" in "\n".join(lines)
+    _, nums = provenance(claims, [run("fast_s1", before)])  # its claims said stat: best
+    assert not nums["pre_registered"] and nums["checked_in_own_history"] == []

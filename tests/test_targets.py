@@ -85,3 +85,44 @@ def test_fedtsp_prompt_tuning_works_through_permuted_and_centred_targets(text):
     )
     out = perm.tune(ctx, torch.tensor(2.0), image, steps=1, lr=1.0)
     assert out.losses[-1] < out.losses[0] and not torch.equal(out.ctx, ctx)
+
+
+@pytest.fixture(scope="module")
+def digits20_text() -> torch.Tensor:
+    from fl_lightning.data import fmnist_digits20 as fd
+
+    t = class_text_features({"name": "minilm"}, list(fd.CLASSES), templates=["The photo contains {}."])
+    assert isinstance(t, torch.Tensor)
+    return t
+
+
+def test_controls_inside_the_coarse_groups(digits20_text):
+    """E4's missing controls on MiniLM's real fmnist_digits20 label texts: `permuted_within`
+    moves every class inside its group; `group_only` keeps the text's mean cosine between the
+    groups and inside each group exactly, and has no structure inside a group."""
+    from fl_lightning.data import fmnist_digits20 as fd
+
+    text, groups = digits20_text, fd.COARSE_GROUPS[fd.NAME]
+    g = torch.tensor(groups)
+    for seed in range(3):
+        out = class_targets("permuted_within", text, seed, groups)
+        perm = [int(torch.nonzero((text == out[c]).all(1)).flatten()[0]) for c in range(20)]
+        assert all(perm[c] != c and groups[perm[c]] == groups[c] for c in range(20))
+        # the same vectors, relabelled (BLAS's summation order: 384 x 2^-24 at most)
+        torch.testing.assert_close(out @ out.T, (text @ text.T)[perm][:, perm], atol=2.5e-5, rtol=0)
+    u = torch.nn.functional.normalize(text.double(), dim=-1)
+    only = class_targets("group_only", text, 0, groups).double()
+    torch.testing.assert_close(only.norm(dim=-1), torch.ones(20, dtype=torch.float64), atol=1e-6, rtol=0)
+    off = ~torch.eye(20, dtype=torch.bool)
+    for name, block in (("between", g[:, None] != g[None, :]),
+                        ("clothing", (g == 0)[:, None] & (g == 0)[None, :] & off),
+                        ("digits", (g == 1)[:, None] & (g == 1)[None, :] & off)):  # fmt: skip
+        want = float((u @ u.T)[block].mean())
+        got = (only @ only.T)[block]
+        # float32 storage of unit vectors: ~1e-7 per cosine; every pair in a block alike
+        assert float(got.min()) == pytest.approx(want, abs=1e-6), name
+        assert float(got.max()) == pytest.approx(want, abs=1e-6), name
+    with pytest.raises(ConfigError, match="needs the classes' coarse groups"):
+        class_targets("group_only", text, 0)
+    with pytest.raises(ConfigError, match="coarse group 1 has one class"):
+        class_targets("permuted_within", text[:3], 0, (0, 0, 1))

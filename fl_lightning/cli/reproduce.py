@@ -375,38 +375,132 @@ def _git(root: Path, *args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def provenance(claims: Path, run_dirs: Sequence[Path]) -> tuple[list[str], dict[str, Any]]:
-    """The report's provenance: the last commit of the claims file, the commit each run ran at
-    (its summary's `code`, `runtime/summary.py`) and whether the claims are older than every
-    run: pre-registered only where each run records a clean commit that contains the claims'."""
+def _substance(spec: Spec) -> str:
+    """What decides a claims file's verdicts: its scales, rows and each claim's rows, metric,
+    statistic and direction (not its wording, references, notes or multiplicity rule, which
+    annotate the same test)."""
+    claims = [(c.id, c.row, c.baseline, c.metric, c.stat, c.direction) for c in spec.claims]
+    return repr((sorted(spec.scales.items()), sorted(spec.rows.items()), claims))
+
+
+def claims_history(claims: Path, rev: str = "HEAD") -> tuple[str | None, str | None, str | None, str | None]:
+    """(last commit, its date, the commit since which the claims' substance (`_substance`) is
+    what the file on disk says, its date) of a committed claims file, in `rev`'s history; Nones
+    where git cannot tell (the third and fourth when even `rev`'s version differs)."""
+    import tempfile
+
     root = claims.resolve().parent
-    log = _git(root, "log", "-1", "--format=%H %cI", "--", claims.name)
+    log = _git(root, "log", "--format=%H %cI", rev, "--", claims.name)
+    if not log:
+        return None, None, None, None
+    history = [line.split(" ", 1) for line in log.splitlines()]
+    last, last_date = history[0]
+    try:
+        now: str | None = _substance(load_spec(claims))
+    except ConfigError:  # a file today's reader refuses: its versions compared as text
+        now = None
+    raw = claims.read_text().strip() if claims.is_file() else None
+    since: str | None = None
+    since_date: str | None = None
+    with tempfile.TemporaryDirectory() as tmp:
+        for commit, date in history:
+            text = _git(root, "show", f"{commit}:./{claims.name}")
+            old = Path(tmp) / claims.name
+            old.write_text((text or "") + "\n")
+            try:
+                same = text is not None and (
+                    _substance(load_spec(old)) == now if now is not None else text.strip() == raw
+                )
+            except ConfigError:  # a version today's reader refuses: the same only as text
+                same = text is not None and now is None and text.strip() == raw
+            if not same:
+                break
+            since, since_date = commit, date
+    return last, last_date, since, since_date
+
+
+def _earlier_runs(folder: Path, name: str) -> list[str]:
+    """The earlier runs of the same name a `--restart` moved aside (`<out>/set_aside/<time>/`)."""
+    aside = folder / "set_aside"
+    return sorted(p.parent.name for p in aside.glob(f"*/{name}")) if aside.is_dir() else []
+
+
+def provenance(claims: Path, run_dirs: Sequence[Path]) -> tuple[list[str], dict[str, Any]]:
+    """The report's provenance: the last commit of the claims file (and the one since which what
+    decides its verdicts is unchanged), the commit each run ran at (its summary's `code`,
+    `runtime/summary.py`) and its start time, and whether the claims are older than every run:
+    pre-registered only where each run records a clean commit that contains the claims' and none
+    started before that commit. Runs started before the claims' commit, or run more than once (an
+    earlier run of the name set aside by `--restart`), are named."""
+    root = claims.resolve().parent
     changed = _git(root, "status", "--porcelain", "--", claims.name)
-    claims_commit, claims_date = log.split(" ", 1) if log else (None, None)
+    claims_commit, claims_date, since, since_date = claims_history(claims)
     at: dict[str, list[str]] = {}  # "<commit>" / "<commit> (dirty)" / "not recorded" -> runs
-    older = claims_commit is not None and not changed
+    older = since is not None and not changed
+    early: list[str] = []  # started before the claims' commit
+    by_content: list[str] = []  # runs whose commit is not in this history, checked by its own
+    other: dict[str, tuple[str | None, str | None, str | None, str | None]] = {}
+    unstarted: list[str] = []  # no start time recorded (runs from before summaries had one)
+    twice: dict[str, list[str]] = {}
+    starts: list[str] = []
     for d in run_dirs:
-        code = read_run(d).summary.get("code") if d.is_dir() else None
+        summary = read_run(d).summary if d.is_dir() else {}
+        code = summary.get("code")
+        earlier = _earlier_runs(d.parent.parent, d.name)
+        if earlier:
+            twice[d.name] = earlier
         if not isinstance(code, dict) or not code.get("commit"):
             at.setdefault("not recorded", []).append(d.name)
             older = False
             continue
         at.setdefault(code["commit"] + (" (dirty)" if code.get("dirty") else ""), []).append(d.name)
-        contains = _git(root, "merge-base", "--is-ancestor", claims_commit or "", code["commit"])
+        contains = _git(root, "merge-base", "--is-ancestor", since or "", code["commit"])
+        run_since_date = since_date
+        if contains is None and since is not None:
+            # not in this history (a rebase rewrote the commits): the run's own commit must hold
+            # these claims, committed before it started, as its history tells
+            if code["commit"] not in other:
+                other[code["commit"]] = claims_history(claims, code["commit"])
+            _, _, theirs, run_since_date = other[code["commit"]]
+            if theirs is not None:
+                contains = ""
+                by_content.append(d.name)
         if code.get("dirty") or contains is None:
             older = False
+        started = summary.get("started_at")
+        if not isinstance(started, str):
+            unstarted.append(d.name)
+        else:
+            starts.append(started)
+            if run_since_date is not None and _utc(started) < _utc(run_since_date):
+                early.append(d.name)
+                older = False
     why = (
-        "every run ran at a clean commit that contains the claims file's last commit"
+        "every run ran at a clean commit that contains the claims' commit"
+        + (", and started after it" if not unstarted else f"; {len(unstarted)} runs record no start time")
         if older
         else "the claims file is uncommitted or changed since"
-        if claims_commit is None or changed
-        else "not every run records a clean commit that contains the claims file's last commit"
+        if since is None or changed
+        else f"{len(early)} runs started before the claims' commit"
+        if early
+        else "not every run records a clean commit that contains the claims' commit"
+    )
+    head = (
+        f"`{claims_commit[:10]}` ({claims_date})"
+        + (
+            f"; what decides its verdicts (scales, rows, claims' rows, metrics, statistics, directions) "
+            f"is unchanged since `{since[:10]}` ({since_date}), the commit the runs are checked against"
+            if since and since != claims_commit
+            else ""
+        )
+        if claims_commit
+        else "no commit"
     )
     lines = [
         "## Provenance",
         "",
         f"Claims file `conf/reproduce/{claims.name}`: last committed in "
-        + (f"`{claims_commit[:10]}` ({claims_date})" if claims_commit else "no commit")
+        + head
         + (" and changed since (uncommitted)" if changed else "")
         + ".",
         "",
@@ -414,11 +508,38 @@ def provenance(claims: Path, run_dirs: Sequence[Path]) -> tuple[list[str], dict[
         "|---|---|",
         *(f"| `{k}` | {len(v)}: {', '.join(v)} |" for k, v in at.items()),
         "",
-        f"Pre-registered: **{'yes' if older else 'no'}** ({why}).",
     ]
-    numbers = {"claims_commit": claims_commit, "claims_date": claims_date, "claims_changed": bool(changed),
-               "runs_at": at, "pre_registered": older}  # fmt: skip
+    if starts:
+        lines.append(f"Runs started {min(starts)} to {max(starts)} (UTC, their `summary.json`'s `started_at`)"
+                     + (f"; {len(unstarted)} record no start time." if unstarted else "."))  # fmt: skip
+    elif run_dirs:
+        lines.append("No run records its start time (`started_at` came after these runs).")
+    if early:
+        lines.append(f"**Started before the claims' commit**: {', '.join(early)}.")
+    if by_content:
+        lines.append(
+            f"{len(by_content)} runs ran at a commit outside this history (rewritten by a rebase); each "
+            "was checked against its own commit's history, which holds these claims committed before it "
+            "started."
+        )
+    if twice:
+        named = "; ".join(f"{k} ({', '.join(v)})" for k, v in sorted(twice.items()))
+        lines.append(f"**Run more than once** (an earlier run set aside by `--restart`): {named}.")
+    lines += ["", f"Pre-registered: **{'yes' if older else 'no'}** ({why})."]
+    numbers = {"claims_commit": claims_commit, "claims_date": claims_date, "claims_substance_since": since,
+               "claims_substance_since_date": since_date, "claims_changed": bool(changed), "runs_at": at,
+               "started_before_claims": early,
+               "checked_in_own_history": by_content, "start_not_recorded": unstarted,
+               "run_more_than_once": twice,
+               "pre_registered": older}  # fmt: skip
     return lines, numbers
+
+
+def _utc(stamp: str) -> Any:
+    """An ISO 8601 time (git's %cI, summary.json's started_at) as an aware datetime."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp)
 
 
 def reproduce_command(

@@ -41,12 +41,18 @@ def within(
 
 #: the class targets' controls of the text-using methods (`text/targets.py` builds them)
 TARGETS = ("text", "permuted", "orthogonal", "uniform", "centred")
+#: the oracle targets (`text/oracle.py`: class means of held-out inputs), FedGLCL's only so far
+ORACLE_TARGETS = ("oracle", "oracle_permuted", "oracle_permuted_within", "oracle_half")
+#: controls inside coarse groups (`text/targets.py`, E4's missing ones): the text deranged within
+#: each group, and a table with the text's group structure and nothing inside a group; FedLGT's
+GROUP_TARGETS = ("permuted_within", "group_only")
 
 
-def check_targets(kind: str, key: str = "method.targets") -> None:
-    """A bad value: one ConfigError line naming the key and the choices."""
-    if kind not in TARGETS:
-        raise ConfigError(f"{key}={kind!r} is not one of: {', '.join(TARGETS)}")
+def check_targets(kind: str, key: str = "method.targets", extra: tuple[str, ...] = ()) -> None:
+    """A bad value: one ConfigError line naming the key and the choices (`TARGETS` + `extra`,
+    the kinds only some methods build)."""
+    if kind not in TARGETS + extra:
+        raise ConfigError(f"{key}={kind!r} is not one of: {', '.join(TARGETS + extra)}")
 
 
 def one_of(config: Any, key: str, choices: tuple[str, ...]) -> None:

@@ -11,9 +11,11 @@ Options from the paper: prompt ensembles (`templates=imagenet80`), random or ran
 orthogonal class vectors instead of text (Table 10), and FedGLCL+FedProx / +MOON
 (`prox_mu`, `moon_mu`: the language loss replaces cross-entropy inside those methods).
 `targets` is the controls switch all text-using methods share (`text/targets.py`: text,
-permuted, orthogonal, uniform, centred); `class_embedding` is the older one, kept so the
-committed reports rerun (its `random` is normalised randn: near-orthogonal in 384-d, unlike
-the paper's correlated random tensors, which `targets=uniform` gives).
+permuted, orthogonal, uniform, centred), plus the oracle targets, FedGLCL's only
+(`text/oracle.py`: held-out class means, the positive control of experiment E6);
+`class_embedding` is the older one, kept so the committed reports rerun (its `random` is
+normalised randn: near-orthogonal in 384-d, unlike the paper's correlated random tensors,
+which `targets=uniform` gives).
 
 The projector (`projector`): `linear` (Linear to the text dimension), `bn` (Linear → BN1d)
 or `bn_relu` (Linear → BN1d → ReLU, the authors' AlexNet head). The default `auto` is
@@ -37,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.checks import ORACLE_TARGETS
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ServerState
 from ..core.strategy import Strategy
@@ -146,11 +149,29 @@ class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
         )
         text = class_text_features(text_cfg, list(self.task.class_names), templates=templates)
         assert isinstance(text, torch.Tensor)  # without return_info: the features alone
+        self.oracle_info: dict[str, Any] = {}
         # Derived from the config alone (cached on disk), so a resumed run gets the same.
-        self.class_features = class_targets(
-            config.targets, class_vectors(config.class_embedding, text, self.seed), self.seed
-        )
+        if config.targets in ORACLE_TARGETS:
+            self.class_features = self.oracle(config, int(text.shape[1]))
+        else:
+            self.class_features = class_targets(
+                config.targets, class_vectors(config.class_embedding, text, self.seed), self.seed
+            )
         self.text_encoder = text_cfg["name"]
+
+    def oracle(self, config: FedGLCLConfig, dim: int) -> torch.Tensor:
+        """The oracle targets (`text/oracle.py`): the held-out class means in `dim` dimensions."""
+        from ..data.fmnist_digits20 import COARSE_GROUPS
+        from ..data.registry import load_from_config
+        from ..text.oracle import held_out_class_means, oracle_targets, pca_keep_gram
+
+        start = config.oracle_holdout_from
+        start = int(start if start is not None else self.task.data["train_subset"])
+        ds = load_from_config({**self.task.data, "train_subset": None})  # every image, the hold-out's
+        means, counts = held_out_class_means(ds, start)
+        vectors = pca_keep_gram(means, dim)
+        self.oracle_info = {"oracle_holdout_from": start, "oracle_images": int(sum(counts))}
+        return oracle_targets(config.targets, vectors, self.seed, COARSE_GROUPS.get(self.task.dataset))
 
     def objective_kwargs(self) -> dict[str, Any]:
         return super().objective_kwargs() | {"text_dim": int(self.class_features.shape[1])}
@@ -168,3 +189,7 @@ class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
             "text_encoder": self.text_encoder,
             "text_dim": int(self.class_features.shape[1]),
         }
+
+    def run_summary(self) -> dict[str, Any]:
+        """The oracle's hold-out (where its images start, how many), in `summary.json`."""
+        return super().run_summary() | self.oracle_info

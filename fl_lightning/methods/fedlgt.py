@@ -135,7 +135,9 @@ class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
             g = torch.Generator().manual_seed(self.seed)
             labels = F.normalize(torch.randn(labels.shape, generator=g), dim=-1)
             states = F.normalize(torch.randn(states.shape, generator=g), dim=-1)
-        labels = class_targets(config.targets, labels, self.seed)
+        from ..data.fmnist_digits20 import COARSE_GROUPS
+
+        labels = class_targets(config.targets, labels, self.seed, COARSE_GROUPS.get(self.task.dataset))
         # another draw than the labels' (the same seed would make the uniform states the first label rows)
         states = class_targets(config.state_targets, states, self.seed + 7919)
         # learned tables stay parameters of the model (None); FedC-Tran next to FedLGT: the same width

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,7 @@ def run_summary(
         "threads_per_client": placement.threads if placement else None,
         "machine": machine(),  # where it ran: a report of its runs says so, not where it is written
         "code": this_code(),  # the commit it ran at: a report checks its claims are older
+        **run_times(records),  # when: a report flags runs started before their claims were committed
     }
     out["variant"] = variant_of(cfg)  # what sets it apart in its experiment: `compare --by variant`
     if cfg.row:
@@ -103,6 +105,18 @@ def run_summary(
             metric, level, margin = chance
             out["chance_level"] = {"metric": metric, "level": round(level, 6), "margin": round(margin, 6)}
     return out
+
+
+def run_times(records: list[dict[str, Any]]) -> dict[str, str]:
+    """`finished_at`: now (UTC, the summary is written as the run ends); `started_at`: that
+    minus the run's wall time (its last line's `wall_time_s`; a resumed run's counts its
+    rounds, not the pause between), to the second."""
+    now = datetime.now(timezone.utc)
+    wall = next((float(r["wall_time_s"]) for r in reversed(records) if "wall_time_s" in r), 0.0)
+    return {
+        "started_at": (now - timedelta(seconds=wall)).isoformat(timespec="seconds"),
+        "finished_at": now.isoformat(timespec="seconds"),
+    }
 
 
 #: what the code of a run is: the package, its configs and its dependencies (not the results

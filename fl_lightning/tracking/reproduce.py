@@ -16,7 +16,14 @@
 - `claims`: "row beats baseline on metric", with the direction the paper claims and the
   statistic of each run it is judged on, the one the paper reports (`stat`: `final`, the last
   evaluated round, the default; `best`, the best round; `last_k`, the mean of the last 5);
-- `metrics` (optional): more per-round metrics to tabulate beside the claimed ones.
+- `metrics` (optional): more per-round metrics to tabulate beside the claimed ones;
+- `stat` (the declared statistic, the default of every claim that names none) and `stat_note`
+  (where and why it departs from the paper's protocol; the report prints it beside the claims);
+- `multiplicity`: `holm` (the report adds Holm-adjusted p-values over the file's claims and the
+  verdict each keeps under them) or `none` (each claim stands alone; the report says so);
+- `decision` (optional): the decision rule written before the runs, printed in the report;
+- a claim's `exploratory` (optional): why it is not confirmatory (added after its runs were
+  seen): the report marks it and leaves it out of the multiplicity family.
 
 A scale may `prepare` what its runs need before they start (a pretrained trunk: `fl-lightning
 pretrain`; CLIP2FL's teachers: `fl-lightning teacher build`): each step gives the
@@ -69,6 +76,8 @@ from .loggers import read_jsonl
 SCALES = ("mini", "paper")
 STATS = ("final", "best", "last_k")
 LAST_K = 5  # `last_k`: the mean of the last LAST_K evaluated rounds
+#: a metric's majority-class reference, recorded beside it in each round's line
+REFERENCES = {"client_accuracy": "client_majority_accuracy"}
 #: a claim's verdict needs at least this many seed pairs (two give one degree of freedom: an
 #: interval so wide, or with equal differences so narrow, that it says nothing)
 MIN_PAIRS = 3
@@ -78,6 +87,7 @@ PRETRAIN_FLAGS = {"--out", "--holdout-from", "--holdout-size", "--epochs", "--lr
 WRITES_ELSEWHERE = {"output_dir", "data.root"}
 NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 ROW_KEYS = {"label", "overrides", "by_scale", "scales", "paper", "runs_of", "metric_prefix"}
+MULTIPLICITY = ("holm", "none")
 
 
 @dataclass(frozen=True)
@@ -130,6 +140,7 @@ class Claim:
     stat: str = "final"  # final | best | last_k: what the paper reports (its tables' protocol)
     direction: str = "higher"  # higher | lower: what the paper claims of row - baseline
     paper_ref: str = ""
+    exploratory: str = ""  # why it is not confirmatory (added after its runs): outside the family
 
 
 @dataclass(frozen=True)
@@ -141,6 +152,10 @@ class Spec:
     rows: dict[str, Row]
     claims: list[Claim]
     metrics: tuple[str, ...] = ()
+    stat: str | None = None  # the declared statistic (None: the file declares none)
+    stat_note: str = ""  # where the statistic departs from the paper's protocol, and why
+    multiplicity: str | None = None  # holm | none (None: the file declares nothing)
+    decision: str = ""  # the decision rule, written before the runs
 
     def rows_for(self, scale: str) -> list[Row]:
         return [r for r in self.rows.values() if scale in r.scales]
@@ -162,7 +177,18 @@ class Spec:
 #: a claims file is a few kilobytes; these bound what a planted one can make us parse
 MAX_BYTES = 256 << 10
 MAX_DEPTH = 8  # rows.<id>.paper.<metric> is the deepest a claims file goes (4)
-SPEC_KEYS = {"title", "citation", "scales", "rows", "claims", "metrics"}
+SPEC_KEYS = {
+    "title",
+    "citation",
+    "scales",
+    "rows",
+    "claims",
+    "metrics",
+    "stat",
+    "stat_note",
+    "multiplicity",
+    "decision",
+}
 SCALE_KEYS = {"overrides", "seeds", "needs", "reach", "prepare", "requires"}
 CLAIM_KEYS = {f.name for f in dataclasses.fields(Claim)}
 
@@ -356,12 +382,21 @@ def load_spec(path: Path) -> Spec:
         src = rows.get(row.runs_of) if row.runs_of is not None else row
         if src is None or src.runs_of is not None or not set(row.scales) <= set(src.scales):
             raise chk.fail(f"rows.{row.id}.runs_of", "must name a row with runs of its own in its scales")
+    declared = None if doc.get("stat") is None else chk.text(doc["stat"], "stat")
+    if declared is not None and declared not in STATS:
+        raise chk.fail("stat", f"must be one of {'|'.join(STATS)} (got {_short(declared)})")
+    multiplicity = None if doc.get("multiplicity") is None else chk.text(doc["multiplicity"], "multiplicity")
+    if multiplicity is not None and multiplicity not in MULTIPLICITY:
+        got = _short(multiplicity)
+        raise chk.fail("multiplicity", f"must be one of {'|'.join(MULTIPLICITY)} (got {got})")
     claims: list[Claim] = []
     for i, body in enumerate(chk.items(doc.get("claims"), "claims")):
         body = chk.mapping(body, f"claims[{i}]", CLAIM_KEYS)
         missing = sorted({"id", "text", "row", "baseline", "metric"} - set(body))
         if missing:
             raise chk.fail(f"claims[{i}]", f"needs {missing[0]!r}")
+        if declared is not None and body.get("stat") is None:
+            body = {**body, "stat": declared}
         claim = Claim(**{k: chk.text(v, f"claims[{i}].{k}") for k, v in body.items()})
         for r in (claim.row, claim.baseline):
             if r not in rows:
@@ -378,7 +413,8 @@ def load_spec(path: Path) -> Spec:
     metrics = chk.strings(doc.get("metrics"), "metrics")
     return Spec(
         name, chk.text(doc.get("title"), "title", name), chk.text(doc.get("citation"), "citation"),
-        scales, rows, claims, tuple(metrics),
+        scales, rows, claims, tuple(metrics), declared, chk.text(doc.get("stat_note"), "stat_note"),
+        multiplicity, chk.text(doc.get("decision"), "decision"),
     )  # fmt: skip
 
 
@@ -430,6 +466,7 @@ class Paired:
     high: float | None
     verdict: str  # supported | contradicted | inconclusive | no verdict
     why: str = ""  # why there is no verdict
+    p: float | None = None  # two-sided paired t-test p-value (None: no verdict)
 
 
 def paired(a: dict[int, float], b: dict[int, float], direction: str) -> Paired:
@@ -444,8 +481,10 @@ def paired(a: dict[int, float], b: dict[int, float], direction: str) -> Paired:
         return Paired(seeds, diffs, mean, None, None, "no verdict", why)
     if sd <= 1e-9 * max(1.0, max(abs(d) for d in diffs)):  # float noise of equal differences
         return Paired(seeds, diffs, mean, None, None, "no verdict", "the differences do not vary over seeds")
-    half = t_quantile(len(diffs) - 1) * sd / math.sqrt(len(diffs))
+    se = sd / math.sqrt(len(diffs))
+    half = t_quantile(len(diffs) - 1) * se
     low, high = mean - half, mean + half
+    p = two_sided_p(mean / se, len(diffs) - 1)
     sign = 1.0 if direction == "higher" else -1.0
     if sign * low > 0 and sign * high > 0:
         verdict = "supported"
@@ -453,7 +492,37 @@ def paired(a: dict[int, float], b: dict[int, float], direction: str) -> Paired:
         verdict = "contradicted"
     else:
         verdict = "inconclusive"
-    return Paired(seeds, diffs, mean, low, high, verdict)
+    return Paired(seeds, diffs, mean, low, high, verdict, p=p)
+
+
+def two_sided_p(t: float, df: int) -> float:
+    """The two-sided p-value of Student's t statistic `t` with `df` degrees of freedom."""
+    from scipy.stats import t as student
+
+    return float(2.0 * student.sf(abs(t), df))
+
+
+def holm(ps: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values over the family of the non-None `ps` (None stays
+    None: a claim with no verdict, or an exploratory one, is not in the family)."""
+    idx = sorted((i for i, p in enumerate(ps) if p is not None), key=lambda i: float(ps[i] or 0.0))
+    m = len(idx)
+    out: list[float | None] = [None] * len(ps)
+    running = 0.0
+    for rank, i in enumerate(idx):
+        running = max(running, min(1.0, (m - rank) * float(ps[i] or 0.0)))
+        out[i] = running
+    return out
+
+
+def holm_verdict(p: Paired, adjusted: float | None, direction: str, alpha: float = 0.05) -> str:
+    """The verdict under Holm: supported / contradicted when the adjusted p-value is below
+    `alpha` (the sign of the mean against the claimed direction), else inconclusive."""
+    if adjusted is None or p.mean is None:
+        return p.verdict if p.verdict == "no verdict" else "–"
+    if adjusted >= alpha:
+        return "inconclusive"
+    return "supported" if (p.mean > 0) == (direction == "higher") else "contradicted"
 
 
 # --- reading the runs ---------------------------------------------------------------------
@@ -664,13 +733,23 @@ def build_report(
             "",
         ]
         out["pretrained"] = notes
+    claims = spec.claims_for(scale)
+    judged: list[tuple[Claim, Paired]] = []
+    for c in claims:
+        ra, rb = spec.rows[c.row], spec.rows[c.baseline]
+        p = paired(_values(states, ra, seeds, c.metric, c.stat), _values(states, rb, seeds, c.metric, c.stat),
+                   c.direction)  # fmt: skip
+        below = _below_reference(states, rb, p.seeds, c.metric, c.stat)
+        if below and p.verdict != "no verdict":
+            p = dataclasses.replace(p, verdict="no verdict", why=below, p=None)
+        judged.append((c, p))
+    adjusted = holm([None if c.exploratory else p.p for c, p in judged])
+    lines += _inference_lines(spec, judged)
     lines += ["## Claims", "",
-              "| claim | statistic | row − baseline | per seed | mean | 95% interval | paper | verdict |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for c in spec.claims_for(scale):
-        a = _values(states, spec.rows[c.row], seeds, c.metric, c.stat)
-        b = _values(states, spec.rows[c.baseline], seeds, c.metric, c.stat)
-        p = paired(a, b, c.direction)
+              "| claim | statistic | row − baseline | per seed | mean | 95% interval | other statistics "
+              "(mean) | paper | verdict | p | Holm p | verdict under Holm |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (c, p), adj in zip(judged, adjusted, strict=True):
         pct = not lower_is_better(c.metric)
         k = 100.0 if pct else 1.0
         ra, rb = spec.rows[c.row], spec.rows[c.baseline]
@@ -684,22 +763,96 @@ def build_report(
             at = [s for s in seeds if chance[(r.id, s)]]
             if at:
                 per_seed += f"; {r.label} no better than chance (seed {', '.join(map(str, at))})"
+        others = []
+        for stat in STATS:  # the same pairs on the statistics the claim is not judged on
+            if stat == c.stat:
+                continue
+            o = paired(_values(states, ra, seeds, c.metric, stat), _values(states, rb, seeds, c.metric, stat),
+                       c.direction)  # fmt: skip
+            others.append(f"{stat_label(stat)} {'–' if o.mean is None else f'{o.mean * k:+.2f}'}")
         interval = "–" if p.low is None or p.high is None else f"[{p.low * k:+.2f}, {p.high * k:+.2f}]"
         mean = "–" if p.mean is None else f"{p.mean * k:+.2f}"
         verdict = f"**{p.verdict}**" + (f" ({p.why})" if p.why else "")
+        text = c.text + (f" *(exploratory: {c.exploratory})*" if c.exploratory else "")
+        under = "– (exploratory)" if c.exploratory else holm_verdict(p, adj, c.direction)
         lines.append(
-            f"| {c.text} | {stat_label(c.stat)} {c.metric} | {ra.label} − {rb.label} | {per_seed} | {mean} | "
-            f"{interval} | {paper}{' (' + c.paper_ref + ')' if c.paper_ref else ''} | {verdict} |"
+            f"| {text} | {stat_label(c.stat)} {c.metric} | {ra.label} − {rb.label} | {per_seed} | {mean} | "
+            f"{interval} | {', '.join(others)} | {paper}{' (' + c.paper_ref + ')' if c.paper_ref else ''} | "
+            f"{verdict} | {_p(p.p)} | {_p(adj)} | {under} |"
         )
         out["claims"].append(
             {"id": c.id, "row": c.row, "baseline": c.baseline, "metric": c.metric, "stat": c.stat,
              "direction": c.direction, "seeds": p.seeds, "diffs": p.diffs, "mean": p.mean,
              "low": p.low, "high": p.high, "verdict": p.verdict, "why": p.why,
+             "p": p.p, "holm_p": adj, "holm_verdict": under, "exploratory": c.exploratory,
              "diverged": {r.id: [s for s in seeds if states[(r.id, s)].status in ("diverged", "failed")]
                           for r in (ra, rb)}}
         )  # fmt: skip
+    out["multiplicity"] = spec.multiplicity or "none (not declared)"
+    out["stat"] = {"declared": spec.stat, "note": spec.stat_note}
     lines += ["", "Curves: `curves.png` (every row, mean over seeds, band min-max).", ""]
     return "\n".join(lines), out
+
+
+def _p(p: float | None) -> str:
+    return "–" if p is None else (f"{p:.4f}" if p >= 1e-4 else f"{p:.1e}")
+
+
+def _inference_lines(spec: Spec, judged: Sequence[tuple[Claim, Paired]]) -> list[str]:
+    """What the claims are judged on, said once above them: the statistic the file declares
+    (and where it departs from the paper's), the multiplicity rule, the decision rule."""
+    stats = sorted({c.stat for c, _ in judged})
+    if spec.stat is not None:
+        said = f"declared in the claims file: `{spec.stat}`"
+    else:
+        said = "not declared in the claims file (each claim's own, default `final`)"
+    used = ", ".join(f"`{s}`" for s in stats) or "–"
+    lines = ["## Inference", "", f"- **Statistic**: {said}; the claims use {used}."
+             + (f" {spec.stat_note}" if spec.stat_note else "")]  # fmt: skip
+    family = [c for c, p in judged if not c.exploratory and p.p is not None]
+    explo = [c.id for c, _ in judged if c.exploratory]
+    if spec.multiplicity == "holm":
+        rule = "Holm, declared in the claims file: the verdict under Holm is the one to read"
+    elif spec.multiplicity == "none":
+        rule = "none, declared in the claims file (each claim at its own 95%); Holm is shown for reference"
+    else:
+        rule = "not declared in the claims file (each claim at its own 95%); Holm is shown for reference"
+    lines.append(
+        f"- **Multiplicity**: {rule}. Family: the {len(family)} claims with a verdict"
+        + (f" (exploratory, outside it: {', '.join(explo)})" if explo else "")
+        + "; Holm's step-down adjusted p-values of the two-sided paired t-tests, verdict at 0.05."
+    )
+    if spec.decision:
+        lines.append(f"- **Decision rule** (written in the claims file before the runs): {spec.decision}")
+    return [*lines, ""]
+
+
+def _below_reference(
+    states: dict[tuple[str, int], RunState], row: Row, seeds: Sequence[int], metric: str, stat: str
+) -> str:
+    """Why a claim against `row` gets no verdict because that baseline scores below its
+    majority-class reference (mean over `seeds`): `client_accuracy` against each client's
+    majority class (`client_majority_accuracy`), `accuracy` against the test set's majority
+    class (the chance level its summary records); "" when it does not, or has no reference."""
+    if row.metric_prefix or not seeds:
+        return ""
+    vals, refs = [], []
+    for s in seeds:
+        st = states[(row.id, s)]
+        v = run_value(st.records, metric, stat)
+        if metric in REFERENCES:
+            ref = run_value(st.records, REFERENCES[metric], "final")
+        else:
+            c = chance_of(st)
+            ref = c[1] if c is not None and c[0] == metric else None
+        if v is None or ref is None:
+            return ""
+        vals.append(v)
+        refs.append(ref)
+    v, ref = sum(vals) / len(vals), sum(refs) / len(refs)
+    if v >= ref:
+        return ""
+    return f"baseline below the majority reference: {v * 100:.2f} vs {ref * 100:.2f}"
 
 
 def _pretrained_notes(

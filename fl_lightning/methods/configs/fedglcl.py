@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ...core.checks import check_targets, nonnegative, one_of, positive
+from ...core.checks import ORACLE_TARGETS, check_targets, nonnegative, one_of, positive
 from ...core.errors import ConfigError
 from ...core.method import METHODS, MethodConfig
 
@@ -42,6 +42,11 @@ class FedGLCLConfig(MethodConfig):
     templates: list[str] = field(default_factory=lambda: ["a photo of a {}"])  # or ["imagenet80"]
     class_embedding: str = "text"  # text | random | orthogonal (Table 10; legacy: see `targets`)
     targets: str = "text"  # text | permuted | orthogonal | uniform | centred (text/targets.py)
+    # | oracle | oracle_permuted | oracle_permuted_within | oracle_half (text/oracle.py: class means
+    # of held-out inputs, the positive control)
+    #: the oracle's held-out images: training indices from here on (None: from data.train_subset,
+    #: where the clients' images stop)
+    oracle_holdout_from: int | None = None
     #: the projector to the text dimension: linear | bn (Linear -> BN1d) | bn_relu (Linear ->
     #: BN1d -> ReLU, the authors' AlexNet head) | auto: bn_relu when the backbone has batch norm,
     #: linear when it has none. The paper gives every method the same AlexNet-BN, so its BN
@@ -61,9 +66,34 @@ class FedGLCLConfig(MethodConfig):
         nonnegative(self, "prox_mu", "moon_mu")
         projector_kind(self.projector, self.final_relu)  # a bad value: ConfigError
         one_of(self, "class_embedding", CLASS_EMBEDDINGS)
-        check_targets(self.targets)
+        check_targets(self.targets, extra=ORACLE_TARGETS)
+        if self.targets in ORACLE_TARGETS:
+            self.check_oracle(run)
         if self.class_embedding != "text" and self.targets != "text":
             raise ConfigError(
                 f"method.class_embedding={self.class_embedding} and method.targets={self.targets}: "
                 "set only method.targets (class_embedding is the older switch)"
+            )
+
+    def check_oracle(self, run: RootConfig) -> None:
+        """The oracle's images must be ones no client holds: from `oracle_holdout_from` (or
+        `data.train_subset`) on, with the clients' images stopping at or before it."""
+        from ...data.fmnist_digits20 import COARSE_GROUPS
+
+        sub = run.data.train_subset
+        start = self.oracle_holdout_from if self.oracle_holdout_from is not None else sub
+        if start is None:
+            raise ConfigError(
+                f"method.targets={self.targets} averages held-out training images: set data.train_subset "
+                "(the clients' images stop there, the oracle's start) or method.oracle_holdout_from"
+            )
+        if start < 1 or sub is None or int(sub) > int(start):
+            raise ConfigError(
+                f"method.oracle_holdout_from={start}: clients would hold the oracle's images too; "
+                f"set data.train_subset<={start} (got {sub})"
+            )
+        if self.targets == "oracle_permuted_within" and run.data.name not in COARSE_GROUPS:
+            raise ConfigError(
+                f"method.targets=oracle_permuted_within needs coarse groups; data={run.data.name} has none "
+                f"(those with: {', '.join(sorted(COARSE_GROUPS))})"
             )

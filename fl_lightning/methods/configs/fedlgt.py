@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ...core.checks import check_targets, one_of, within
+from ...core.checks import GROUP_TARGETS, check_targets, one_of, within
 from ...core.errors import ConfigError
 from ...core.method import METHODS, MethodConfig
 from . import multilabel
@@ -32,7 +32,7 @@ class FedLGTConfig(MethodConfig):
     #: uniform | centred), one switch per table so label meaning and state-token geometry are
     #: told apart (MiniLM's "positive"/"negative" have cosine 0.71); `frozen_random` above
     #: replaces both tables at once (kept for the committed reports)
-    targets: str = "text"  # the label table (with label_embedding=text)
+    targets: str = "text"  # the label table (with label_embedding=text); + permuted_within, group_only
     state_targets: str = "text"  # the state table (with state_embedding=text)
     prompt: str = "The photo contains {}."  # [paper] "The photo contains [CLASS]"; [code] adds the "."
     #: [paper] the state embeddings' words; unknown is the zero vector
@@ -55,8 +55,16 @@ class FedLGTConfig(MethodConfig):
         within(self, "epsilon", 0, 0.5, open_hi=True)  # |p - threshold| <= epsilon: 0.5 makes all unknown
         one_of(self, "label_embedding", LABEL_EMBEDDINGS)
         one_of(self, "state_embedding", STATE_EMBEDDINGS)
-        check_targets(self.targets)
+        check_targets(self.targets, extra=GROUP_TARGETS)
         check_targets(self.state_targets, "method.state_targets")
+        if self.targets in GROUP_TARGETS:
+            from ...data.fmnist_digits20 import COARSE_GROUPS
+
+            if run.data.name not in COARSE_GROUPS:
+                raise ConfigError(
+                    f"method.targets={self.targets} needs coarse groups; data={run.data.name} has none "
+                    f"(those with: {', '.join(sorted(COARSE_GROUPS))})"
+                )
         for table, targets, embedding in (("", self.targets, self.label_embedding),
                                           ("state_", self.state_targets, self.state_embedding)):  # fmt: skip
             if targets != "text" and embedding != "text":

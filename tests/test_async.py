@@ -226,6 +226,10 @@ def test_fedasync_server_updates_over_scripted_arrivals_written_out():
         (["system.mode=fedbuff", "system.concurrency=8", "system.buffer=2"], "at most fl.num_clients"),
         (["system.mode=fedbuff", "system.buffer=20"], "must be <= system.concurrency"),
         (["system.mode=fedbuff", "system.deadline=3"], "for synchronous rounds"),
+        (
+            ["system.mode=fedbuff", "system.buffer=2", "aggregator.steps=[secagg_plus]"],
+            "use system.mode=sync",
+        ),
     ],
 )
 def test_a_setting_the_run_cannot_take_is_one_line_before_any_work(tmp_path, data_root, extra, says):

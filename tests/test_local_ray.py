@@ -43,25 +43,42 @@ def _env(ray_tmp: str) -> dict[str, str]:
 
 # --- 1. a module in the working directory runs in no Ray worker -------------------------------
 @pytest.mark.slow
-def test_a_torch_py_in_the_working_directory_runs_in_no_ray_worker(tmp_path, data_root):
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_a_torch_py_in_the_working_directory_runs_in_no_ray_worker(tmp_path, data_root, command):
     """`ray.init` put the driver's working directory first on every worker's sys.path: a
     `torch.py` (or `lightning.py`) there ran in each worker of a plain `fl-lightning run`
-    (Ray is the default) before it imported torch. Now Ray starts from an empty folder of its
-    own: the run completes, nothing planted ran; a relative `output_dir` still means the
-    user's folder."""
+    (Ray is the default) before it imported torch, and in those of `sweep --parallel`'s
+    children (started with `-P`: their Ray put it back). Now Ray starts from an empty folder
+    of its own: the runs complete, nothing planted ran; a relative `output_dir` still means
+    the user's folder."""
     cwd, marker = tmp_path / "shadow", tmp_path / "imported"
     for name in ("torch", "lightning"):
         _plant(cwd, name, marker)
     ray_tmp = tempfile.mkdtemp(prefix="flc", dir="/tmp")
     args = [a for a in small(tmp_path, *TINY, "fl.rounds=1") if not a.startswith("output_dir=")]
+    argv = {
+        "run": ["run", *args, "output_dir=runs", "run_id=r", "--quiet"],
+        "sweep": [
+            "sweep",
+            "seed=0,1",
+            *args,
+            "output_dir=runs",
+            "experiment=sw",
+            "--parallel",
+            "2",
+            "--no-plots",
+        ],
+    }[command]
     try:
         res = subprocess.run(
-            [EXE, "run", *args, "output_dir=runs", "run_id=r", "--quiet"], cwd=cwd, env=_env(ray_tmp),
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        assert res.returncode == 0, res.stderr[-3000:]
-        summary = json.loads((cwd / "runs" / "default" / "r" / "summary.json").read_text())
-        assert summary["status"] == "completed" and summary["num_actors"] >= 1  # on Ray workers
+            [EXE, *argv], cwd=cwd, env=_env(ray_tmp), capture_output=True, text=True, timeout=600
+        )
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+        summaries = list((cwd / "runs").glob("*/*/summary.json"))
+        assert len(summaries) == (1 if command == "run" else 2)
+        for path in summaries:
+            summary = json.loads(path.read_text())
+            assert summary["status"] == "completed" and summary["num_actors"] >= 1  # on Ray workers
         assert not marker.exists(), f"a planted module ran in processes {marker.read_text().split()}"
     finally:
         _clean_up(ray_tmp)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+import os
 import re
 import shutil
 import signal
@@ -251,6 +252,30 @@ def test_reproduce_writes_nothing_through_links_planted_in_its_folder(conf, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "logs is a symbolic link" in err[0], err
     assert not any((tmp_path / "elsewhere").iterdir())
+
+
+def test_a_file_size_limit_leaves_the_last_report_whole(conf, tmp_path):
+    """`ulimit -f 2` and `reproduce --report-only` over a folder holding a good report: the
+    report was cut mid-line, and the line gave a run's advice (resume). Now the report is
+    written to a new file and renamed: the old one is whole, and the line names report.md."""
+    import resource
+
+    out = tmp_path / "rep"
+    cmd = [sys.executable, "-m", "fl_lightning", "reproduce", "tiny", "--out", str(out), "--report-only"]
+    env = {**os.environ, "FL_LIGHTNING_CONF": str(conf), "PYTHONDONTWRITEBYTECODE": "1"}
+    assert subprocess.run(cmd, env=env, capture_output=True, timeout=300).returncode == 0
+    before = (out / "report.md").read_bytes()
+    (out / "report.md").write_bytes(before + b"\n(the user's note, so the report is over 1 KiB)\n" * 40)
+    before = (out / "report.md").read_bytes()
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 1 and len(lines) == 1, res.stderr
+    assert "report.md" in lines[0] and "File too large" in lines[0] and "resume" not in lines[0], lines[0]
+    assert (out / "report.md").read_bytes() == before
 
 
 def test_paired_verdicts_by_hand():
@@ -500,6 +525,13 @@ def test_estimate_projects_from_timed_steps_and_writes_nothing(conf, tmp_path, c
         assert float(hours) == pytest.approx(21 * float(seconds) / 3600, abs=0.006)
         assert float(device_hours) == pytest.approx(2 * float(hours), abs=0.011)
     assert not out.exists()
+
+
+def test_an_estimate_with_a_bad_value_is_one_line(conf, tmp_path, capsys):
+    """`--estimate fl.rounds=-1` printed "not timed: ..." for each row and exited 0."""
+    assert main(["reproduce", "tiny", "--out", str(tmp_path / "rep"), "--estimate", "fl.rounds=-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fl.rounds must be > 0 (got -1)" in err[0], err
 
 
 def test_provenance_commits_and_pre_registration_in_a_real_git_repo(tmp_path):

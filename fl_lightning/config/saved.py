@@ -92,10 +92,13 @@ def _cannot_change(key: str, keys: Sequence[str]) -> ConfigError:
 def _earlier_run_id(path: Path) -> list[str]:
     """Earlier versions took any `run_id` ('my run'); a run of theirs resumes: a saved run id
     that is its own folder's name (not an interpolation, no path) is checked as a stand-in of
-    safe characters. The resumed run writes its folder's name back (`Run._record_choices`)."""
+    safe characters; one whose folder was renamed since (`oldid`) takes the folder's name. The
+    resumed run writes its folder's name back (`Run._record_choices`)."""
     saved = _read_yaml(path).get("run_id")
-    if not isinstance(saved, str) or SAFE_NAME.fullmatch(saved) or saved != path.parent.name or "$" in saved:
+    if not isinstance(saved, str) or SAFE_NAME.fullmatch(saved) or "$" in saved or "/" in saved:
         return []
+    if saved != path.parent.name:  # the folder renamed since: its own name, if a safe one, is the id
+        return [f"run_id='{path.parent.name}'"] if SAFE_NAME.fullmatch(path.parent.name) else []
     stand_in = re.sub(r"[^A-Za-z0-9._-]", "_", saved).lstrip(".")[:200] or "run"
     return [f"run_id='{stand_in}'"]
 
@@ -161,15 +164,41 @@ def _saved_config(path: Path, overrides: list[str]) -> RootConfig:
             "it must be a run directory's config.yaml written by `fl-lightning run`"
         )
     try:
-        cfg = OmegaConf.structured(RootConfig)
-        OmegaConf.set_struct(cfg, False)
-        cfg.merge_with(_texts(doc))
-        OmegaConf.set_struct(cfg, True)
-        # a key a method declares resumable may be new to a run's config (its schema checks it)
-        OmegaConf.set_struct(cfg.method, False)
-        cfg.merge_with(_dotlist(overrides))
-        OmegaConf.set_struct(cfg.method, True)
-    except OmegaConfBaseException as e:
-        raise _schema_errors(e) from None
-    validate(cfg)
-    return typed(cfg)
+        try:
+            cfg = OmegaConf.structured(RootConfig)
+            OmegaConf.set_struct(cfg, False)
+            cfg.merge_with(_texts(doc))
+            OmegaConf.set_struct(cfg, True)
+            # a key a method declares resumable may be new to a run's config (its schema checks it)
+            OmegaConf.set_struct(cfg.method, False)
+            cfg.merge_with(_dotlist(overrides))
+            OmegaConf.set_struct(cfg.method, True)
+        except OmegaConfBaseException as e:
+            raise _schema_errors(e) from None
+        validate(cfg)
+        return typed(cfg)
+    except ConfigError as e:
+        raise _older_key(e, doc, path, overrides) from None
+
+
+def _older_key(e: ConfigError, doc: dict, path: Path, overrides: list[str]) -> ConfigError:
+    """An unknown key that the saved file holds (not the command line): a key an earlier (or
+    later) version wrote. Say so and how to go on (the run could not be resumed, and nothing
+    said why)."""
+    m = re.match(r"unknown config key '([^']+)'", str(e))
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    if m is None or m.group(1) in given:
+        return e
+    for key in (m.group(1), f"method.{m.group(1)}"):
+        node: object = doc
+        for part in key.split("."):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is not _MISSING:
+            return ConfigError(
+                f"{path} holds {key!r}, a key this version of fl-lightning does not know (another "
+                f"version wrote the run): delete that line from {path} to go on with this version"
+            )
+    return e
+
+
+_MISSING = object()

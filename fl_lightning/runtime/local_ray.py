@@ -36,10 +36,10 @@ processes start; a client worker goes back to the driver's directory (relative p
 config mean what they meant) only once its imports are done (`WORKER_CWD_ENV`, read by
 `actor.ClientActor`), and nothing of it is on its `sys.path`.
 
-A local Ray takes no port of Ray's defaults: its dashboard server (8265, started even with
-the dashboard off, for the job API) and its dashboard agent (52365) get free ports, so a
-user's own `ray start --head` on the same machine gets those, and `ray job submit` reaches
-that head (not this run's Ray, nor "No available agent to submit job").
+A local Ray takes no port of Ray's defaults: its dashboard agent (52365) and its dashboard
+server (8265, where that server listens: it starts even with the dashboard off) get free
+ports, so a user's own `ray start --head` on the same machine gets those, and `ray job
+submit` reaches that head (not this run's Ray, nor "No available agent to submit job").
 """
 
 from __future__ import annotations

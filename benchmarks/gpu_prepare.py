@@ -225,12 +225,27 @@ def check_venv(out: Path, python: str) -> None:
         log(f"fresh venv ({python}): {done.stdout.strip()}")
 
 
+def _images(most: int):
+    """An argparse type: a count of images in [1, most] (`--train -5` wrote all 60,000 but 5)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not 1 <= n <= most:
+            raise argparse.ArgumentTypeError(f"must be between 1 and {most} (got {n})")
+        return n
+
+    return parse
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / ".gpu")
     ap.add_argument("--python-version", default="3.12", help="the GPU image's Python")
-    ap.add_argument("--train", type=int, default=12000, help="Fashion-MNIST training images")
-    ap.add_argument("--test", type=int, default=2000, help="Fashion-MNIST test images")
+    ap.add_argument("--train", type=_images(60000), default=12000, help="Fashion-MNIST training images")
+    ap.add_argument("--test", type=_images(10000), default=2000, help="Fashion-MNIST test images")
     ap.add_argument("--data-root", default=None, help="where the full Fashion-MNIST is (default: data.root)")
     ap.add_argument("--check-venv", action="store_true", help="install into a fresh venv and start Ray")
     ap.add_argument(

@@ -50,7 +50,7 @@ EXPERIMENT="${2:-}"
 RAY_PATH="$(command -v "$RAY")" || die "no ray CLI ($RAY): activate this project's .venv or set RAY"
 PY="$(dirname "$RAY_PATH")/python"
 [[ -x "$PY" ]] || PY=python3
-"$PY" -c 'import yaml' 2>/dev/null || die "$PY cannot import yaml (run from this project's .venv)"
+"$PY" -I -c 'import yaml' 2>/dev/null || die "$PY cannot import yaml (run from this project's .venv)"
 
 # Ray keeps the cluster's state below RAY_TMPDIR (else TMPDIR, else /tmp): pin that, then point
 # TMPDIR at a private folder so the config cache of the copied yaml goes away with it.
@@ -59,7 +59,7 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/fl_fetch.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 export TMPDIR="$WORK"
 
-"$PY" - "$YAML" "$WORK/cluster.yaml" <<'PY'
+"$PY" -I - "$YAML" "$WORK/cluster.yaml" <<'PY'
 import sys, yaml
 cfg = yaml.safe_load(open(sys.argv[1]))
 cfg.pop("rsync_exclude", None)   # the upload excludes ("runs", "wandb", ...) would apply to the download

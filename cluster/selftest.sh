@@ -142,7 +142,7 @@ cleanup() {
   # 7. Ray's ssh control folder for this cluster (/tmp/ray_ssh_<user hash>/<cluster hash>)
   if [[ -n "$CLUSTER_NAME" ]]; then
     local ctl
-    ctl="$("$PY" -c 'import getpass, hashlib, sys
+    ctl="$("$PY" -I -c 'import getpass, hashlib, sys
 u = hashlib.sha256(getpass.getuser().encode()).hexdigest()[:10]
 c = hashlib.sha256(sys.argv[1].encode()).hexdigest()[:10]
 print(f"/tmp/ray_ssh_{u}/{c}")' "$CLUSTER_NAME" 2>/dev/null)"
@@ -253,7 +253,7 @@ for f in .config/pip/pip.conf .pip/pip.conf; do
 done
 
 free_ports() {
-  "$PY" - "$1" <<'PY'
+  "$PY" -I - "$1" <<'PY'
 import socket, sys
 socks = []
 for _ in range(int(sys.argv[1])):
@@ -262,7 +262,7 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
 }
 read -r SSH_PORT GCS_PORT DASH_PORT CLIENT_PORT AGENT_PORT TUNNEL_PORT <<<"$(free_ports 6)"
-if "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 8265))' 2>/dev/null; then
+if "$PY" -I -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 8265))' 2>/dev/null; then
   TUNNEL_PORT=8265  # submit.sh's default address works as it is
 fi
 
@@ -319,7 +319,7 @@ unset RAY_ADDRESS WANDB_API_KEY
 STEP="config"
 CLUSTER_NAME="fl-selftest-$TAG"
 CLUSTER_YAML="$WORK/ray_cluster.yaml"
-"$PY" - "$REPO/ray_cluster.yaml" "$CLUSTER_YAML" "$CLUSTER_NAME" "$NODE_USER" "$WORK/ssh/id_ed25519" \
+"$PY" -I - "$REPO/ray_cluster.yaml" "$CLUSTER_YAML" "$CLUSTER_NAME" "$NODE_USER" "$WORK/ssh/id_ed25519" \
   "$GCS_PORT" "$DASH_PORT" "$CLIENT_PORT" "$AGENT_PORT" >"$WORK/logs/config.log" 2>&1 <<'PY' ||
 import sys, yaml
 src, dst, name, user, key, gcs, dash, client, agent = sys.argv[1:]
@@ -353,7 +353,7 @@ RAY_IS_UP=1  # from here on the cleanup runs `ray down`
   >"$WORK/logs/ray_up.log" 2>&1 ||
   fail "ray up: exit $? ($(grep -v '^\s*$' "$WORK/logs/ray_up.log" | tail -n 1 | cut -c1-200))"
 RAY_UP_S=$((SECONDS - t))
-LISTEN="$("$PY" - "$NODE_UID" <<'PY'
+LISTEN="$("$PY" -I - "$NODE_UID" <<'PY'
 import os, sys
 uid = int(sys.argv[1])
 def addrs():
@@ -402,7 +402,7 @@ DASH_PID=$!
 ADDRESS="http://127.0.0.1:$TUNNEL_PORT"
 UP=0
 for _ in $(seq 1 120); do
-  "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/api/version", timeout=2)' "$ADDRESS" \
+  "$PY" -I -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/api/version", timeout=2)' "$ADDRESS" \
     2>/dev/null && { UP=1; break; }
   kill -0 "$DASH_PID" 2>/dev/null || break
   sleep 0.5
@@ -436,7 +436,7 @@ STEP="run B"
   fail "run B: submit.sh --no-wait exit $?"
 JOB_B="$(sed -n "s/.*Job '\([^']*\)' submitted successfully.*/\1/p" "$WORK/logs/run_b_submit.log" | head -n 1)"
 [[ -n "$JOB_B" ]] || fail "run B: no job id in the submit output"
-STOP="$("$PY" - "$ADDRESS" "$JOB_B" "$ROUNDS" 2>"$WORK/logs/run_b_stop.log" <<'PY'
+STOP="$("$PY" -I - "$ADDRESS" "$JOB_B" "$ROUNDS" 2>"$WORK/logs/run_b_stop.log" <<'PY'
 import re, sys, time
 from pathlib import Path
 from ray.job_submission import JobStatus, JobSubmissionClient
@@ -498,7 +498,7 @@ STEP="compare"
   >"$WORK/logs/compare.log" 2>&1 || fail "compare: exit $? ($(tail -n 1 "$WORK/logs/compare.log"))"
 [[ -f "$WORK/local/runs/$EXPERIMENT/compare/compare.json" ]] || fail "compare: no compare/compare.json written"
 sed 's/^/         /' "$WORK/logs/compare.log" | grep -v '^\s*$' | head -n 8
-SAME="$("$PY" - "$LOCAL_A" "$LOCAL_B" "$ROUNDS" <<'PY'
+SAME="$("$PY" -I - "$LOCAL_A" "$LOCAL_B" "$ROUNDS" <<'PY'
 import json, sys
 from pathlib import Path
 a, b, rounds = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])

@@ -54,9 +54,10 @@ case "${1:-}" in
   run|sweep|resume|compare|reproduce) CMD="$1"; shift ;;
 esac
 
+# `python3 -I`: isolated, so a `json.py` (or `os.py`) in the working directory is not imported.
 # gitignore-style patterns relative to the repository; the leading '/' matters: a bare
 # `data` would also drop the package folders fl_lightning/data and fl_lightning/text/data.
-RUNTIME_ENV="$(FL_SUBMIT_EXTRA_EXCLUDES="${FL_SUBMIT_EXTRA_EXCLUDES:-}" python3 - <<'PY'
+RUNTIME_ENV="$(FL_SUBMIT_EXTRA_EXCLUDES="${FL_SUBMIT_EXTRA_EXCLUDES:-}" python3 -I - <<'PY'
 import json, os
 excludes = ["/.git", "/.venv", "/data", "/runs", "/wandb", "/.cache", "/benchmarks/results", "/docs/reproduce",
             "/.pytest_cache", "/.ruff_cache", "/build", "*.egg-info", "__pycache__", "*.pyc"]

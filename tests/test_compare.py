@@ -405,3 +405,17 @@ def test_compare_pairs_each_method_with_fedavg_by_seed(tmp_path, capsys):
     assert "paired: final accuracy minus moon's" in capsys.readouterr().out
     assert main(["compare", str(root), "--baseline", "nope", "--no-plots"]) == 2
     assert "--baseline 'nope' names no row" in capsys.readouterr().err
+
+
+def test_a_newline_in_a_runs_name_stays_inside_its_line(tmp_path, capsys):
+    """A run's group name read from its files held a newline (`variant`, `method`): escapes
+    became `?`, but the newline split `--baseline`'s one error line in two (and a table row)."""
+    root = tmp_path / "runs"
+    _hand_run(root, "evil", "evil\x1b[2J\nline2", 0, "accuracy", [0.1, 0.5], [1.0, 0.9])
+    _hand_run(root, "plain", "fedavg", 0, "accuracy", [0.1, 0.4], [1.0, 0.9])
+    assert main(["compare", str(root), "--baseline", "nope", "--no-plots"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "evil?[2J?line2" in err[0], err
+    assert main(["compare", str(root), "--no-plots", "--out", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and not any(ln.startswith("line2") for ln in out.splitlines()), out

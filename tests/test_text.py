@@ -272,3 +272,14 @@ def test_cli_text_many_classes_with_descriptions(tmp_path, capsys):
     oak = next(ln for ln in out.splitlines() if ln.startswith("oak tree "))
     shark = next(ln for ln in out.splitlines() if ln.startswith("shark "))
     assert "maple tree" in oak.removeprefix("oak tree") and "dolphin" in shark  # 3 nearest classes
+
+
+def test_a_text_model_folder_that_cannot_load_is_one_line(tmp_path):
+    """`text.path=<folder>` whose tokenizer files are not one (a hostile or broken download):
+    transformers' KeyError / ValueError traceback before; now one ConfigError naming it."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizerFast"}))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(ConfigError, match="cannot load Hugging Face text model") as e:
+        build_text_encoder({"name": "minilm", "path": str(tmp_path), "device": "cpu"})
+    assert "\n" not in str(e.value)

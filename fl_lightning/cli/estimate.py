@@ -255,8 +255,8 @@ def estimate_lines(rows: Sequence[tuple[str, list[str]]], seeds: int) -> list[st
     total, projected = 0.0, 0
     cache: dict[Any, tuple[float, float]] = {}
     for label, args in rows:
+        cfg = compose(args)  # a bad value (`fl.rounds=-1`) is one line, exit 2: not a row "not timed", exit 0
         try:
-            cfg = compose(args)
             if fits_nothing(cfg):
                 nothing = "(its clients fit nothing: evaluation only)"
                 lines.append(f"{label[:28]:28s} {'-':>8s} {0:11d}  {nothing}")

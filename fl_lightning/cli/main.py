@@ -213,9 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "fetch":
             _cmd_fetch(args.dataset, args.root)
         elif args.cmd == "config":
-            from ..config import compose, to_yaml
+            from ..config import check_method, compose, to_yaml
 
-            print(to_yaml(compose(args.overrides)), end="")
+            cfg = compose(args.overrides)
+            check_method(cfg)  # the values `run` refuses are refused here too (it printed them)
+            print(to_yaml(cfg), end="")
         elif args.cmd == "run":
             from ..config import check_method, check_weights_file, compose, rerun_config
 
@@ -319,7 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # the disk, not the user: full, or the run directory removed mid-run
         from ..runtime.outcome import os_error_line
 
-        print(f"fl-lightning: error: {os_error_line(e)}", file=sys.stderr)
+        trains = args.cmd in ("run", "resume", "sweep", "reproduce") and not (
+            args.cmd == "reproduce" and (args.report_only or args.estimate or args.dry_run)
+        )
+        print(f"fl-lightning: error: {os_error_line(e, run=trains)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         import signal

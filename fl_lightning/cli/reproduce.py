@@ -36,6 +36,7 @@ from typing import Any
 
 from ..config import RESUMABLE, RootConfig, compose, conf_dir, method_modules, resumable_keys, tree
 from ..core.errors import ConfigError
+from ..core.files import open_new, own_folder, write_atomic
 from ..runtime.paths import resolve_output_dir
 from ..tracking.reproduce import (
     SCALES,
@@ -281,11 +282,11 @@ def run_prepare(steps: Sequence[tuple[Path | None, list[str]]], logs: Path) -> N
     one line naming the step and its log."""
     import subprocess
 
-    logs.mkdir(parents=True, exist_ok=True)
+    own_folder(logs)  # a planted link: one line (its logs were written through it)
     for i, (target, args) in enumerate(steps):
         log = logs / f"prepare-{i}.log"
         print(f"prepare: fl-lightning {' '.join(args)}", flush=True)
-        with log.open("w") as f:
+        with open_new(log) as f:  # a link planted at the log is replaced, not truncated through
             rc = subprocess.call([*fl_lightning_command(), *args], stdout=f, stderr=subprocess.STDOUT)
         lines = log.read_text().strip().splitlines()
         if rc != 0 or (target is not None and not target.is_file()):
@@ -365,11 +366,14 @@ def _check_extra(extra: Sequence[str]) -> None:
 
 def _git(root: Path, *args: str) -> str | None:
     """`git -C root args` (stdout, stripped); None where git fails (no checkout, no git, or a
-    `merge-base --is-ancestor` that says no)."""
+    `merge-base --is-ancestor` that says no). The claims folder may be a checkout someone else
+    made: its `core.fsmonitor` command (run by `git status`) and hooks are off."""
     import subprocess
 
+    from ..runtime.summary import git_command
+
     try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(git_command(root, *args), capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -631,11 +635,14 @@ def reproduce_command(
     lines, numbers["provenance"] = provenance(specs()[paper], run_dirs)
     report = report.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "report.md").write_text(report)
+    # whole or as it was (a full disk cut a report mid-line), and a link planted at either
+    # name is replaced, not written through
+    write_atomic(folder / "report.md", lambda f: f.write(report.encode()))
     import json
 
     numbers["command"] = command
-    (folder / "results.json").write_text(json.dumps(numbers, indent=1) + "\n")
+    results = json.dumps(numbers, indent=1) + "\n"
+    write_atomic(folder / "results.json", lambda f: f.write(results.encode()))
     written = [folder / "report.md", folder / "results.json"]
     png = plot_curves(spec, scale, runs_dir, seeds, folder / "curves.png")
     if png is not None:

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import CheckpointError, ClientFailure, ConfigError, DivergedError, StartupError
-from ..core.files import open_new
+from ..core.files import open_append, open_new, own_folder
 from ..core.safe_json import load_file
 from ..runtime.lock import RunDirBusy, RunLock, check_output_dir
 from ..runtime.paths import resolve_output_dir
@@ -223,6 +223,14 @@ def plan_sweep(
                  for v in split_top_level(o.split("=", 1)[1]) for m in method_modules(v)]  # fmt: skip
         how = f"continue it (`fl-lightning sweep --resume {resume}`)"
         require_consent(saved, consent, resume / SWEEP_FILE, how, same=True)
+        # the cluster to join comes from the command line or $RAY_ADDRESS, never from a record
+        # (`sweep --resume` takes none: the runs go to the default, `$RAY_ADDRESS` or a local Ray)
+        if any(o.split("=", 1)[0].lstrip("+") == "runtime.address" for o in overrides):
+            raise ConfigError(
+                f"{resume / SWEEP_FILE} names runtime.address (a Ray cluster to join): a record never "
+                "chooses the cluster; run the grid again with runtime.address= on the command line, or "
+                "set RAY_ADDRESS"
+            )
     grid, swept = expand(overrides)
     keys = [o.split("=", 1)[0].lstrip("+") for o in overrides]
     if "run_id" in keys and len(grid) > 1:
@@ -418,7 +426,7 @@ def _run_parallel(
     swept: Sequence[str],
     monitor: RoundMonitor | None = None,
 ) -> None:
-    log_dir.mkdir(parents=True, exist_ok=True)
+    own_folder(log_dir)  # a planted link: one line (the logs were written through it)
     queue = list(runs)
     active: dict[subprocess.Popen, tuple[SweepRun, Path, Any]] = {}
     try:
@@ -426,13 +434,13 @@ def _run_parallel(
             while queue and len(active) < parallel:
                 run = queue.pop(0)
                 log = log_dir / f"{run.index:03d}_{run.run_dir.name}.log"
-                fh = open(log, "a")  # a resumed sweep adds to it
+                fh = open_append(log)  # a resumed sweep adds to it; never through a planted link
                 what = ["run", *run.overrides]
                 if run.resume:
                     what = ["resume", str(run.run_dir), f"fl.rounds={run.cfg.fl.rounds}"]
                 cmd = [*fl_lightning_command(), *what, *_local_cpus(run, parallel)]
                 cmd.append("--quiet")
-                fh.write("$ " + " ".join(cmd) + "\n")
+                fh.write(("$ " + " ".join(cmd) + "\n").encode())
                 fh.flush()
                 proc = subprocess.Popen(
                     cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -5,6 +5,7 @@ Runs W&B marked as synced (`run-<id>.wandb.synced`) are not sent again."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,11 +44,15 @@ def sync_command(folder: str) -> int:
         print(f"fl-lightning sync: no offline W&B runs left to upload in {root}")
         return 0
     if wandb_mode("auto") != "online":
-        print(
-            f"fl-lightning sync: no W&B API key (set WANDB_API_KEY or run `wandb login`): "
-            f"{len(runs)} offline runs in {root} stay offline",
-            file=sys.stderr,
+        mode = os.environ.get("WANDB_MODE")
+        why = (  # with a key set, the mode is the reason (the key was blamed)
+            f"WANDB_MODE={mode} (unset it, or set WANDB_MODE=online)"
+            if mode and mode != "online"
+            else "no W&B API key (set WANDB_API_KEY or run `wandb login`)"
         )
+        print(f"fl-lightning sync: {why}: {len(runs)} offline runs in {root} stay offline", file=sys.stderr)
         return 1
     print(f"fl-lightning sync: uploading {len(runs)} offline runs from {root}")
-    return subprocess.call([sys.executable, "-m", "wandb", "sync", *map(str, runs)])
+    from .spawn import tool_command
+
+    return subprocess.call([*tool_command("wandb"), "sync", *map(str, runs)])

@@ -67,15 +67,27 @@ def validate_registered(cfg: RootConfig, trunk: str | None = None) -> MethodConf
 
     model_kwargs = {k: v for k, v in cfg.model.items() if k not in MODEL_GENERIC_KEYS}
     check_kwargs("model", model, MODELS.get(model), model_kwargs)
+    own_check = getattr(MODELS.get(model), "check_config", None)  # a model's own value checks
+    if own_check is not None:
+        own_check(model_kwargs)
     flag = getattr(MODELS.get(model), "method_flag", None)  # a model some methods only train
     if flag and not getattr(strategy, flag, False):
         trainers = ", ".join(n for n in METHODS.names() if getattr(METHODS.get(n), flag, False))
         raise ConfigError(f"model={model} is trained by method={trainers} only (got method={name})")
-    if cfg.data.image_size is not None:  # (the channel count is not known yet; sizes do not depend on it)
+    size = cfg.data.image_size if cfg.data.image_size is not None else entry.image_size
+    if size is not None:  # (the channel count is not known yet; sizes do not depend on it)
         from ..models import check_image_size
 
         num_classes = len(entry.class_names) if entry.class_names else 10
-        check_image_size(model, num_classes, 3, int(cfg.data.image_size), **model_kwargs)
+        try:
+            check_image_size(model, num_classes, 3, int(size), **model_kwargs)
+        except ConfigError:
+            if cfg.data.image_size is not None:
+                raise
+            raise ConfigError(  # the dataset's own size: data.image_size is no way out
+                f"data={cfg.data.name} holds {size}x{size} images (frozen features): model={model} cannot "
+                "take them; use a model for feature vectors (model=mlp or mlp3)"
+            ) from None
     if cfg.model.get("weights"):  # readable and safe now; whether it fits, once the model is built
         if family(model) is not None:
             raise ConfigError(f"model.weights loads one trunk; model {model} is a family of architectures")

@@ -48,9 +48,12 @@ def _may_change(key: str, keys: Sequence[str]) -> bool:
 
 
 #: what a run decides for the machine it runs on (config.yaml records the decision): a
-#: resume decides again unless told, so a run moved to another machine fits that one
+#: resume decides again unless told, so a run moved to another machine fits that one.
+#: `runtime.address` too: the cluster a run joins comes from the command line or
+#: `$RAY_ADDRESS` only, never from a file (a copied run's config.yaml naming a cluster sent the
+#: run's data there, and the driver unpickles what that cluster's workers return)
 MACHINE_CHOICES = {"runtime.placement": "auto", "runtime.accelerator": "auto", "eval.device": "auto",
-                   "runtime.num_actors": "null"}  # fmt: skip
+                   "runtime.num_actors": "null", "runtime.address": "null"}  # fmt: skip
 
 
 def load_run_config(run_dir: Path, overrides: list[str]) -> RootConfig:
@@ -89,10 +92,13 @@ def _cannot_change(key: str, keys: Sequence[str]) -> ConfigError:
 def _earlier_run_id(path: Path) -> list[str]:
     """Earlier versions took any `run_id` ('my run'); a run of theirs resumes: a saved run id
     that is its own folder's name (not an interpolation, no path) is checked as a stand-in of
-    safe characters. The resumed run writes its folder's name back (`Run._record_choices`)."""
+    safe characters; one whose folder was renamed since (`oldid`) takes the folder's name. The
+    resumed run writes its folder's name back (`Run._record_choices`)."""
     saved = _read_yaml(path).get("run_id")
-    if not isinstance(saved, str) or SAFE_NAME.fullmatch(saved) or saved != path.parent.name or "$" in saved:
+    if not isinstance(saved, str) or SAFE_NAME.fullmatch(saved) or "$" in saved or "/" in saved:
         return []
+    if saved != path.parent.name:  # the folder renamed since: its own name, if a safe one, is the id
+        return [f"run_id='{path.parent.name}'"] if SAFE_NAME.fullmatch(path.parent.name) else []
     stand_in = re.sub(r"[^A-Za-z0-9._-]", "_", saved).lstrip(".")[:200] or "run"
     return [f"run_id='{stand_in}'"]
 
@@ -138,7 +144,8 @@ def rerun_config(source: Path, overrides: list[str]) -> RootConfig:
     keys = [item.split("=", 1)[0] for item in overrides]
     same = ("seed", "experiment", "output_dir", "run_id", "variant", "runtime.", "logger.", "eval.device")
     relabel = any(not any(k == s or (s.endswith(".") and k.startswith(s)) for s in same) for k in keys)
-    return _saved_config(path, ["run_id=null", *(["variant=null"] if relabel else []), *overrides])
+    address = [] if "runtime.address" in keys else ["runtime.address=null"]  # see MACHINE_CHOICES
+    return _saved_config(path, ["run_id=null", *(["variant=null"] if relabel else []), *address, *overrides])
 
 
 def _saved_config(path: Path, overrides: list[str]) -> RootConfig:
@@ -157,15 +164,41 @@ def _saved_config(path: Path, overrides: list[str]) -> RootConfig:
             "it must be a run directory's config.yaml written by `fl-lightning run`"
         )
     try:
-        cfg = OmegaConf.structured(RootConfig)
-        OmegaConf.set_struct(cfg, False)
-        cfg.merge_with(_texts(doc))
-        OmegaConf.set_struct(cfg, True)
-        # a key a method declares resumable may be new to a run's config (its schema checks it)
-        OmegaConf.set_struct(cfg.method, False)
-        cfg.merge_with(_dotlist(overrides))
-        OmegaConf.set_struct(cfg.method, True)
-    except OmegaConfBaseException as e:
-        raise _schema_errors(e) from None
-    validate(cfg)
-    return typed(cfg)
+        try:
+            cfg = OmegaConf.structured(RootConfig)
+            OmegaConf.set_struct(cfg, False)
+            cfg.merge_with(_texts(doc))
+            OmegaConf.set_struct(cfg, True)
+            # a key a method declares resumable may be new to a run's config (its schema checks it)
+            OmegaConf.set_struct(cfg.method, False)
+            cfg.merge_with(_dotlist(overrides))
+            OmegaConf.set_struct(cfg.method, True)
+        except OmegaConfBaseException as e:
+            raise _schema_errors(e) from None
+        validate(cfg)
+        return typed(cfg)
+    except ConfigError as e:
+        raise _older_key(e, doc, path, overrides) from None
+
+
+def _older_key(e: ConfigError, doc: dict, path: Path, overrides: list[str]) -> ConfigError:
+    """An unknown key that the saved file holds (not the command line): a key an earlier (or
+    later) version wrote. Say so and how to go on (the run could not be resumed, and nothing
+    said why)."""
+    m = re.match(r"unknown config key '([^']+)'", str(e))
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    if m is None or m.group(1) in given:
+        return e
+    for key in (m.group(1), f"method.{m.group(1)}"):
+        node: object = doc
+        for part in key.split("."):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is not _MISSING:
+            return ConfigError(
+                f"{path} holds {key!r}, a key this version of fl-lightning does not know (another "
+                f"version wrote the run): delete that line from {path} to go on with this version"
+            )
+    return e
+
+
+_MISSING = object()

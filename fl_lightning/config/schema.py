@@ -12,6 +12,11 @@ from ..core.augment import AUGMENTATIONS
 from ..core.errors import ConfigError
 from ..core.optim import OptimConfig
 
+#: the largest image side and random-crop padding a run may ask for (CLIP's 224, AlexNet-BN's
+#: 256 and every config here are well below)
+MAX_IMAGE_SIZE = 1024
+MAX_AUGMENT_PADDING = 64
+
 
 def _positive(section: str, obj: Any, *keys: str) -> None:
     """ConfigError naming the first of `keys` set (not null) to a value <= 0."""
@@ -137,6 +142,14 @@ class DataConfig:
         if len(set(self.augment)) != len(self.augment):
             raise ConfigError(f"data.augment names an augmentation twice ({list(self.augment)})")
         _at_least_zero("data", self, "augment_padding")
+        # bounded: every image is resized to image_size up front, and each batch padded (10^5 px
+        # asked for terabytes: a MemoryError, or a machine filled before it)
+        if self.image_size is not None and self.image_size > MAX_IMAGE_SIZE:
+            raise ConfigError(f"data.image_size must be at most {MAX_IMAGE_SIZE} (got {self.image_size})")
+        if self.augment_padding > MAX_AUGMENT_PADDING:
+            raise ConfigError(
+                f"data.augment_padding must be at most {MAX_AUGMENT_PADDING} (got {self.augment_padding})"
+            )
         if not 0 <= self.augment_degrees <= 180:
             raise ConfigError(f"data.augment_degrees must be in [0, 180] (got {self.augment_degrees})")
         if self.imbalance_factor < 1:

@@ -40,8 +40,10 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
         with os.fdopen(fd, "wb") as f:
             write(f)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # a write cut short: name the file it was for
+            e.filename = str(path)
         raise
     return path
 
@@ -111,3 +113,27 @@ def open_new(path: Path) -> BinaryIO:
         pass
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     return os.fdopen(os.open(path, flags, 0o644), "wb")
+
+
+def open_append(path: Path) -> BinaryIO:
+    """`path` opened to add to (a resumed sweep's log): a link planted at `path` is removed
+    first (its target is left as it was), and O_NOFOLLOW makes sure that what is written
+    cannot land in a file elsewhere (a link planted again meanwhile: an OSError)."""
+    if path.is_symlink():
+        path.unlink()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o666), "ab")
+
+
+def own_folder(path: Path) -> Path:
+    """`path` as a folder to write logs in, made if missing: a symbolic link there (planted in a
+    shared sweep or reproduction folder) is one line, ConfigError, never written through."""
+    from .errors import ConfigError
+
+    if path.is_symlink():
+        raise ConfigError(
+            f"{path} is a symbolic link: the folder's logs must be its own (a link would make this "
+            "command write outside it); remove the link"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    return path

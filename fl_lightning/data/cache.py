@@ -65,9 +65,11 @@ def decode_images(paths: Sequence[Path], size: int, crop: bool = False) -> np.nd
         return out
 
     def one(i: int) -> None:
+        from PIL import Image
+
         try:
             out[i] = decode_image(paths[i], size, crop)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, Image.DecompressionBombError) as e:  # a 20000x10000 PNG of 194 KB
             raise ConfigError(f"cannot read image {paths[i]}: {e}") from None
         bar.update()
 

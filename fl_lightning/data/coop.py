@@ -39,7 +39,6 @@ with one line naming the folder and where to get it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -47,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core import safe_json
 from ..core.errors import ConfigError
 from .cache import cached_images
 from .folders import IMAGE_EXTS
@@ -127,7 +127,7 @@ def _dataset(
 def _read_json_split(s: Suite, root: str, split_file: str) -> dict[str, list[tuple[str, int, str]]]:
     path = Path(root) / s.folder / split_file
     try:
-        raw = json.loads(path.read_text())
+        raw = safe_json.loads(path.read_text())  # nesting bounded (100,000 levels: RecursionError)
         return {k: [(str(r), int(lab), str(c)) for r, lab, c in raw[k]] for k in ("train", "val", "test")}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise _bad(s, root, f"{path} is not CoOp's split file ({type(e).__name__}: {e})") from None
@@ -138,11 +138,11 @@ def _names(s: Suite, root: str, rows: list[tuple[str, int, str]]) -> list[str]:
     by_label: dict[int, str] = {}
     for _, lab, name in rows:
         by_label.setdefault(lab, name)
-    n = max(by_label) + 1 if by_label else 0
-    gaps = [c for c in range(n) if c not in by_label]
-    if not by_label or gaps or min(by_label) < 0:
+    # distinct labels are 0..C-1 exactly when the least is 0 and the greatest C-1 (a label of
+    # 10^12 made a list of every missing one: a MemoryError)
+    if not by_label or min(by_label) != 0 or max(by_label) != len(by_label) - 1:
         raise _bad(s, root, f"its split file names labels {sorted(by_label)[:3]}..., not 0..C-1")
-    return [by_label[c] for c in range(n)]
+    return [by_label[c] for c in range(len(by_label))]
 
 
 def _read_split_set(s: Suite, split_file: str, image_dir: str, root: str) -> Listing:

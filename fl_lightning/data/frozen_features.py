@@ -93,5 +93,12 @@ def load(root: str) -> ArrayDataset:
 
 
 DATASETS.register(FEATURES)(
-    DatasetEntry(load=load, present=present, where=where, download=fetch_images, class_names=tuple(CLASSES))
+    DatasetEntry(
+        load=load,
+        present=present,
+        where=where,
+        download=fetch_images,
+        class_names=tuple(CLASSES),
+        image_size=1,  # [N, 1280, 1, 1]: a CNN was refused only after minutes of feature extraction
+    )  # fmt: skip
 )

@@ -132,6 +132,9 @@ class DatasetEntry:
     where: Callable[[str], str]  # message: which files are expected where
     download: Callable[[str], Any] | None = None  # fetch into root (network); None: manual only
     class_names: tuple[str, ...] | None = None  # known without loading the data
+    #: the side of its images where it is fixed and known without loading (1: feature vectors),
+    #: so a model that cannot take them is refused before the data is built
+    image_size: int | None = None
     multilabel: bool = False
     domains: tuple[str, ...] = ()
     standin: str = ""  # non-empty for an offline stand-in: what it stands in for

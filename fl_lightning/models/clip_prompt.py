@@ -74,6 +74,28 @@ class CLIPPrompt(nn.Module):
     #: only a method whose strategy has this flag trains it (config.validate_registered)
     method_flag = "prompt_learner"
 
+    @staticmethod
+    def check_config(kwargs: dict[str, Any]) -> None:
+        """ConfigError for values the build would refuse, or that cannot fit CLIP's 77-token
+        context, before any work (`n_ctx=0` and `class_token_position=bogus` were tracebacks
+        at the model's build; `n_ctx=100000` was taken)."""
+        from ..core.errors import ConfigError
+        from ..text.soft_prompt import POSITIONS
+
+        position = kwargs.get("class_token_position", "end")
+        if position not in POSITIONS:
+            raise ConfigError(
+                f"model.class_token_position={position!r}: expected one of {', '.join(POSITIONS)}"
+            )
+        n_ctx = kwargs.get("n_ctx", 16)
+        if not kwargs.get("ctx_init") and (
+            isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not 1 <= n_ctx <= 64
+        ):
+            raise ConfigError(
+                f"model.n_ctx must be a whole number in [1, 64] (got {n_ctx!r}): the context vectors, "
+                "within CLIP's 77 tokens (or give model.ctx_init, a handcrafted context)"
+            )
+
     visual: nn.Module  # the frozen image tower (role "frozen": never trained, saved or sent)
     data_mean: Tensor
     data_std: Tensor

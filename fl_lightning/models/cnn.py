@@ -54,7 +54,10 @@ class SmallCNN(nn.Module):
         )
         side = ((image_size + 2 * padding - 4) // 2 + 2 * padding - 4) // 2
         if side < 1:
-            raise ValueError(f"the CNN needs larger images than {image_size}px at padding {padding}")
+            raise ConfigError(  # one line from `check_image_size`, before any data loads (a traceback was)
+                f"the CNN needs larger images than {image_size}px at padding {padding}: "
+                "set data.image_size larger"
+            )
         flat = c2 * side**2
         # neck=linear: no activation after the hidden layer, as CLIP2FL's `add_mlp` (its
         # student's features, the federated features and the text prototypes may take any sign)

@@ -28,6 +28,7 @@ class ClientActor:
     (`reuse_actors`) and set up again instead of paying a new process and its imports."""
 
     def __init__(self, accelerator: str, check_cuda: bool = True) -> None:
+        import contextlib
         import os
 
         from ..lean_imports import install
@@ -36,6 +37,16 @@ class ClientActor:
         import torch
 
         from . import host  # noqa: F401  (the worker's imports start now, not at its first setup)
+        from .local_ray import WORKER_CWD_ENV
+
+        # A local Ray's processes start in an empty folder (`local_ray._private_cwd`: the
+        # driver's working directory is never on a worker's sys.path); relative paths in the
+        # config are the driver's, so go there now that the imports are done. sys.path holds
+        # no relative entry, so this imports nothing from there.
+        cwd = os.environ.get(WORKER_CWD_ENV)
+        if cwd:
+            with contextlib.suppress(OSError):
+                os.chdir(cwd)
 
         if accelerator == "gpu" and check_cuda and not torch.cuda.is_available():
             raise RuntimeError(

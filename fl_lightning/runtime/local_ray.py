@@ -27,6 +27,19 @@ environment carries the mark `FL_LIGHTNING_RAY_OWNER=<pid>-<token>` (set around 
 inherited from the raylet; the agents lose it when they rename themselves).
 A SIGINT or SIGTERM during `ray.init` is held until it returns (a second one interrupts at
 once), then Ray is shut down and the interrupt raised: Ray's start-up is never left half done.
+
+A local Ray never sees the working directory (which the user may not have written: a
+download, a shared folder): `ray.init` puts the driver's working directory first on every
+worker's `sys.path` (`py_driver_sys_path`), so a `torch.py` lying there ran in each worker. It
+is called from an empty private folder (`_private_cwd`), which is what Ray records and where its
+processes start; a client worker goes back to the driver's directory (relative paths in the
+config mean what they meant) only once its imports are done (`WORKER_CWD_ENV`, read by
+`actor.ClientActor`), and nothing of it is on its `sys.path`.
+
+A local Ray takes no port of Ray's defaults: its dashboard agent (52365) and its dashboard
+server (8265, where that server listens: it starts even with the dashboard off) get free
+ports, so a user's own `ray start --head` on the same machine gets those, and `ray job
+submit` reaches that head (not this run's Ray, nor "No available agent to submit job").
 """
 
 from __future__ import annotations
@@ -35,6 +48,7 @@ import contextlib
 import logging
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import tempfile
@@ -62,8 +76,10 @@ def _defaults() -> dict[str, str]:
 
 
 def ray_tmpdir() -> Path:
-    """Short path: Ray's unix sockets live under it (107-byte limit)."""
-    return Path(os.environ.get("FL_LIGHTNING_RAY_TMPDIR", Path(tempfile.gettempdir()) / "fl_lightning_ray"))
+    """Short path: Ray's unix sockets live under it (107-byte limit). Absolute: `ray.init`
+    runs in another folder (`_private_cwd`)."""
+    default = Path(tempfile.gettempdir()) / "fl_lightning_ray"
+    return Path(os.path.abspath(os.environ.get("FL_LIGHTNING_RAY_TMPDIR", default)))
 
 
 def ray_home() -> Path:
@@ -110,6 +126,16 @@ def _home(path: Path) -> Iterator[None]:
 
 
 OWNER_ENV = watchdog.OWNER_ENV
+#: set around `ray.init` of a local Ray (its processes inherit it): the driver's working
+#: directory, where a client worker goes once its imports are done
+WORKER_CWD_ENV = "FL_LIGHTNING_WORKER_CWD"
+
+
+def ray_temp_root() -> str:
+    """Where the Ray about to start keeps its session directories, as /proc shows paths (no
+    link): `<RAY_TMPDIR>/ray`, Ray's own rule (`ray._common.utils.get_default_ray_temp_dir`)."""
+    base = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    return os.path.realpath(os.path.join(base, "ray"))
 
 
 class Watchdog:
@@ -127,7 +153,8 @@ class Watchdog:
         env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", watchdog.__file__, mark, str(os.getpid()), str(os.getsid(0))],
+                [sys.executable, "-I", "-S", watchdog.__file__, mark, str(os.getpid()), str(os.getsid(0)),
+                 ray_temp_root()],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 env=env, start_new_session=True,
             )  # fmt: skip
@@ -159,10 +186,12 @@ class Watchdog:
 
 class RayConnection:
     """A Ray that `init_ray` started or joined: `shutdown` disconnects, and for a local Ray
-    stops its watchdog, which ends whatever of it is left."""
+    stops its watchdog, which ends whatever of it is left, and removes the empty folder it
+    started in."""
 
-    def __init__(self, watchdog: Watchdog | None = None) -> None:
+    def __init__(self, watchdog: Watchdog | None = None, folder: str | None = None) -> None:
         self.watchdog = watchdog
+        self.folder = folder
 
     def shutdown(self) -> None:
         import ray
@@ -170,14 +199,64 @@ class RayConnection:
         ray.shutdown()
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.folder is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.folder)  # only if empty: nothing of anyone's is removed
 
 
 def _session_dir() -> str:
-    """The session directory of the Ray this process started ("" if Ray's internals moved)."""
+    """The session directory of the Ray this process started ("" if Ray's internals moved),
+    as /proc shows it (no link)."""
     import ray
 
     node = getattr(ray._private.worker, "_global_node", None)
-    return str(node.get_session_dir_path()) if node is not None else ""
+    return os.path.realpath(node.get_session_dir_path()) if node is not None else ""
+
+
+@contextlib.contextmanager
+def _private_cwd(folder: str) -> Iterator[None]:
+    """Run the block in `folder` (empty, ours) and come back: `ray.init` records the working
+    directory for its workers' `sys.path`, and Ray's processes start in it. The driver's own
+    directory is handed to the client workers in `WORKER_CWD_ENV`."""
+    try:
+        here: str | None = os.getcwd()
+    except OSError:  # the working directory was removed: nothing to hand on
+        here = None
+    before = os.environ.get(WORKER_CWD_ENV)
+    if here is not None:
+        os.environ[WORKER_CWD_ENV] = here
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        if here is not None:
+            with contextlib.suppress(OSError):
+                os.chdir(here)
+        if before is None:
+            os.environ.pop(WORKER_CWD_ENV, None)
+        else:
+            os.environ[WORKER_CWD_ENV] = before
+
+
+@contextlib.contextmanager
+def _free_agent_port() -> Iterator[None]:
+    """Ray's dashboard agent listens on 52365 unless told otherwise, and `ray.init` cannot tell
+    it: for the block, Ray's parameters default it to 0 (a free port; Ray reads the bound one
+    back). The dashboard's own port is `ray.init(dashboard_port=0)`."""
+    from ray._private import parameter
+
+    original = parameter.RayParams
+
+    class FreeAgentPort(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("dashboard_agent_listen_port", 0)
+            super().__init__(*args, **kwargs)
+
+    parameter.RayParams = FreeAgentPort  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        parameter.RayParams = original  # type: ignore[misc]
 
 
 def cluster_address(address: str | None) -> str | None:
@@ -190,6 +269,30 @@ def cluster_address(address: str | None) -> str | None:
     if env and not env.startswith(("http://", "https://")):
         return env
     return None
+
+
+#: how long a cluster's address may take to accept a connection before the join is given up
+JOIN_TIMEOUT_S = 15.0
+
+
+def check_reachable(address: str, timeout: float = JOIN_TIMEOUT_S) -> None:
+    """StartupError (one line) unless something accepts a TCP connection at `address`'s host and
+    port within `timeout` seconds: Ray itself retried an address where nothing listens for
+    minutes, printing only its own lines. `auto` (Ray finds the address itself) and an address
+    without a port are left to Ray."""
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if address == "auto" or not host or not port.isdigit():
+        return
+    host = host.strip("[]")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise StartupError(
+            f"cannot join the Ray cluster at {address}: nothing accepts a connection at {host}:{port} "
+            f"({why}, within {timeout:g} s); is its head up? (runtime.address=local: a private Ray)"
+        ) from None
 
 
 def _first_line(e: BaseException) -> str:
@@ -216,6 +319,7 @@ def init_ray(
     sigterm = signals.our_handler()
     kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
     if address:
+        check_reachable(address)
         try:
             ray.init(address=address, **kwargs)
         except Exception as e:  # unreachable, refused, timed out: one line, not Ray's traceback
@@ -231,6 +335,7 @@ def init_ray(
     # If Ray was imported before the variables were set (e.g. by user code), the node-IP
     # switch was already read; set it the way the variable would have.
     ray_constants.ENABLE_RAY_CLUSTER = False
+    folder = tempfile.mkdtemp(prefix="cwd-", dir=ray_tmpdir())  # empty, 0700: ours alone
     dog = Watchdog()
     mark = dog.start()
     before = os.environ.get(OWNER_ENV)
@@ -238,12 +343,12 @@ def init_ray(
         if mark:
             os.environ[OWNER_ENV] = mark  # inherited by every process of this Ray
         # held: a signal during `ray.init` raises after it returns, never half-way through
-        with signals.held(), _home(ray_home()):
-            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, **kwargs)
+        with signals.held(), _home(ray_home()), _private_cwd(folder), _free_agent_port():
+            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, dashboard_port=0, **kwargs)
             signals.restore_after_ray_init(sigterm)
             dog.watch(_session_dir())
     except BaseException as e:
-        RayConnection(dog).shutdown()
+        RayConnection(dog, folder).shutdown()
         if isinstance(e, Exception):  # e.g. "The current node timed out during startup" under load
             raise StartupError(
                 f"the local Ray did not start: {_first_line(e)} (an overloaded machine: try again, "
@@ -255,4 +360,4 @@ def init_ray(
             os.environ.pop(OWNER_ENV, None)
         else:
             os.environ[OWNER_ENV] = before
-    return RayConnection(dog)
+    return RayConnection(dog, folder)

@@ -21,13 +21,19 @@ class _SummaryWriter(Protocol):
     def log_summary(self, summary: dict[str, Any]) -> None: ...
 
 
-def os_error_line(e: OSError) -> str:
-    """One line for a file the run could not write or read: a full disk, a removed folder."""
-    where = e.filename or "a run file"
+def os_error_line(e: OSError, run: bool = True) -> str:
+    """One line for a file the run could not write or read: a full disk, a removed folder.
+    `run`: the command trains (its advice is a resume); else (a report, a comparison) the
+    files it wrote before are whole (written to a new file, then renamed) and it is run again."""
+    where = e.filename or ("a run file" if run else "an output file")
     why = e.strerror or type(e).__name__
     line = f"cannot write {where}: {why}"
     if e.errno in _FULL:
-        line += " (the newest whole checkpoint is kept: free space, then `fl-lightning resume <run dir>`)"
+        line += (
+            " (the newest whole checkpoint is kept: free space, then `fl-lightning resume <run dir>`)"
+            if run
+            else " (what was written before is kept whole: free space, then run the command again)"
+        )
     elif e.errno == errno.ENOENT and e.filename and not Path(e.filename).parent.exists():
         line = f"cannot write {where}: its folder was removed while the run was writing it"
     return line

@@ -124,6 +124,16 @@ def run_times(records: list[dict[str, Any]]) -> dict[str, str]:
 CODE_PATHS = ("fl_lightning", "conf", "pyproject.toml")
 
 
+#: git run on a checkout we did not make (a claims folder, `FL_LIGHTNING_CONF`): none of its
+#: own configured commands run (`core.fsmonitor` is a command git runs on `status`; hooks)
+SAFE_GIT = ("git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null")
+
+
+def git_command(root: Path, *args: str) -> list[str]:
+    """`git -C root args` with the checkout's own commands off (`SAFE_GIT`)."""
+    return [*SAFE_GIT, "-C", str(root), *args]
+
+
 @functools.cache  # once per process: the code it imported, not what changed since
 def this_code() -> dict[str, Any] | None:
     """`code_version` of the checkout holding this package."""
@@ -138,7 +148,7 @@ def code_version(root: Path) -> dict[str, Any] | None:
 
     def git(*args: str) -> str:
         return subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True, timeout=30
+            git_command(root, *args), capture_output=True, text=True, check=True, timeout=30
         ).stdout.strip()
 
     try:

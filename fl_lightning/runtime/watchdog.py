@@ -15,6 +15,11 @@ A process of that Ray is found by what it cannot lose:
 
 The driver writes its session directory into the pipe (one line) once `ray.init` returns;
 until one is known the watchdog looks for it every 0.25 s in the marked processes' open files.
+A directory learnt that way counts only in Ray's exact form, `<ray temp root>/session_<date>_<pid>`
+with the temp root the driver gave (`<RAY_TMPDIR>/ray`): the first `session_*` folder of any
+path counted before, so a user's working directory named `session_2026` (where Ray's processes
+ran) made every process of the terminal below it "of that Ray": the shell, an editor, another
+run were killed.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import sys
 import time
 
 OWNER_ENV = "FL_LIGHTNING_RAY_OWNER"
-_SESSION = re.compile(r"^(/.*?/session_[^/]+)(/|$)")
+# Ray's session folder name: session_<%Y-%m-%d_%H-%M-%S_%f>_<pid of the process that started it>
+SESSION_NAME = r"session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d{6}_\d+"
 
 
 def _stat(pid: str) -> tuple[str, int] | None:
@@ -66,16 +72,24 @@ def _marked(pid: str, mark: bytes) -> bool:
         return False
 
 
-def sessions_in(paths: list[str]) -> set[str]:
-    """The Ray session directories (`.../session_<date>_<pid>`) these paths lie in."""
-    return {m.group(1) for m in map(_SESSION.match, paths) if m}
+def session_pattern(root: str) -> re.Pattern[str]:
+    """A path at or below a Ray session directory directly inside `root` (Ray's temp root,
+    `<RAY_TMPDIR>/ray`, as /proc shows it: no link, no trailing slash)."""
+    return re.compile(rf"^({re.escape(root.rstrip('/'))}/{SESSION_NAME})(/|$)")
+
+
+def sessions_in(paths: list[str], root: str) -> set[str]:
+    """The Ray session directories (`<root>/session_<date>_<pid>`) these paths lie in."""
+    pattern = session_pattern(root)
+    return {m.group(1) for m in map(pattern.match, paths) if m}
 
 
 def ray_processes(
-    sid: int, sessions: set[str], mark: str | None = None, skip: tuple[int, ...] = ()
+    sid: int, sessions: set[str], root: str, mark: str | None = None, skip: tuple[int, ...] = ()
 ) -> list[int]:
     """Live processes (not zombies, not `skip`) of the Ray started from session id `sid`
-    whose session directories are `sessions`; those of marked processes are added to it."""
+    whose session directories are `sessions`; those of marked processes (in Ray's temp root
+    `root`) are added to it."""
     want = f"{OWNER_ENV}={mark}".encode() if mark else None
     found, unmarked = [], []
     for pid in _listdir("/proc"):
@@ -85,7 +99,7 @@ def ray_processes(
         if st is None or st[0] in "ZX":
             continue
         if want is not None and _marked(pid, want):
-            sessions |= sessions_in(_paths(pid))
+            sessions |= sessions_in(_paths(pid), root)
             found.append(int(pid))
         elif st[1] == sid:
             unmarked.append((int(pid), _paths(pid)))
@@ -93,7 +107,7 @@ def ray_processes(
     return found + [pid for pid, paths in unmarked if any((p + "/").startswith(inside) for p in paths)]
 
 
-def _wait(sid: int, mark: str, skip: tuple[int, ...]) -> set[str]:
+def _wait(sid: int, root: str, mark: str, skip: tuple[int, ...]) -> set[str]:
     """Block until the driver closes the pipe; return the session directories known by then:
     those it wrote, and those of marked processes, looked for every 0.25 s until one is
     known (a driver killed inside `ray.init` never writes its own)."""
@@ -107,17 +121,17 @@ def _wait(sid: int, mark: str, skip: tuple[int, ...]) -> set[str]:
             told += chunk
             sessions |= {line for line in told.decode(errors="replace").splitlines() if line.startswith("/")}
         elif not sessions:
-            ray_processes(sid, sessions, mark, skip)
+            ray_processes(sid, sessions, root, mark, skip)
     return sessions
 
 
 def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    mark, driver, sid = argv[1], int(argv[2]), int(argv[3])
+    mark, driver, sid, root = argv[1], int(argv[2]), int(argv[3]), argv[4]
     mine = (os.getpid(), driver)
-    sessions = _wait(sid, mark, mine)
+    sessions = _wait(sid, root, mark, mine)
     for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
-        pids = ray_processes(sid, sessions, mark, mine)
+        pids = ray_processes(sid, sessions, root, mark, mine)
         if not pids:
             break
         for pid in pids:
@@ -126,7 +140,7 @@ def main(argv: list[str]) -> None:
             except OSError:
                 pass
         end = time.monotonic() + grace
-        while time.monotonic() < end and ray_processes(sid, sessions, mark, mine):
+        while time.monotonic() < end and ray_processes(sid, sessions, root, mark, mine):
             time.sleep(0.05)
 
 

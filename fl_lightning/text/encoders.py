@@ -166,6 +166,12 @@ class HFTextEncoder(TextEncoder):
                 f"cannot load Hugging Face text model {model!r} (not a local folder, and not downloadable "
                 f"or cached here: {str(e).splitlines()[0]})"
             ) from None
+        except (
+            ValueError,
+            KeyError,
+        ) as e:  # a folder it cannot read (no usable tokenizer, remote code asked)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"cannot load Hugging Face text model {model!r}: {first}") from None
         self.model.to(_device(device))
         self.pooling = pooling
         self.max_length = int(max_length)

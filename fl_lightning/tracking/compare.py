@@ -235,7 +235,8 @@ class Group:
 
     @property
     def label(self) -> str:
-        return _CONTROL.sub("?", " ".join(str(k) for k in self.key))  # read from files: no escapes
+        # read from files: no escapes, and one line (a newline in a `variant` split an error line)
+        return _IN_A_LINE.sub("?", " ".join(str(k) for k in self.key))
 
     @property
     def legend(self) -> str:
@@ -245,7 +246,7 @@ class Group:
             str(v) if k in ("method", "dataset", "") else f"{k}={v}"
             for k, v in zip(names, self.key, strict=True)
         )
-        return _CONTROL.sub("?", text)
+        return _IN_A_LINE.sub("?", text)
 
     def row(self) -> dict[str, Any]:
         """Every number is over the same n runs: those that finished and have the metric."""
@@ -515,6 +516,7 @@ REFERENCES = {"client_accuracy": "client_majority_accuracy"}
 
 
 _CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+_IN_A_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # a name inside one line: no newline either
 
 
 def _safe(name: str) -> str:

@@ -85,6 +85,10 @@ MIN_PAIRS = 3
 PRETRAIN_FLAGS = {"--out", "--holdout-from", "--holdout-size", "--epochs", "--lr", "--batch-size", "--seed"}
 #: overrides that decide where a command writes: a prepare step may not set them
 WRITES_ELSEWHERE = {"output_dir", "data.root"}
+#: overrides only the command line (or the environment) gives: a claims file may not set them
+#: (`runtime.address`: the Ray cluster that gets the runs' data and whose replies the driver
+#: unpickles)
+CHOSEN_BY_THE_USER = {"runtime.address"}
 NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 ROW_KEYS = {"label", "overrides", "by_scale", "scales", "paper", "runs_of", "metric_prefix"}
 MULTIPLICITY = ("holm", "none")
@@ -280,6 +284,9 @@ class _Check:
         xs = self.items(v, where)
         if not all(isinstance(x, str) for x in xs):
             raise self.fail(where, "must be a list of overrides (strings)")
+        for x in xs:  # the cluster to join is the command line's or $RAY_ADDRESS's, never a file's
+            if x.split("=", 1)[0].lstrip("+") in CHOSEN_BY_THE_USER:
+                raise self.fail(where, f"may not set {x.split('=', 1)[0]!r} (give it on the command line)")
         return list(xs)
 
 

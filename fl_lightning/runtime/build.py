@@ -109,7 +109,9 @@ def prepare(
             )
         weights = tuple((sizes / sizes.sum()).tolist())
     # fl.bn_stats=local: no one set of statistics, so each client's own model is evaluated
-    sampling = Sampling(participation(cfg), weights, local_bn=cfg.fl.bn_stats == "local")
+    # fl.sampling=poisson: each client joins with probability m/N, cohorts of m on average
+    rate = clients_per_round(cfg) / cfg.fl.num_clients if cfg.fl.sampling == "poisson" else None
+    sampling = Sampling(participation(cfg), weights, local_bn=cfg.fl.bn_stats == "local", poisson_rate=rate)
     strategy = strategy_cls(
         method_cfg,
         cfg.fl.num_clients,

@@ -82,7 +82,7 @@ class RoundRecord:
         retries: list[str],
     ) -> RoundRecord:
         """The training part of round `rnd`'s record; ClientFailure when no client returned."""
-        if not updates:
+        if not updates and plan.payloads:  # none drawn (Poisson cohorts) is an empty round, no failure
             causes = "; ".join(f.split(": ", 1)[1] for f in failures) or "no update returned"
             raise ClientFailure(f"round {rnd}: every client failed ({causes})")
         client = weighted_client_metrics(updates)

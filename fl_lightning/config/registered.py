@@ -56,6 +56,12 @@ def validate_registered(cfg: RootConfig, trunk: str | None = None) -> MethodConf
                               family(model) is not None)  # fmt: skip
         if why:
             raise ConfigError(f"runtime.batched={cfg.runtime.batched}: {why}; use runtime.batched=0")
+    if cfg.privacy.name == "dp_fedavg":  # a channel the mechanism leaves without noise: refused
+        from ..core.privacy.plan import channel_refusal
+
+        why = channel_refusal(name)
+        if why:
+            raise ConfigError(why)
     entry = DATASETS.get(cfg.data.name)  # what is known of the data before loading it
     if cfg.eval.timing == "trained" and not (client_tests(cfg.data) and cfg.eval.clients):
         raise ConfigError(

@@ -517,6 +517,11 @@ def _privacy_check(run: RootConfig) -> None:
             "privacy.accountant=pld needs fl.sampling=poisson (dp-accounting's PLD has no analysis of "
             "fixed-size cohorts drawn without replacement); use privacy.accountant=rdp"
         )
+    if pv.name == "dp_fedavg" and fl.bn_stats == "recompute":
+        raise ConfigError(
+            "privacy=dp_fedavg privatises the model delta only; fl.bn_stats=recompute also uploads "
+            "each client's batch-norm statistics of the new model: use fl.bn_stats=averaged"
+        )
     if pv.name == "dp_fedavg" and pv.delta >= 1 / fl.num_clients:
         raise ConfigError(
             f"privacy.delta={pv.delta:g} must be below 1/fl.num_clients = {1 / fl.num_clients:g} "

@@ -26,6 +26,7 @@ from ..core.errors import ConfigError
 from ..core.metrics import EvalSpec
 from ..core.objective import ClientObjective
 from ..core.params import to_cpu
+from ..core.privacy.plan import PrivacyPlan
 from ..core.sampling import Sampling
 from ..core.staleness import Staleness
 from ..core.strategy import Strategy, TaskInfo
@@ -57,6 +58,8 @@ class Prepared:
     # where its clients run, decided once: on this machine's resources (`runtime=serial`, a
     # private local Ray) or `early_start`'s; None: a cluster's, known once joined
     placement: Placement | None = None
+    #: `privacy=dp_fedavg`: the mechanism, σ calibrated (docs/privacy.md); None: no privacy
+    privacy: PrivacyPlan | None = None
 
 
 def prepare(
@@ -66,6 +69,9 @@ def prepare(
     initial model. `trunk`: the file `model.weights` is read from (a resumed run's own copy of
     it); `placement`: one already decided (`early_start`'s, on the Ray it started)."""
     method_cfg = validate_registered(cfg, trunk)  # checked before any data
+    privacy = None  # σ calibrated for the planned rounds (a one-line error before any data)
+    if cfg.privacy.name == "dp_fedavg":
+        privacy = PrivacyPlan.of(cfg.privacy, cfg.fl, clients_per_round(cfg))
     if placement is None and not _on_cluster(cfg):
         placement = placement_for(cfg, *local_resources(cfg))  # this machine cannot hold it: one line now
     d, model = cfg.data, str(cfg.model["name"])
@@ -192,6 +198,7 @@ def prepare(
         server_x,
         weights_info,
         placement,
+        privacy,
     )
     if on_cpu(cfg):  # a slow step (C-Tran) says how long the rounds will take, before they start
         from .plan import announce_client_training

@@ -33,6 +33,8 @@ from ..errors import ConfigError
 
 __all__ = [
     "OPACUS_RDP_ORDERS",
+    "Method",
+    "SamplingKind",
     "Sampling",
     "UserLevelAccountant",
     "SampleLevelAccountant",

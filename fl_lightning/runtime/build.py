@@ -27,6 +27,7 @@ from ..core.metrics import EvalSpec
 from ..core.objective import ClientObjective
 from ..core.params import to_cpu
 from ..core.privacy.plan import PrivacyPlan
+from ..core.privacy.steps import DpFedAvgStep
 from ..core.sampling import Sampling
 from ..core.staleness import Staleness
 from ..core.strategy import Strategy, TaskInfo
@@ -124,7 +125,7 @@ def prepare(
         sampled_per_round(cfg),
         cfg.seed,
         task,
-        aggregator=build_aggregator(cfg, max(len(t) for t in split.train) if split.train else 1),
+        aggregator=build_aggregator(cfg, max(len(t) for t in split.train) if split.train else 1, privacy),
         sampling=sampling,
     )
     check_aggregation(strategy)
@@ -169,6 +170,14 @@ def prepare(
     strategy.check_model(objective.model)
     if spec.batched and (why := model_refusal(objective)):  # before Ray or any file
         raise ConfigError(f"runtime.batched={spec.batched}: {why}; use runtime.batched=0")
+    if privacy is not None:  # integer buffers are averaged as they are: a count the noise misses
+        ints = [k for k, v in objective.shared_params().items() if not v.is_floating_point()]
+        if ints:
+            raise ConfigError(
+                f"privacy=dp_fedavg noises floating tensors only; model {spec.model} uploads integer "
+                f"buffers ({ints[0]}: batch norm's step count) that would be averaged without noise: "
+                "use a model without batch norm (model=cnn) or with GroupNorm"
+            )
     weights_info = None
     weights = cfg.model.get("weights")
     if weights:  # the pretrained trunk: in the initial global weights every client gets
@@ -244,11 +253,24 @@ def on_cpu(cfg: RootConfig) -> bool:
     return rt.accelerator == "cpu" or (rt.accelerator == "auto" and local_resources(cfg)[1] == 0)
 
 
-def build_aggregator(cfg: RootConfig, largest_client: int = 1) -> Aggregator:
+def build_aggregator(cfg: RootConfig, largest_client: int = 1, privacy: PrivacyPlan | None = None) -> Aggregator:
     """The run's aggregation chain, `aggregator.steps` in order (`core/aggregation.py`); an
     asynchronous server mode puts its staleness weights first (`core/staleness.py`).
     `largest_client`: the most training examples a client has (secagg_plus's default bound
-    on a weight, so w/max_weight ≤ 1)."""
+    on a weight, so w/max_weight ≤ 1); `privacy=dp_fedavg`: its own step (clip, uniform
+    weights, noise), alone."""
+    if privacy is not None:
+        if cfg.system.mode != "sync":  # the accountant's sampling model is a round's cohort
+            raise ConfigError(
+                f"privacy=dp_fedavg accounts for synchronous rounds of sampled cohorts: use system.mode=sync "
+                f"(not {cfg.system.mode})"
+            )
+        if cfg.aggregator.steps:
+            raise ConfigError(
+                f"privacy=dp_fedavg is its own aggregation chain (clip, uniform weights, noise): unset "
+                f"aggregator.steps={list(cfg.aggregator.steps)}"
+            )
+        return Aggregator([DpFedAvgStep(privacy)])
     steps = [AGGREGATION_STEPS[name](cfg) for name in cfg.aggregator.steps]
     for i, s in enumerate(steps):
         if isinstance(s, secagg.SecAggPlus) and s.params.max_weight is None:

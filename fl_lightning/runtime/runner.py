@@ -151,7 +151,8 @@ def run_rounds(
             state, server_metrics = strategy.server_update(state, updates, ctx)
             record.server = {**chain_metrics, **aggregate_metrics, **server_metrics}
             if steps.privacy is not None:  # every round composes one mechanism: ε after `rnd` rounds
-                record.privacy = steps.privacy.report(rnd, chain_metrics.get("privacy_clip"))
+                memory = state.aggregation.get("dp_fedavg", {})
+                record.privacy = steps.privacy.report(rnd, memory, chain_metrics.get("dp_fedavg/clip"))
             state = finite_weights(dataclasses.replace(state, round=rnd), record)
             state = scheduler.stepped(state, rnd)
             record.virtual_time = virtual_time(state)

@@ -154,13 +154,21 @@ class PrivacyPlan:
             "seeded (reproducible, not cryptographic)"
         )
 
-    def report(self, rounds: int, clip: float | None = None) -> dict[str, float]:
-        """The `privacy/<k>` metrics after `rounds` rounds (`clip`: this round's C, adaptive)."""
+    def report(self, rounds: int, memory: dict[str, Any], clip: float | None = None) -> dict[str, float]:
+        """The `privacy/<k>` metrics after `rounds` rounds; `memory`: the chain step's (the
+        rounds it composed); `clip`: the C this round clipped to (adaptive). A count that
+        is not `rounds` (a checkpoint of a run without this mechanism in some round) is refused."""
+        composed = int(memory.get("rounds", 0))
+        if composed != rounds:
+            raise ConfigError(
+                f"the privacy accountant composed {composed} rounds by round {rounds}: the run's "
+                "checkpoints were not all made with privacy=dp_fedavg; its ε cannot be stated"
+            )
         return {
             "epsilon": self.epsilon(rounds),
             "delta": self.delta,
             "noise_multiplier": self.noise_multiplier,
-            "clip": self.clip if clip is None else clip,
+            "clip": self.clip if clip is None else float(clip),
         }
 
     def summary(self, rounds: int) -> dict[str, Any]:

@@ -192,7 +192,12 @@ def test_what_dp_fedavg_cannot_privatise_is_refused_in_one_line(extra, says, tmp
     assert not (tmp_path / "default").exists()
 
 
-ADAPTIVE = ["privacy.adaptive=true", "privacy.clip=0.5", "privacy.noise_multiplier=0.3"]
+ADAPTIVE = [
+    "privacy.adaptive=true",
+    "privacy.clip=0.5",
+    "privacy.noise_multiplier=0.3",
+    "privacy.clipped_count_stddev=1",
+]
 
 
 @pytest.mark.slow

@@ -399,6 +399,10 @@ class PrivacyConfig:
             raise ConfigError(f"privacy.delta must be in (0, 1) (got {self.delta})")
         if not 0 <= self.target_quantile <= 1:
             raise ConfigError(f"privacy.target_quantile must be in [0, 1] (got {self.target_quantile})")
+        if self.name == "dp_sgd" and self.noise_multiplier is None:
+            raise ConfigError(
+                "privacy=dp_sgd takes privacy.noise_multiplier (a target ε is not calibrated for DP-SGD yet)"
+            )
         if self.adaptive and self.name != "dp_fedavg":
             raise ConfigError("privacy.adaptive (adaptive clipping) applies to privacy=dp_fedavg")
 
@@ -512,7 +516,11 @@ def _privacy_check(run: RootConfig) -> None:
             f"privacy={pv.name} accounts for uniform cohorts (fl.sampling=uniform or poisson); "
             f"{what} draws clients another way"
         )
-    if pv.accountant == "pld" and fl.sampling != "poisson":
+    if pv.name == "dp_sgd" and run.runtime.batched:
+        raise ConfigError(
+            "privacy=dp_sgd trains each client through Opacus' optimiser: use runtime.batched=0"
+        )
+    if pv.accountant == "pld" and fl.sampling != "poisson" and pv.name == "dp_fedavg":
         raise ConfigError(
             "privacy.accountant=pld needs fl.sampling=poisson (dp-accounting's PLD has no analysis of "
             "fixed-size cohorts drawn without replacement); use privacy.accountant=rdp"

@@ -26,6 +26,8 @@ from ..core.errors import ConfigError
 from ..core.metrics import EvalSpec
 from ..core.objective import ClientObjective
 from ..core.params import to_cpu
+from ..core.privacy.dp_sgd import DpSgdLedger
+from ..core.privacy.dp_sgd import model_refusal as dp_sgd_model_refusal
 from ..core.privacy.plan import PrivacyPlan
 from ..core.privacy.steps import DpFedAvgStep
 from ..core.sampling import Sampling
@@ -71,7 +73,7 @@ def prepare(
     it); `placement`: one already decided (`early_start`'s, on the Ray it started)."""
     method_cfg = validate_registered(cfg, trunk)  # checked before any data
     privacy = None  # σ calibrated for the planned rounds (a one-line error before any data)
-    if cfg.privacy.name == "dp_fedavg":
+    if cfg.privacy.name != "none":
         privacy = PrivacyPlan.of(cfg.privacy, cfg.fl, clients_per_round(cfg))
     if placement is None and not _on_cluster(cfg):
         placement = placement_for(cfg, *local_resources(cfg))  # this machine cannot hold it: one line now
@@ -155,6 +157,7 @@ def prepare(
         resident_shards=bool(cfg.runtime.resident_shards),
         precision=precision_of(cfg.runtime.precision),
         batched=int(cfg.runtime.batched),
+        dp_sgd=(privacy.noise_multiplier, privacy.clip) if privacy is not None and privacy.ledger else None,
         augment=Augment(
             tuple(d.augment),
             int(d.augment_padding),
@@ -170,7 +173,14 @@ def prepare(
     strategy.check_model(objective.model)
     if spec.batched and (why := model_refusal(objective)):  # before Ray or any file
         raise ConfigError(f"runtime.batched={spec.batched}: {why}; use runtime.batched=0")
-    if privacy is not None:  # integer buffers are averaged as they are: a count the noise misses
+    if privacy is not None and privacy.ledger is not None:  # what Opacus cannot take: one line
+        if (why := dp_sgd_model_refusal(objective.model, spec.model)) is not None:
+            raise ConfigError(why)
+        shards = [len(t) for t in split.train if len(t)]
+        ledger = dataclasses.replace(privacy.ledger, smallest_shard=min(shards) if shards else 0)
+        privacy = dataclasses.replace(privacy, ledger=ledger)
+        strategy.aggregator = dp_sgd_chain(ledger, strategy.aggregator)
+    elif privacy is not None:  # integer buffers are averaged as they are: a count the noise misses
         ints = [k for k, v in objective.shared_params().items() if not v.is_floating_point()]
         if ints:
             raise ConfigError(
@@ -253,13 +263,19 @@ def on_cpu(cfg: RootConfig) -> bool:
     return rt.accelerator == "cpu" or (rt.accelerator == "auto" and local_resources(cfg)[1] == 0)
 
 
+def dp_sgd_chain(ledger: DpSgdLedger, chain: Aggregator) -> Aggregator:
+    """`chain` with DP-SGD's record of each client's steps first (it reads the example counts
+    before any step reweights them)."""
+    return make_aggregator([ledger, *chain.steps])
+
+
 def build_aggregator(cfg: RootConfig, largest_client: int = 1, privacy: PrivacyPlan | None = None) -> Aggregator:
     """The run's aggregation chain, `aggregator.steps` in order (`core/aggregation.py`); an
     asynchronous server mode puts its staleness weights first (`core/staleness.py`).
     `largest_client`: the most training examples a client has (secagg_plus's default bound
     on a weight, so w/max_weight ≤ 1); `privacy=dp_fedavg`: its own step (clip, uniform
     weights, noise), alone."""
-    if privacy is not None:
+    if privacy is not None and privacy.ledger is None:
         if cfg.system.mode != "sync":  # the accountant's sampling model is a round's cohort
             raise ConfigError(
                 f"privacy=dp_fedavg accounts for synchronous rounds of sampled cohorts: use system.mode=sync "

@@ -120,7 +120,7 @@ def run_rounds(
     try:
         for rnd in range(state.round + 1, last_round + 1):
             if steps.privacy is not None:  # BudgetSpent: this round would pass privacy.max_epsilon
-                steps.privacy.check_budget(rnd)
+                steps.privacy.check_budget(rnd, privacy_memory(state))
             t0 = time.perf_counter()
             # 1. configure, 2. fit: the scheduler's updates for this step, in client-id order
             failed, retried = len(executor.failures), len(executor.retries)
@@ -151,8 +151,8 @@ def run_rounds(
             state, server_metrics = strategy.server_update(state, updates, ctx)
             record.server = {**chain_metrics, **aggregate_metrics, **server_metrics}
             if steps.privacy is not None:  # every round composes one mechanism: ε after `rnd` rounds
-                memory = state.aggregation.get("dp_fedavg", {})
-                record.privacy = steps.privacy.report(rnd, memory, chain_metrics.get("dp_fedavg/clip"))
+                clip = chain_metrics.get("dp_fedavg/clip")
+                record.privacy = steps.privacy.report(rnd, privacy_memory(state), clip)
             state = finite_weights(dataclasses.replace(state, round=rnd), record)
             state = scheduler.stepped(state, rnd)
             record.virtual_time = virtual_time(state)
@@ -179,6 +179,11 @@ def run_rounds(
             _write(line, callbacks)
         raise
     return state
+
+
+def privacy_memory(state: ServerState) -> dict[str, Any]:
+    """The privacy step's memory in the chain (dp_fedavg's or dp_sgd's ledger)."""
+    return dict(state.aggregation.get("dp_fedavg") or state.aggregation.get("dp_sgd") or {})
 
 
 def _write(line: Line | None, callbacks: Callback) -> None:
@@ -291,7 +296,8 @@ class Run:
         if self.console:
             print_table(writer.records(), summary, run_dir)
             if p.privacy is not None:
-                print(p.privacy.console_line(int(summary.get("rounds_completed", 0))))
+                done = int(summary.get("rounds_completed", 0))
+                print(p.privacy.console_line(done, (summary.get("privacy") or {}).get("epsilon")))
         return summary
 
     def _record_choices(self, placement: Placement) -> None:
@@ -361,7 +367,8 @@ class Run:
         extra = dict(self.p.strategy.run_summary())
         if self.p.privacy is not None:  # ε after the rounds done, and what it covers
             done = max((int(r["round"]) for r in records if not r.get("diverged")), default=0)
-            extra["privacy"] = self.p.privacy.summary(done)
+            last = next((r["privacy/epsilon"] for r in reversed(records) if "privacy/epsilon" in r), None)
+            extra["privacy"] = self.p.privacy.summary(done, last)
         if client_eval.majority is not None:
             extra["client_majority_accuracies"] = [round(a, 6) for a in client_eval.majority]
         if self.p.weights_info is not None:

@@ -24,6 +24,7 @@ from .accountant import (
     adaptive_noise_multipliers,
     calibrate_noise_multiplier,
 )
+from .dp_sgd import DpSgdLedger
 
 __all__ = ["OTHER_CHANNELS", "BudgetSpent", "PrivacyPlan", "channel_refusal"]
 
@@ -65,7 +66,7 @@ class PrivacyPlan:
     """A private run's mechanism, as the run will carry it out.
 
     Attributes:
-        name: dp_fedavg (user-level) or dp_sgd (sample-level).
+        name: dp_fedavg (user-level) or dp_sgd (sample-level; `ledger` accounts for it).
         clip: C (adaptive: the first round's).
         noise_multiplier: σ of the whole round (given, or calibrated for `rounds`).
         update_noise_multiplier: σ_Δ, the noise on the update (σ without adaptive clipping).
@@ -89,6 +90,8 @@ class PrivacyPlan:
     adaptive: bool = False
     target_quantile: float = 0.5
     clip_lr: float = 0.2
+    #: dp_sgd: the chain's record of each client's steps, and its accountant (per client)
+    ledger: DpSgdLedger | None = None
 
     @classmethod
     def of(cls, privacy: Any, fl: Any, cohort: int) -> PrivacyPlan:
@@ -98,7 +101,12 @@ class PrivacyPlan:
         sampling = Sampling(kind, int(fl.num_clients), int(cohort))
         method: Method = privacy.accountant
         sigma = privacy.noise_multiplier
-        if sigma is None:
+        ledger = None
+        if privacy.name == "dp_sgd":
+            ledger = DpSgdLedger(
+                float(sigma), int(fl.batch_size), int(fl.local_epochs), fl.local_steps, float(privacy.delta)
+            )
+        elif sigma is None:
             sigma = calibrate_noise_multiplier(
                 float(privacy.target_epsilon), float(privacy.delta), sampling, int(fl.rounds), method
             )
@@ -118,7 +126,7 @@ class PrivacyPlan:
             delta=float(privacy.delta), method=method, rounds=int(fl.rounds),
             max_epsilon=privacy.max_epsilon, target_epsilon=privacy.target_epsilon,
             adaptive=bool(privacy.adaptive), target_quantile=float(privacy.target_quantile),
-            clip_lr=float(privacy.clip_lr),
+            clip_lr=float(privacy.clip_lr), ledger=ledger,
         )  # fmt: skip
 
     def accountant(self, rounds: int = 0) -> UserLevelAccountant:
@@ -126,16 +134,23 @@ class PrivacyPlan:
             self.sampling, self.noise_multiplier, self.delta, self.method, rounds=rounds
         )
 
-    def epsilon(self, rounds: int) -> float:
+    def epsilon(self, rounds: int, memory: dict[str, Any] | None = None) -> float:
+        """ε after `rounds` rounds: DP-FedAvg's from the rounds alone, DP-SGD's (the largest
+        over the clients) from the chain step's `memory`."""
+        if self.ledger is not None:
+            return self.ledger.epsilon(memory or {})
         return self.accountant().epsilon(rounds)
 
-    def check_budget(self, next_round: int) -> None:
-        """BudgetSpent when round `next_round` would take ε past `max_epsilon`."""
+    def check_budget(self, next_round: int, memory: dict[str, Any] | None = None) -> None:
+        """BudgetSpent when round `next_round` would take ε past `max_epsilon` (DP-SGD: were
+        any client, the smallest fresh one included, to train in it)."""
         if self.max_epsilon is None:
             return
-        eps = self.epsilon(next_round)
+        if self.ledger is not None:
+            eps, done = self.ledger.epsilon(memory or {}, more=True), self.ledger.epsilon(memory or {})
+        else:
+            eps, done = self.epsilon(next_round), self.epsilon(next_round - 1)
         if eps > self.max_epsilon:
-            done = self.epsilon(next_round - 1)
             raise BudgetSpent(
                 f"privacy budget: round {next_round} would take ε from {done:.4g} to {eps:.4g}, past "
                 f"privacy.max_epsilon={self.max_epsilon:g} (δ={self.delta:g}); stopped after round "
@@ -144,6 +159,17 @@ class PrivacyPlan:
 
     def covers(self) -> str:
         """What the reported (ε, δ) covers, said plainly."""
+        if self.ledger is not None:
+            return (
+                "sample-level (ε, δ) of DP-SGD in each client (Opacus): any one training example may "
+                f"change; the largest ε over the clients; each example's gradient clipped to L2 norm "
+                f"{self.clip:g} and noised in every local step, so the uploaded models are covered; "
+                "accountant: Opacus RDP per client, batches of fixed size from a shuffle accounted as "
+                "Poisson draws of rate batch/shard (the usual approximation), no amplification by "
+                "client sampling counted. Not covered: which client holds how many examples, the "
+                "logged training metrics and evaluations; the noise's generator is seeded "
+                "(reproducible, not cryptographic)"
+            )
         return (
             f"user-level (ε, δ) of DP-FedAvg: any one client's whole data may change; covers the model "
             f"updates only (every uploaded tensor clipped to L2 norm {self.clip:g}"
@@ -155,44 +181,59 @@ class PrivacyPlan:
         )
 
     def report(self, rounds: int, memory: dict[str, Any], clip: float | None = None) -> dict[str, float]:
-        """The `privacy/<k>` metrics after `rounds` rounds; `memory`: the chain step's (the
-        rounds it composed); `clip`: the C this round clipped to (adaptive). A count that
-        is not `rounds` (a checkpoint of a run without this mechanism in some round) is refused."""
-        composed = int(memory.get("rounds", 0))
-        if composed != rounds:
-            raise ConfigError(
-                f"the privacy accountant composed {composed} rounds by round {rounds}: the run's "
-                "checkpoints were not all made with privacy=dp_fedavg; its ε cannot be stated"
-            )
+        """The `privacy/<k>` metrics after `rounds` rounds; `memory`: the chain step's (DP-FedAvg:
+        the rounds it composed; DP-SGD: each client's steps); `clip`: the C this round clipped
+        to (adaptive). DP-FedAvg's composed rounds that are not `rounds` (a checkpoint of a run
+        without this mechanism in some round) are refused."""
+        if self.ledger is None:
+            composed = int(memory.get("rounds", 0))
+            if composed != rounds:
+                raise ConfigError(
+                    f"the privacy accountant composed {composed} rounds by round {rounds}: the run's "
+                    "checkpoints were not all made with privacy=dp_fedavg; its ε cannot be stated"
+                )
         return {
-            "epsilon": self.epsilon(rounds),
+            "epsilon": self.epsilon(rounds, memory),
             "delta": self.delta,
             "noise_multiplier": self.noise_multiplier,
             "clip": self.clip if clip is None else float(clip),
         }
 
-    def summary(self, rounds: int) -> dict[str, Any]:
-        """summary.json's `privacy` block after `rounds` rounds."""
-        eps = self.epsilon(rounds)
-        return {
+    def summary(self, rounds: int, epsilon: float | None = None) -> dict[str, Any]:
+        """summary.json's `privacy` block after `rounds` rounds (`epsilon`: DP-SGD's, as the
+        last round reported it)."""
+        eps = self.epsilon(rounds) if self.ledger is None else (epsilon or 0.0)
+        out = {
             "mechanism": self.name,
             "epsilon": eps if math.isfinite(eps) else None,
             "delta": self.delta,
             "noise_multiplier": self.noise_multiplier,
+            "clip": self.clip,
+            "max_epsilon": self.max_epsilon,
+            "covers": self.covers(),
+        }
+        if self.ledger is not None:
+            return {**out, "accountant": "opacus rdp", "level": "sample"}
+        return {
+            **out,
+            "level": "user",
             "update_noise_multiplier": self.update_noise_multiplier,
             "clipped_count_stddev": self.count_stddev,
-            "clip": self.clip,
             "adaptive_clipping": self.adaptive,
             "target_epsilon": self.target_epsilon,
-            "max_epsilon": self.max_epsilon,
             "accountant": self.method,
             "sampling": self.sampling.kind,
             "adjacency": self.sampling.adjacency,
-            "covers": self.covers(),
         }
 
-    def console_line(self, rounds: int) -> str:
-        eps = self.epsilon(rounds)
+    def console_line(self, rounds: int, epsilon: float | None = None) -> str:
+        eps = self.epsilon(rounds) if self.ledger is None else (epsilon or 0.0)
+        if self.ledger is not None:
+            return (
+                f"privacy: ε = {eps:.4g} at δ = {self.delta:g} after {rounds} rounds, the largest over the "
+                f"clients (DP-SGD, σ = {self.noise_multiplier:.4g}, C = {self.clip:g}, Opacus RDP): "
+                "sample-level, per client (docs/privacy.md)"
+            )
         return (
             f"privacy: ε = {eps:.4g} at δ = {self.delta:g} after {rounds} rounds (σ = "
             f"{self.noise_multiplier:.4g}, C = {self.clip:g}{', adaptive' if self.adaptive else ''}; "

@@ -273,3 +273,36 @@ def test_dp_fedavg_runs_each_method_at_its_defaults(method, tmp_path, data_root)
     assert summary["status"] == "completed"
     line = records(run_dir)[0]
     assert line["privacy/epsilon"] > 0 and line["server/dp_fedavg/std"] > 0
+
+
+@pytest.mark.slow
+def test_wandb_charts_epsilon_by_round_and_compare_groups_by_target_epsilon(tmp_path, capsys, monkeypatch):
+    """A sweep over privacy.target_epsilon with W&B offline: every round's privacy/epsilon is in
+    W&B's history (its own section, over `round`) beside eval/accuracy, the summary's privacy block
+    too; `compare --by privacy.target_epsilon` groups the runs by their target."""
+    from .test_compare import TINY
+    from .wandb_files import read_finished_run
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    (tmp_path / "netrc").write_text("")
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    out = tmp_path / "runs"
+    args = ["sweep", "privacy=dp_fedavg", "privacy.noise_multiplier=null", "privacy.target_epsilon=2,8",
+            "privacy.delta=0.01", *TINY, "logger=wandb", "logger.mode=offline"]  # fmt: skip
+    assert main([*args, f"output_dir={out}", "experiment=eps", "--no-plots"]) == 0, capsys.readouterr()
+    runs = sorted(p for p in (out / "eps").iterdir() if (p / "summary.json").is_file())
+    assert len(runs) == 2
+    for run_dir in runs:
+        (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+        logged = read_finished_run(path)
+        rows = [h for h in logged["history"] if h["round"] >= 1]
+        lines = records(run_dir)
+        assert [h["privacy/epsilon"] for h in rows] == [r["privacy/epsilon"] for r in lines]
+        assert all("eval/accuracy" in h for h in rows)
+        target = logged["config"]["privacy.target_epsilon"]
+        assert lines[-1]["privacy/epsilon"] <= target  # the calibrated σ never overshoots
+        assert logged["summary"]["privacy/epsilon"] == lines[-1]["privacy/epsilon"]
+    capsys.readouterr()
+    assert main(["compare", str(out / "eps"), "--by", "privacy.target_epsilon", "--no-plots"]) == 0
+    table = capsys.readouterr().out
+    assert "2.0" in table and "8.0" in table

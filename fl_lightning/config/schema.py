@@ -381,7 +381,8 @@ class PrivacyConfig:
     adaptive: bool = False
     target_quantile: float = 0.5
     clip_lr: float = 0.2
-    clipped_count_stddev: float | None = None  # σ_b; null: clients per round / 20 (Flower's)
+    #: σ_b; null: clients per round / 20 (Andrew et al.'s, Flower's), or σ where that is below it
+    clipped_count_stddev: float | None = None
 
     def check(self) -> None:
         if self.name == "none":

@@ -224,13 +224,22 @@ def calibrate_noise_multiplier(
     def account(sigma: float) -> dpa.DpEvent:
         return dpa.SelfComposedDpEvent(_round_event(sampling, sigma), rounds)
 
+    # the search starts above σ where the PLD's discretised loss range would not fit in memory
+    # (dp-accounting sizes it ~1/σ²: 38 GB at σ = 1e-3); a target met below it is refused
+    lowest = 0.3 if method == "pld" else 0.05
     with _Quiet():
+        at_lowest = _fresh(method, sampling, None).compose(account(lowest)).get_epsilon(delta)
+        if at_lowest <= target_epsilon:
+            raise ConfigError(
+                f"privacy.target_epsilon={target_epsilon:g} is met already at noise multiplier {lowest:g} "
+                f"(ε {at_lowest:.3g}): set privacy.noise_multiplier instead"
+            )
         sigma = dpa.calibrate_dp_mechanism(
             lambda: _fresh(method, sampling, None),
             account,
             target_epsilon,
             delta,
-            dpa.LowerEndpointAndGuess(1e-3, 1.0),
+            dpa.LowerEndpointAndGuess(lowest, max(1.0, 2 * lowest)),
             tol=tol,
         )
     return float(sigma)

@@ -112,7 +112,9 @@ class PrivacyPlan:
             )
         count_std, update_sigma = 0.0, float(sigma)
         if privacy.adaptive:
-            count_std = float(privacy.clipped_count_stddev or cohort / 20)  # Andrew et al., Flower
+            # Andrew et al.'s (and Flower's) m/20; where that is not above σ/2 (small cohorts, large
+            # σ) σ itself, which raises the update's noise by 15% (σ_Δ = σ/√(3/4))
+            count_std = float(privacy.clipped_count_stddev or max(cohort / 20, float(sigma)))
             update_sigma = adaptive_noise_multipliers(float(sigma), count_std)
         if privacy.max_epsilon is not None and privacy.target_epsilon is not None:
             if privacy.max_epsilon < privacy.target_epsilon:

@@ -288,7 +288,8 @@ def test_wandb_charts_epsilon_by_round_and_compare_groups_by_target_epsilon(tmp_
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
     out = tmp_path / "runs"
     args = ["sweep", "privacy=dp_fedavg", "privacy.noise_multiplier=null", "privacy.target_epsilon=2,8",
-            "privacy.delta=0.01", *TINY, "logger=wandb", "logger.mode=offline"]  # fmt: skip
+            "privacy.delta=0.01", "privacy.clip=0.01", *TINY,
+            "logger=wandb", "logger.mode=offline"]  # fmt: skip
     assert main([*args, f"output_dir={out}", "experiment=eps", "--no-plots"]) == 0, capsys.readouterr()
     runs = sorted(p for p in (out / "eps").iterdir() if (p / "summary.json").is_file())
     assert len(runs) == 2

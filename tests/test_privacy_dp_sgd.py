@@ -110,3 +110,15 @@ def test_what_dp_sgd_cannot_do_is_one_line(extra, says, tmp_path, capsys, data_r
     assert code == 2 and err.count("\n") == 1 and err.startswith("fl-lightning: error: "), err
     assert says in err
     assert not (tmp_path / "default").exists()
+
+
+@pytest.mark.slow
+def test_dp_sgd_serial_equals_ray(tmp_path, data_root, ray_session):
+    """The noise is drawn from the fit's seed (seed, round, client), not from a worker's state:
+    two rounds of 2 of 4 clients give the same lines, ε included, on either runtime."""
+    args = small(tmp_path, *SGD, "fl.clients_per_round=2", "privacy.noise_multiplier=0.8", "fl.rounds=2",
+                 "runtime.threads_per_client=1")  # fmt: skip
+    _, sdir = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False)
+    _, rdir = start_run(compose([*args, "runtime=ray", "run_id=ray"]), console=False)
+    assert records(sdir) == records(rdir)
+    assert records(sdir)[-1]["privacy/epsilon"] > records(sdir)[0]["privacy/epsilon"] > 0

@@ -6,6 +6,7 @@ serial == Ray, kill -9 and resume, the budget stop, the refusals, and the method
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,6 +21,7 @@ import torch
 from fl_lightning.cli.main import main
 from fl_lightning.config import compose
 from fl_lightning.core.aggregation import Aggregator, Uniform, aggregate_chain
+from fl_lightning.core.errors import ConfigError
 from fl_lightning.core.messages import ServerState
 from fl_lightning.core.privacy.accountant import Sampling
 from fl_lightning.core.privacy.plan import PrivacyPlan
@@ -307,3 +309,17 @@ def test_wandb_charts_epsilon_by_round_and_compare_groups_by_target_epsilon(tmp_
     assert main(["compare", str(out / "eps"), "--by", "privacy.target_epsilon", "--no-plots"]) == 0
     table = capsys.readouterr().out
     assert "2.0" in table and "8.0" in table
+
+
+def test_a_resume_that_would_change_sigma_is_refused():
+    """σ calibrated for fl.rounds changes when a resume extends the run: the step's memory keeps
+    the σ its rounds used, and the next round is refused before it trains."""
+    first = plan(1.0, 1.0, 4)
+    state = ServerState(round=0, global_params={"w": torch.zeros(2)})
+    ups = [_update(c, {"w": torch.ones(2)}) for c in range(4)]
+    new = aggregate_chain(Aggregator([DpFedAvgStep(first)]), state, ups, round_ctx(1))
+    memory = new.aggregation["dp_fedavg"]
+    assert memory["noise_multiplier"] == 1.0
+    first.check_budget(2, memory)  # the same σ: fine
+    with pytest.raises(ConfigError, match="used noise multiplier 1 and this one would use 0.9"):
+        dataclasses.replace(first, noise_multiplier=0.9).check_budget(2, memory)

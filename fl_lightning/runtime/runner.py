@@ -120,7 +120,7 @@ def run_rounds(
     try:
         for rnd in range(state.round + 1, last_round + 1):
             if steps.privacy is not None:  # BudgetSpent: this round would pass privacy.max_epsilon
-                steps.privacy.check_budget(rnd, privacy_memory(state))
+                steps.privacy.check_budget(rnd, privacy_memory(state))  # (and σ is the rounds' so far)
             t0 = time.perf_counter()
             # 1. configure, 2. fit: the scheduler's updates for this step, in client-id order
             failed, retried = len(executor.failures), len(executor.retries)

@@ -146,6 +146,14 @@ class PrivacyPlan:
     def check_budget(self, next_round: int, memory: dict[str, Any] | None = None) -> None:
         """BudgetSpent when round `next_round` would take ε past `max_epsilon` (DP-SGD: were
         any client, the smallest fresh one included, to train in it)."""
+        used = (memory or {}).get("noise_multiplier")
+        if self.ledger is None and used is not None and used != self.noise_multiplier:
+            raise ConfigError(
+                f"the run's rounds so far used noise multiplier {used:.6g} and this one would use "
+                f"{self.noise_multiplier:.6g} (σ is calibrated for fl.rounds: a resume that changed it, "
+                "or the privacy settings): the accountant composes one mechanism; resume with the "
+                f"run's settings, or privacy.noise_multiplier={used:.6g} privacy.target_epsilon=null"
+            )
         if self.max_epsilon is None:
             return
         if self.ledger is not None:

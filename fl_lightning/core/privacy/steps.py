@@ -96,6 +96,7 @@ class DpFedAvgStep(AggregationStep):
             memory["clip"] = clip * math.exp(-plan.clip_lr * (noised / m - plan.target_quantile))
             metrics[f"{NAME}/unclipped_noised"] = noised / m
         memory["rounds"] = int(memory.get("rounds", 0)) + 1  # the accountant's composed rounds
+        memory["noise_multiplier"] = plan.noise_multiplier  # a resume must keep composing this one
         return dataclasses.replace(a, values=values, metrics=metrics)
 
     def describe(self) -> dict[str, Any]:

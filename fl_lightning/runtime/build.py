@@ -269,7 +269,9 @@ def dp_sgd_chain(ledger: DpSgdLedger, chain: Aggregator) -> Aggregator:
     return make_aggregator([ledger, *chain.steps])
 
 
-def build_aggregator(cfg: RootConfig, largest_client: int = 1, privacy: PrivacyPlan | None = None) -> Aggregator:
+def build_aggregator(
+    cfg: RootConfig, largest_client: int = 1, privacy: PrivacyPlan | None = None
+) -> Aggregator:
     """The run's aggregation chain, `aggregator.steps` in order (`core/aggregation.py`); an
     asynchronous server mode puts its staleness weights first (`core/staleness.py`).
     `largest_client`: the most training examples a client has (secagg_plus's default bound

@@ -41,6 +41,8 @@ def small(paper: str, root: Path) -> list[str]:
         "fedlgt": [clip, "data.image_size=32", "fl.num_clients=3", "fl.clients_per_round=null",
                    "fl.batch_size=8"],
         "fedtsp": ["fl.num_clients=3", "data.min_size=2", "data.train_subset=45"],
+        # 3 clients, 2 a round: δ below 1/3, Poisson cohorts of 2 expected
+        "dp_fedavg": ["fl.num_clients=3", "fl.clients_per_round=2", "data.min_size=2", "privacy.delta=0.01"],
         **dict.fromkeys(("fedotp", "fedpgp"), [f"model.arch={root / 'weights' / (TINY_CLIP_ARCH + '.json')}",
                                                "fl.num_clients=3", "data.min_size=2"]),
         # 48 images (8 shots of 6 classes) over the scale's 10 clients (Dirichlet 0.1)
@@ -101,6 +103,7 @@ SUITE_ROWS = {
     "fedpgp": ["zeroshot", "promptfl", "fedotp", "fedpgp"],
     "fedtpg": ["zeroshot", "fedcoop", "fedtpg"],
     "promptfl": ["zeroshot", "promptfl", "central"],
+    "dp_fedavg": ["eps2", "eps2_adaptive", "no_dp"],
 }
 #: what makes two rows different settings rather than one setting with other method keys
 SETTING_KEYS = ("method", "model", "data", "+experiment", "text", "text.arch", "data.partition")
@@ -185,9 +188,7 @@ def _reproduce(paper: str, root: Path, out: Path, conf: Path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "paper", ["clip2fl", "feddtr", "fedglcl", "fedlgt", "fedtsp", "fedtpg", "fedotp", "fedpgp", "promptfl"]
-)
+@pytest.mark.parametrize("paper", list(SUITE_ROWS))
 def test_paper_scale_runs_its_rows(paper, paper_root, small_conf, tmp_path):
     _reproduce(paper, paper_root, tmp_path / "rep", small_conf)
 
@@ -203,6 +204,7 @@ DATASETS = {
     "fedpgp": ["CIFAR-100 not found"],
     "fedtpg": ["Caltech101 not found"],
     "promptfl": ["Caltech101 not found"],
+    "dp_fedavg": ["CIFAR-10 not found"],
 }
 
 

@@ -45,7 +45,7 @@ from ..core.errors import ConfigError
 from ..core.registry import METHOD_ENTRY_POINTS
 from .schema import RootConfig
 
-GROUPS = ("method", "data", "model", "text", "runtime", "logger")
+GROUPS = ("method", "data", "model", "text", "runtime", "logger", "privacy")
 
 
 def conf_dir() -> Path:

@@ -56,6 +56,20 @@ def validate_registered(cfg: RootConfig, trunk: str | None = None) -> MethodConf
                               family(model) is not None)  # fmt: skip
         if why:
             raise ConfigError(f"runtime.batched={cfg.runtime.batched}: {why}; use runtime.batched=0")
+    from ..core.objective import ClientObjective
+
+    if cfg.privacy.name == "dp_sgd" and strategy.objective_cls is not ClientObjective:
+        raise ConfigError(
+            f"privacy=dp_sgd computes per-example gradients of FedAvg's client loss; method {name}'s "
+            "client objective adds its own terms, which Opacus would not clip: use a method that "
+            "trains FedAvg's objective (fedavg, fedavgm, fedadam, ...)"
+        )
+    if cfg.privacy.name == "dp_fedavg":  # a channel the mechanism leaves without noise: refused
+        from ..core.privacy.plan import channel_refusal
+
+        why = channel_refusal(name)
+        if why:
+            raise ConfigError(why)
     entry = DATASETS.get(cfg.data.name)  # what is known of the data before loading it
     if cfg.eval.timing == "trained" and not (client_tests(cfg.data) and cfg.eval.clients):
         raise ConfigError(

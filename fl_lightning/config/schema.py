@@ -50,9 +50,12 @@ class FLConfig:
     #: recompute (pooled exactly from the sampled clients' data under the new weights), or
     #: local (each client keeps its own; evaluated on the clients' own test splits)
     bn_stats: Literal["averaged", "recompute", "local"] = "averaged"
-    #: how a round's clients are drawn: uniform, or size (without replacement, each with
-    #: probability its share of the training examples: FedLGT on FLAIR, Li et al. 2019)
-    sampling: Literal["uniform", "size"] = "uniform"
+    #: how a round's clients are drawn: uniform (a fixed number, without replacement), size
+    #: (without replacement, each with probability its share of the training examples: FedLGT
+    #: on FLAIR, Li et al. 2019) or poisson (each client joins independently with probability
+    #: clients_per_round / num_clients, so cohorts vary in size: the sampling model of the
+    #: add/remove-one privacy accountants, docs/privacy.md)
+    sampling: Literal["uniform", "size", "poisson"] = "uniform"
 
     def check(self) -> None:
         _positive("fl", self, "rounds", "num_clients", "local_epochs", "batch_size", "clients_per_round",
@@ -356,6 +359,56 @@ class LoggerConfig:
 
 
 @dataclass
+class PrivacyConfig:
+    """Differential privacy (docs/privacy.md): `privacy=dp_fedavg` (user-level, central: each
+    client's update clipped, uniform mean, Gaussian noise) or `privacy=dp_sgd` (sample-level, in
+    each client through Opacus); `none` by default."""
+
+    name: Literal["none", "dp_fedavg", "dp_sgd"] = "none"
+    #: C: the L2 bound of each client's update (dp_fedavg; adaptive: the first round's) or of
+    #: each example's gradient (dp_sgd)
+    clip: float = 1.0
+    #: σ: noise std over C (dp_fedavg: on the sum of clipped updates, σ·C/m on their mean);
+    #: null: found from target_epsilon for fl.rounds rounds
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None  # ε after fl.rounds rounds (σ found so it never overshoots)
+    delta: float = 1e-5  # δ of the (ε, δ) reported; below 1/fl.num_clients (user level)
+    #: stop the run cleanly before a round would take ε past this; null: no stop
+    max_epsilon: float | None = None
+    accountant: Literal["rdp", "pld"] = "rdp"  # dp-accounting's (pld needs fl.sampling=poisson)
+    #: adaptive clipping (Andrew et al. 2021): C follows the target_quantile of the update norms
+    #: geometrically (rate clip_lr), from a clipped count noised with std clipped_count_stddev
+    adaptive: bool = False
+    target_quantile: float = 0.5
+    clip_lr: float = 0.2
+    #: σ_b; null: clients per round / 20 (Andrew et al.'s, Flower's), or σ where that is below it
+    clipped_count_stddev: float | None = None
+
+    def check(self) -> None:
+        if self.name == "none":
+            return
+        _positive("privacy", self, "clip", "target_epsilon", "max_epsilon", "clip_lr", "clipped_count_stddev")
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ConfigError(
+                f"privacy={self.name} needs exactly one of privacy.noise_multiplier and "
+                "privacy.target_epsilon, the other null (e.g. privacy.target_epsilon=4 "
+                "privacy.noise_multiplier=null)"
+            )
+        if self.noise_multiplier is not None and self.noise_multiplier < 0:
+            raise ConfigError(f"privacy.noise_multiplier must be >= 0 (got {self.noise_multiplier})")
+        if not 0 < self.delta < 1:
+            raise ConfigError(f"privacy.delta must be in (0, 1) (got {self.delta})")
+        if not 0 <= self.target_quantile <= 1:
+            raise ConfigError(f"privacy.target_quantile must be in [0, 1] (got {self.target_quantile})")
+        if self.name == "dp_sgd" and self.noise_multiplier is None:
+            raise ConfigError(
+                "privacy=dp_sgd takes privacy.noise_multiplier (a target ε is not calibrated for DP-SGD yet)"
+            )
+        if self.adaptive and self.name != "dp_fedavg":
+            raise ConfigError("privacy.adaptive (adaptive clipping) applies to privacy=dp_fedavg")
+
+
+@dataclass
 class RootConfig:
     experiment: str = "default"
     seed: int = 0
@@ -383,6 +436,7 @@ class RootConfig:
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     #: modules outside the package imported for the methods they register, comma-separated
     #: (`methods=mypkg.fedfoo`); an installed package can name its modules under the entry-point
     #: group `fl_lightning.methods` instead, and needs no key
@@ -403,6 +457,7 @@ class RootConfig:
             self.runtime,
             self.aggregator,
             self.system,
+            self.privacy,
         ):
             section.check()
         cross_check(self)
@@ -440,9 +495,46 @@ def cross_check(run: RootConfig) -> None:
             "runtime.batched trains from precomputed batch indices and does not apply data.augment; "
             "use runtime.batched=0"
         )
+    _privacy_check(run)
     if ev.clients_sample is not None and not 1 <= ev.clients_sample <= fl.num_clients:
         raise ConfigError(
             f"eval.clients_sample must be in [1, fl.num_clients={fl.num_clients}] (got {ev.clients_sample})"
+        )
+
+
+def _privacy_check(run: RootConfig) -> None:
+    """What the accountant's sampling model needs of the cohorts (docs/privacy.md)."""
+    fl, pv = run.fl, run.privacy
+    if fl.sampling == "poisson" and fl.fraction_range is not None:
+        raise ConfigError(
+            "fl.sampling=poisson draws each client with one probability: unset fl.fraction_range"
+        )
+    if pv.name == "none":
+        return
+    if fl.fraction_range is not None or fl.sampling == "size":
+        what = "fl.fraction_range" if fl.fraction_range is not None else "fl.sampling=size"
+        raise ConfigError(
+            f"privacy={pv.name} accounts for uniform cohorts (fl.sampling=uniform or poisson); "
+            f"{what} draws clients another way"
+        )
+    if pv.name == "dp_sgd" and run.runtime.batched:
+        raise ConfigError(
+            "privacy=dp_sgd trains each client through Opacus' optimiser: use runtime.batched=0"
+        )
+    if pv.accountant == "pld" and fl.sampling != "poisson" and pv.name == "dp_fedavg":
+        raise ConfigError(
+            "privacy.accountant=pld needs fl.sampling=poisson (dp-accounting's PLD has no analysis of "
+            "fixed-size cohorts drawn without replacement); use privacy.accountant=rdp"
+        )
+    if pv.name == "dp_fedavg" and fl.bn_stats == "recompute":
+        raise ConfigError(
+            "privacy=dp_fedavg privatises the model delta only; fl.bn_stats=recompute also uploads "
+            "each client's batch-norm statistics of the new model: use fl.bn_stats=averaged"
+        )
+    if pv.name == "dp_fedavg" and pv.delta >= 1 / fl.num_clients:
+        raise ConfigError(
+            f"privacy.delta={pv.delta:g} must be below 1/fl.num_clients = {1 / fl.num_clients:g} "
+            "(user-level: a larger δ allows revealing a whole client)"
         )
 
 

@@ -111,6 +111,12 @@ class AggregationStep:
         params, as FedAvg does, bit for bit."""
         return True
 
+    @property
+    def runs_on_empty(self) -> bool:
+        """The step's `server` runs also when no update arrived (on a zero mean): central DP
+        with Poisson cohorts releases its noise whoever was drawn."""
+        return False
+
     def one(self, c: Contribution, memory: dict[str, Any], ctx: ServerContext | None) -> Contribution:
         return c
 
@@ -341,7 +347,9 @@ class Aggregator:
         """The new global params (None: no update had params: keep the state's), the steps'
         memory for `ServerState.aggregation`, and the round's metrics."""
         if acc.count == 0:
-            return state.global_params, acc.memory, {}
+            if acc.base is None or not any(s.runs_on_empty for s in self.steps):
+                return state.global_params, acc.memory, {}
+            return self._empty(acc, ctx)
         if acc.weight <= 0:
             raise ValueError("the round's contributions have zero total weight")
         ref = acc.base or {}
@@ -361,6 +369,22 @@ class Aggregator:
                 out[k] = v.to(dtype)
         params = {**(state.global_params or {}), **out}
         return params, acc.memory, {**agg.metrics}
+
+    def _empty(
+        self, acc: Accumulator, ctx: ServerContext | None
+    ) -> tuple[StateDict | None, dict[str, dict[str, Any]], Metrics]:
+        """A round without updates where a step still releases something (`runs_on_empty`):
+        the steps' `server` hooks on a zero mean of deltas over the floating params."""
+        assert acc.base is not None
+        base = acc.base
+        zeros = {
+            k: torch.zeros(v.shape, dtype=torch.float64) for k, v in base.items() if v.is_floating_point()
+        }
+        agg = Aggregate(zeros, 0, 0.0, {})
+        for s in reversed(self.steps):
+            agg = s.server(agg, acc.memory[s.name], ctx)
+        out = {k: (base[k].detach().to(torch.float64) + agg.values[k]).to(base[k].dtype) for k in zeros}
+        return {**base, **out}, acc.memory, {**agg.metrics}
 
 
 S = TypeVar("S", bound=ServerState)

@@ -189,6 +189,8 @@ class ClientObjective(L.LightningModule, Generic[BroadcastT]):
         #: with `data.augment`: training batches arrive as (augmented x, y, clean x), for a term
         #: that looks at the un-augmented image (CLIP2FL's teacher); else (augmented x, y)
         self.clean_view = False
+        #: set by the host for one fit (`privacy=dp_sgd`): what the optimiser is wrapped in
+        self.optimizer_wrapper: Callable[[torch.optim.Optimizer], torch.optim.Optimizer] | None = None
 
     # the run's optimiser settings, by their old names (objectives and tests read them)
     @property
@@ -387,7 +389,9 @@ class ClientObjective(L.LightningModule, Generic[BroadcastT]):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]
-        return build_optimizer(params, self.phase.optim or self.optim)
+        optimizer = build_optimizer(params, self.phase.optim or self.optim)
+        # privacy=dp_sgd: the host wraps it (Opacus' per-example clipping and noise) for one fit
+        return optimizer if self.optimizer_wrapper is None else self.optimizer_wrapper(optimizer)
 
     # --- evaluation -------------------------------------------------------------------
     def eval_heads(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:

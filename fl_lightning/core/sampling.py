@@ -16,8 +16,12 @@ class Sampling:
         training examples); None: uniform.
     local_bn: each client keeps its own batch-norm statistics (`fl.bn_stats=local`), so there
         is no one global model: evaluated as a personalised method is.
+    poisson_rate: each client's own probability of joining a round (`fl.sampling=poisson`:
+        the cohort's size varies, as the add/remove-one privacy accountants assume); None: a
+        fixed number.
     """
 
     participation: tuple[int, int] | None = None
     weights: tuple[float, ...] | None = None
     local_bn: bool = False
+    poisson_rate: float | None = None

@@ -229,6 +229,9 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
     #: each client's probability of being drawn (`fl.sampling=size`: its share of the training
     #: examples, FedLGT's FLAIR protocol); None: uniform
     sample_weights: np.ndarray | None = None
+    #: each client's own probability of joining a round (`fl.sampling=poisson`: the cohort's
+    #: size varies, as the add/remove-one privacy accountants assume); None: a fixed number
+    poisson_rate: float | None = None
 
     def __init__(
         self,
@@ -254,6 +257,7 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         s = sampling or Sampling()  # how the run draws its clients, given once
         self.participation = s.participation
         self.sample_weights = None if s.weights is None else np.asarray(s.weights, dtype=np.float64)
+        self.poisson_rate = s.poisson_rate
         self.personalised = self.personalised or s.local_bn
 
     # --- client side, built inside hosts ---------------------------------------------
@@ -316,6 +320,8 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         return self.state_cls(round=0, global_params=global_params)
 
     def sample_clients(self, rnd: int, rng: np.random.Generator) -> list[ClientId]:
+        if self.poisson_rate is not None:  # one coin per client, from the same (seed, round) stream
+            return [int(c) for c in np.flatnonzero(rng.random(self.num_clients) < self.poisson_rate)]
         k = self.clients_per_round
         if self.participation is not None:  # drawn first, from the same (seed, round) stream
             k = int(rng.integers(self.participation[0], self.participation[1] + 1))
@@ -381,6 +387,7 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
             "clients_per_round": self.clients_per_round,
             **({"participation": list(self.participation)} if self.participation else {}),
             **({"sampling": "size"} if self.sample_weights is not None else {}),
+            **({"sampling": "poisson"} if self.poisson_rate is not None else {}),
         }
 
     def run_summary(self) -> dict[str, Any]:

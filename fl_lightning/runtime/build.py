@@ -26,6 +26,10 @@ from ..core.errors import ConfigError
 from ..core.metrics import EvalSpec
 from ..core.objective import ClientObjective
 from ..core.params import to_cpu
+from ..core.privacy.dp_sgd import DpSgdLedger
+from ..core.privacy.dp_sgd import model_refusal as dp_sgd_model_refusal
+from ..core.privacy.plan import PrivacyPlan
+from ..core.privacy.steps import DpFedAvgStep
 from ..core.sampling import Sampling
 from ..core.staleness import Staleness
 from ..core.strategy import Strategy, TaskInfo
@@ -57,6 +61,8 @@ class Prepared:
     # where its clients run, decided once: on this machine's resources (`runtime=serial`, a
     # private local Ray) or `early_start`'s; None: a cluster's, known once joined
     placement: Placement | None = None
+    #: `privacy=dp_fedavg`: the mechanism, σ calibrated (docs/privacy.md); None: no privacy
+    privacy: PrivacyPlan | None = None
 
 
 def prepare(
@@ -66,6 +72,9 @@ def prepare(
     initial model. `trunk`: the file `model.weights` is read from (a resumed run's own copy of
     it); `placement`: one already decided (`early_start`'s, on the Ray it started)."""
     method_cfg = validate_registered(cfg, trunk)  # checked before any data
+    privacy = None  # σ calibrated for the planned rounds (a one-line error before any data)
+    if cfg.privacy.name != "none":
+        privacy = PrivacyPlan.of(cfg.privacy, cfg.fl, clients_per_round(cfg))
     if placement is None and not _on_cluster(cfg):
         placement = placement_for(cfg, *local_resources(cfg))  # this machine cannot hold it: one line now
     d, model = cfg.data, str(cfg.model["name"])
@@ -109,14 +118,16 @@ def prepare(
             )
         weights = tuple((sizes / sizes.sum()).tolist())
     # fl.bn_stats=local: no one set of statistics, so each client's own model is evaluated
-    sampling = Sampling(participation(cfg), weights, local_bn=cfg.fl.bn_stats == "local")
+    # fl.sampling=poisson: each client joins with probability m/N, cohorts of m on average
+    rate = clients_per_round(cfg) / cfg.fl.num_clients if cfg.fl.sampling == "poisson" else None
+    sampling = Sampling(participation(cfg), weights, local_bn=cfg.fl.bn_stats == "local", poisson_rate=rate)
     strategy = strategy_cls(
         method_cfg,
         cfg.fl.num_clients,
         sampled_per_round(cfg),
         cfg.seed,
         task,
-        aggregator=build_aggregator(cfg, max(len(t) for t in split.train) if split.train else 1),
+        aggregator=build_aggregator(cfg, max(len(t) for t in split.train) if split.train else 1, privacy),
         sampling=sampling,
     )
     check_aggregation(strategy)
@@ -146,6 +157,7 @@ def prepare(
         resident_shards=bool(cfg.runtime.resident_shards),
         precision=precision_of(cfg.runtime.precision),
         batched=int(cfg.runtime.batched),
+        dp_sgd=(privacy.noise_multiplier, privacy.clip) if privacy is not None and privacy.ledger else None,
         augment=Augment(
             tuple(d.augment),
             int(d.augment_padding),
@@ -161,6 +173,21 @@ def prepare(
     strategy.check_model(objective.model)
     if spec.batched and (why := model_refusal(objective)):  # before Ray or any file
         raise ConfigError(f"runtime.batched={spec.batched}: {why}; use runtime.batched=0")
+    if privacy is not None and privacy.ledger is not None:  # what Opacus cannot take: one line
+        if (why := dp_sgd_model_refusal(objective.model, spec.model)) is not None:
+            raise ConfigError(why)
+        shards = [len(t) for t in split.train if len(t)]
+        ledger = dataclasses.replace(privacy.ledger, smallest_shard=min(shards) if shards else 0)
+        privacy = dataclasses.replace(privacy, ledger=ledger)
+        strategy.aggregator = dp_sgd_chain(ledger, strategy.aggregator)
+    elif privacy is not None:  # integer buffers are averaged as they are: a count the noise misses
+        ints = [k for k, v in objective.shared_params().items() if not v.is_floating_point()]
+        if ints:
+            raise ConfigError(
+                f"privacy=dp_fedavg noises floating tensors only; model {spec.model} uploads integer "
+                f"buffers ({ints[0]}: batch norm's step count) that would be averaged without noise: "
+                "use a model without batch norm (model=cnn) or with GroupNorm"
+            )
     weights_info = None
     weights = cfg.model.get("weights")
     if weights:  # the pretrained trunk: in the initial global weights every client gets
@@ -190,6 +217,7 @@ def prepare(
         server_x,
         weights_info,
         placement,
+        privacy,
     )
     if on_cpu(cfg):  # a slow step (C-Tran) says how long the rounds will take, before they start
         from .plan import announce_client_training
@@ -235,11 +263,32 @@ def on_cpu(cfg: RootConfig) -> bool:
     return rt.accelerator == "cpu" or (rt.accelerator == "auto" and local_resources(cfg)[1] == 0)
 
 
-def build_aggregator(cfg: RootConfig, largest_client: int = 1) -> Aggregator:
+def dp_sgd_chain(ledger: DpSgdLedger, chain: Aggregator) -> Aggregator:
+    """`chain` with DP-SGD's record of each client's steps first (it reads the example counts
+    before any step reweights them)."""
+    return make_aggregator([ledger, *chain.steps])
+
+
+def build_aggregator(
+    cfg: RootConfig, largest_client: int = 1, privacy: PrivacyPlan | None = None
+) -> Aggregator:
     """The run's aggregation chain, `aggregator.steps` in order (`core/aggregation.py`); an
     asynchronous server mode puts its staleness weights first (`core/staleness.py`).
     `largest_client`: the most training examples a client has (secagg_plus's default bound
-    on a weight, so w/max_weight ≤ 1)."""
+    on a weight, so w/max_weight ≤ 1); `privacy=dp_fedavg`: its own step (clip, uniform
+    weights, noise), alone."""
+    if privacy is not None and privacy.ledger is None:
+        if cfg.system.mode != "sync":  # the accountant's sampling model is a round's cohort
+            raise ConfigError(
+                f"privacy=dp_fedavg accounts for synchronous rounds of sampled cohorts: use system.mode=sync "
+                f"(not {cfg.system.mode})"
+            )
+        if cfg.aggregator.steps:
+            raise ConfigError(
+                f"privacy=dp_fedavg is its own aggregation chain (clip, uniform weights, noise): unset "
+                f"aggregator.steps={list(cfg.aggregator.steps)}"
+            )
+        return Aggregator([DpFedAvgStep(privacy)])
     steps = [AGGREGATION_STEPS[name](cfg) for name in cfg.aggregator.steps]
     for i, s in enumerate(steps):
         if isinstance(s, secagg.SecAggPlus) and s.params.max_weight is None:

@@ -37,6 +37,7 @@ from ..core.metrics import EvalSpec
 from ..core.objective import ClientObjective, Phase, evaluate, trainable_only
 from ..core.optim import OptimConfig
 from ..core.params import to_cpu
+from ..core.privacy.dp_sgd import attach_per_sample_hooks, dp_optimizer
 from ..core.strategy import client_seed
 from ..core.types import ClientId, ClientState, StateDict
 from ..data.registry import ArrayDataset
@@ -109,6 +110,8 @@ class ClientSpec:
     batched: int = 0
     #: data.augment: what every training batch gets on the fit's device (None: nothing)
     augment: Augment | None = None
+    #: privacy=dp_sgd: (noise multiplier σ, per-example clip C) of Opacus' DP-SGD; None: plain SGD
+    dp_sgd: tuple[float, float] | None = None
 
 
 class ResidentBatches:
@@ -322,6 +325,8 @@ class ClientHost:
         #: each hosted client's resident state; a client without an entry has not trained yet
         #: (or keeps nothing), and starts from the initial weights
         self.states: dict[ClientId, ClientState] = {}
+        #: privacy=dp_sgd: Opacus' hooks on each objective's model, by the objective's id
+        self._dp_hooks: dict[int, Any] = {}
 
     @property
     def client_ids(self) -> list[ClientId]:
@@ -379,6 +384,11 @@ class ClientHost:
     def _device(self) -> torch.device:
         return torch.device("cuda" if self.spec.accelerator == "gpu" else "cpu")
 
+    def _per_sample_hooks(self, obj: ClientObjective[Any]) -> None:
+        """Opacus' per-example gradient hooks on `obj`'s model, once per objective (kept with it)."""
+        if id(obj) not in self._dp_hooks:
+            self._dp_hooks[id(obj)] = attach_per_sample_hooks(obj.model)
+
     def _loader(self, x: torch.Tensor, y: torch.Tensor, seed: int, clean_view: bool = False) -> Loader:
         bs, g = self.spec.batch_size, torch.Generator().manual_seed(seed)
         drop = drop_last(len(y), bs)
@@ -410,6 +420,10 @@ class ClientHost:
             if phases:
                 x = self._frozen_features(obj, ("train", cid), x)
             loader = self._loader(x, y, payload.seed, obj.clean_view)
+            if self.spec.dp_sgd is not None:  # per-example clipping and noise, seeded by the fit's seed
+                self._per_sample_hooks(obj)
+                sigma, clip = self.spec.dp_sgd
+                obj.optimizer_wrapper = dp_optimizer(sigma, clip, self.spec.batch_size, payload.seed)
             if type(obj).before_fit is not ClientObjective.before_fit:
                 obj.to(self._device())
                 obj.before_fit(x, y)

@@ -5,7 +5,8 @@ The loop fills the training part (clients, their metrics, bytes, times), then `s
 `line()` gives the JSON object written, in this order:
 
     round, train_loss, clients, clients_failed, clients_retried, [client_failures],
-    client/<k> (training, sample-weighted), server/<k>, <global evaluation: accuracy, loss, ...>,
+    client/<k> (training, sample-weighted), server/<k>, privacy/<k> (ε after the round, δ, σ, C),
+    <global evaluation: accuracy, loss, ...>,
     client_<m> (evaluation on the clients' own test splits, over those clients that have test
     images; client_majority_accuracy: its reference), clients_evaluated (those clients),
     bytes_down, bytes_up, time_fit_s, time_eval_wait_s, time_server_s, time_eval_s,
@@ -57,6 +58,7 @@ class RoundRecord:
     #: the virtual clock when the round's server step ran (`runtime/system.py`; 0 on no system model)
     virtual_time: float = 0.0
     system: dict[str, float] = dataclasses.field(default_factory=dict)  # `system/<k>`: the scheduler's
+    privacy: dict[str, float] = dataclasses.field(default_factory=dict)  # `privacy/<k>`: ε after the round
     evaluation: dict[str, float] = dataclasses.field(default_factory=dict)  # the global model's
     client_evaluation: dict[str, float] = dataclasses.field(default_factory=dict)  # client_<m>, ...
     bytes_down: int | None = None
@@ -82,7 +84,7 @@ class RoundRecord:
         retries: list[str],
     ) -> RoundRecord:
         """The training part of round `rnd`'s record; ClientFailure when no client returned."""
-        if not updates:
+        if not updates and plan.payloads:  # none drawn (Poisson cohorts) is an empty round, no failure
             causes = "; ".join(f.split(": ", 1)[1] for f in failures) or "no update returned"
             raise ClientFailure(f"round {rnd}: every client failed ({causes})")
         client = weighted_client_metrics(updates)
@@ -120,6 +122,7 @@ class RoundRecord:
         out.update({f"server/{k}": v for k, v in self.server.items()})
         out["virtual_time"] = self.virtual_time
         out.update({f"system/{k}": v for k, v in self.system.items()})
+        out.update({f"privacy/{k}": v for k, v in self.privacy.items()})
         out.update(self.evaluation)
         out.update(self.client_evaluation)
         out.update(dual_metrics(out))  # FLiP's dual: global and personal accuracy's harmonic mean
@@ -134,7 +137,7 @@ class RoundRecord:
     @classmethod
     def from_line(cls, line: dict[str, Any]) -> RoundRecord:
         """The record of a line `line()` wrote (a checkpoint's unwritten line, read back)."""
-        dicts = {"client", "server", "system", "memory", "evaluation"}
+        dicts = {"client", "server", "system", "privacy", "memory", "evaluation"}
         known = {f.name for f in dataclasses.fields(cls)} - dicts
         rec = cls(round=int(line["round"]))
         for k, v in line.items():
@@ -146,6 +149,8 @@ class RoundRecord:
                 rec.server[k.removeprefix("server/")] = v
             elif k.startswith("system/"):
                 rec.system[k.removeprefix("system/")] = v
+            elif k.startswith("privacy/"):
+                rec.privacy[k.removeprefix("privacy/")] = v
             elif k.startswith("driver_"):
                 rec.memory[k] = v
             elif k.startswith("client_") or k == "clients_evaluated":

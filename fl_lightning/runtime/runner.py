@@ -28,6 +28,7 @@ from ..config import RootConfig, to_yaml
 from ..core.errors import DivergedError
 from ..core.files import open_new
 from ..core.messages import RoundPlan, ServerState
+from ..core.privacy.plan import BudgetSpent, PrivacyPlan
 from ..core.strategy import (
     ServerContext,
     Strategy,
@@ -83,6 +84,9 @@ class RoundSteps:
     client_eval: ClientEval
     checkpointer: Checkpointer | None = None  # None: no checkpoints (a test's rounds)
     bn_stats: bool = False  # fl.bn_stats=recompute
+    #: privacy=dp_fedavg: the budget stop before each round and ε after it (the noise is the
+    #: aggregation chain's); None: no privacy
+    privacy: PrivacyPlan | None = None
 
 
 def run_rounds(
@@ -115,6 +119,8 @@ def run_rounds(
 
     try:
         for rnd in range(state.round + 1, last_round + 1):
+            if steps.privacy is not None:  # BudgetSpent: this round would pass privacy.max_epsilon
+                steps.privacy.check_budget(rnd, privacy_memory(state))  # (and σ is the rounds' so far)
             t0 = time.perf_counter()
             # 1. configure, 2. fit: the scheduler's updates for this step, in client-id order
             failed, retried = len(executor.failures), len(executor.retries)
@@ -144,6 +150,9 @@ def run_rounds(
             state, chain_metrics = chain_metrics_of(state)
             state, server_metrics = strategy.server_update(state, updates, ctx)
             record.server = {**chain_metrics, **aggregate_metrics, **server_metrics}
+            if steps.privacy is not None:  # every round composes one mechanism: ε after `rnd` rounds
+                clip = chain_metrics.get("dp_fedavg/clip")
+                record.privacy = steps.privacy.report(rnd, privacy_memory(state), clip)
             state = finite_weights(dataclasses.replace(state, round=rnd), record)
             state = scheduler.stepped(state, rnd)
             record.virtual_time = virtual_time(state)
@@ -170,6 +179,11 @@ def run_rounds(
             _write(line, callbacks)
         raise
     return state
+
+
+def privacy_memory(state: ServerState) -> dict[str, Any]:
+    """The privacy step's memory in the chain (dp_fedavg's or dp_sgd's ledger)."""
+    return dict(state.aggregation.get("dp_fedavg") or state.aggregation.get("dp_sgd") or {})
 
 
 def _write(line: Line | None, callbacks: Callback) -> None:
@@ -237,7 +251,9 @@ class Run:
         # the line goes to metrics.jsonl before W&B and the progress bar: a run killed in
         # between writes it (from its checkpoint) and logs it once
         callbacks = CallbackList([writer, loggers, *self.extra_callbacks])
-        steps = RoundSteps(global_eval, client_eval, checkpointer, cfg.fl.bn_stats == "recompute")
+        steps = RoundSteps(
+            global_eval, client_eval, checkpointer, cfg.fl.bn_stats == "recompute", privacy=p.privacy
+        )
         status = "failed"
         error: str | None = None  # why it stopped (summary.json `error`)
         try:
@@ -253,8 +269,12 @@ class Run:
             last, seed = int(cfg.fl.rounds), int(cfg.seed)
             sched = scheduler_for(p)
             ex = workers.executor
-            run_rounds(state, last, p.strategy, ex, seed, self.context, steps, callbacks, clock, sched)
-            status = "completed"
+            try:
+                run_rounds(state, last, p.strategy, ex, seed, self.context, steps, callbacks, clock, sched)
+                status = "completed"
+            except BudgetSpent as e:  # a clean stop: the next round would pass privacy.max_epsilon
+                status = "budget_spent"
+                log.warning("%s", e)
         except BaseException as e:
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"  # interrupted: resumable
             status = "diverged" if isinstance(e, DivergedError) else status
@@ -275,6 +295,9 @@ class Run:
                 self.session.end_run(workers.executor, completed=status == "completed")
         if self.console:
             print_table(writer.records(), summary, run_dir)
+            if p.privacy is not None:
+                done = int(summary.get("rounds_completed", 0))
+                print(p.privacy.console_line(done, (summary.get("privacy") or {}).get("epsilon")))
         return summary
 
     def _record_choices(self, placement: Placement) -> None:
@@ -313,7 +336,8 @@ class Run:
             self.cfg, records, p.strategy.primary_metric(), self.run_dir.name, status,
             None if workers is None else workers.placement,
             0 if workers is None else workers.reused, 0 if workers is None else workers.prestarted,
-            self.startup_s, client_eval.sampled_clients(), self._summary_extra(client_eval), error, chance,
+            self.startup_s, client_eval.sampled_clients(), self._summary_extra(client_eval, records), error,
+            chance,
         )  # fmt: skip
 
     def _way_out_summary(
@@ -337,10 +361,14 @@ class Run:
             "status": status, "error": error,
         }  # fmt: skip
 
-    def _summary_extra(self, client_eval: ClientEval) -> dict[str, Any]:
+    def _summary_extra(self, client_eval: ClientEval, records: list[dict[str, Any]]) -> dict[str, Any]:
         """The method's own summary keys, the pretrained trunk the run started from and each
         client's majority-class accuracy (the reference of `client_accuracy`)."""
         extra = dict(self.p.strategy.run_summary())
+        if self.p.privacy is not None:  # ε after the rounds done, and what it covers
+            done = max((int(r["round"]) for r in records if not r.get("diverged")), default=0)
+            last = next((r["privacy/epsilon"] for r in reversed(records) if "privacy/epsilon" in r), None)
+            extra["privacy"] = self.p.privacy.summary(done, last)
         if client_eval.majority is not None:
             extra["client_majority_accuracies"] = [round(a, 6) for a in client_eval.majority]
         if self.p.weights_info is not None:

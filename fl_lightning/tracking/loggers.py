@@ -124,6 +124,8 @@ WANDB_KEYS: tuple[tuple[str, str | None], ...] = (
     ("clients_failed_total", "train/clients_failed_total"),
     # the server's own step (the method's metrics)
     ("server/*", "server/*"),
+    # differential privacy: ε after each round, δ, σ, C (docs/privacy.md), beside accuracy
+    ("privacy/*", "privacy/*"),
     # evaluation: the clients' own test splits (personalised), then the global model's
     ("clients_evaluated", "eval/clients_evaluated"),
     ("client_*", "eval/client_*"),
@@ -148,7 +150,7 @@ WANDB_KEYS: tuple[tuple[str, str | None], ...] = (
     ("*", "eval/*"),
 )  # fmt: skip
 #: the sections of `WANDB_KEYS`: each charted over `round`
-WANDB_SECTIONS = ("train", "eval", "server", "system", "partition")
+WANDB_SECTIONS = ("train", "eval", "server", "privacy", "system", "partition")
 
 
 def wandb_key(key: str) -> str | None:
@@ -279,8 +281,13 @@ class WandbLogger:
         self.run.log(payload, step=rnd)
 
     def log_summary(self, summary: dict[str, Any]) -> None:
+        privacy = summary.get("privacy")  # the block's numbers and words, as privacy/<k>
+        flat = {
+            **summary,
+            **({f"privacy/{k}": v for k, v in privacy.items()} if isinstance(privacy, dict) else {}),
+        }
         self.run.summary.update({
-            name: v for k, v in summary.items() if isinstance(v, (int, float, str)) and (name := wandb_key(k))
+            name: v for k, v in flat.items() if isinstance(v, (int, float, str)) and (name := wandb_key(k))
         })  # fmt: skip
 
     def log_partition(self, stats_path: Path, plot_path: Path | None = None) -> None:

@@ -1,0 +1,1 @@
+"""Differential privacy: accountants over well-kept libraries (`accountant.py`)."""

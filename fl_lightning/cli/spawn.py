@@ -8,14 +8,17 @@ directory, no script folder on `sys.path`); before 3.11 it removes that entry it
 importing anything of ours. The console script and Ray's workers never add it.
 
 A tool that needs none of our code (`pip` for `fetch fmnist_digits20`, `wandb sync`) runs as
-`python -I -m <tool>` (`tool_command`): isolated, so neither the working directory nor
-`PYTHONPATH` nor the user's site folder is on its `sys.path` (a `pip/` or `wandb/` folder
-lying where the user runs the command ran in its place).
+`python -I -m <tool>` (`core/tools.py`'s `tool_command`, re-exported here): isolated, so
+neither the working directory nor `PYTHONPATH` nor the user's site folder is on its `sys.path`.
 """
 
 from __future__ import annotations
 
 import sys
+
+from ..core.tools import tool_command
+
+__all__ = ["fl_lightning_command", "tool_command"]
 
 # Python 3.10: `-c` puts "" (the working directory) first on sys.path; drop it, then run the
 # package as `-m` would
@@ -27,8 +30,3 @@ def fl_lightning_command() -> list[str]:
     if sys.version_info >= (3, 11):
         return [sys.executable, "-P", "-m", "fl_lightning"]
     return [sys.executable, "-c", _NO_CWD]
-
-
-def tool_command(module: str) -> list[str]:
-    """`[python, -I, -m, module]`: append the tool's arguments."""
-    return [sys.executable, "-I", "-m", module]

@@ -105,7 +105,7 @@ def fetch(root: str | Path, log=print) -> Path:
     target = mnist5k_path(root)
     if target.is_file():
         return target
-    from ..cli.spawn import tool_command
+    from ..core.tools import tool_command
 
     made = not target.parent.exists()
     target.parent.mkdir(parents=True, exist_ok=True)

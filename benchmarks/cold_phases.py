@@ -1,7 +1,9 @@
 """Where a cold `runtime=ray` start's seconds go: each piece alone, in a fresh process.
 
 Probes (each its own process, `--reps` times, alternating the order; seconds from the
-probe's own first line, plus the process's wall time from the parent):
+probe's own first line, plus the process's wall time from the parent, its own CPU seconds
+(`cpu_s`: what load on the machine disturbs least; Ray's processes not counted) and how many
+modules it had imported):
 
   python          the interpreter alone (`pass`)
   torch           `import torch`
@@ -115,7 +117,12 @@ def main() -> int:
     ap.add_argument("--probe", choices=PROBES, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.probe:
-        print("PROBE " + json.dumps(probe(args.probe)), flush=True)
+        steps = probe(args.probe)
+        import resource
+
+        use = resource.getrusage(resource.RUSAGE_SELF)  # this process's CPU: load disturbs it least
+        steps.update(cpu_s=use.ru_utime + use.ru_stime, modules=float(len(sys.modules)))
+        print("PROBE " + json.dumps(steps), flush=True)
         return 0
     probes = [p for p in args.probes.split(",") if p]
     bad = sorted(set(probes) - set(PROBES))

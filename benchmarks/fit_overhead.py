@@ -8,12 +8,16 @@ order alternating, so that load on the machine falls on both alike:
 
   engine  `ClientHost.fit` as every executor calls it (objective, resident shard, the
           Lightning fit, the update's CPU copy of the weights)
+  engine_new_trainer  the same with a new Lightning Trainer for the fit (the host's kept ones
+          dropped first), as the host did before it kept them: this commit's before/after
+          in one process
   plain   the same step in plain PyTorch: load the weights, seed, a fresh SGD, the engine's
           batches by index from the shard, forward, loss, backward, step, a CPU copy of the weights
 
 Per way: the median µs a fit, wall and CPU (the process's: one torch thread, so CPU time is
 what load on the machine disturbs least); `overhead_us_per_fit` and `cpu_overhead_us_per_fit`:
-the median over k of (engine's fit k - plain's fit k).
+the median over k of (engine's fit k - plain's fit k); `cpu_us_saved_per_fit_by_reuse`: of
+(engine_new_trainer's fit k - engine's fit k). The fingerprint covers both engine ways' fits.
 `fingerprint` (SHA-256 over every engine update's weights, in order) is the same on one
 machine whenever the engine computes the same numbers: compare it across commits.
 `load_average` is /proc/loadavg at the start and the end: numbers under load are not quiet ones.
@@ -80,7 +84,7 @@ def main() -> int:
     data = {c: p.dataset.tensors(p.dataset.train_x[i], p.dataset.train_y[i]) for c, i in shards.items()}
     model = build_model(spec.model, spec.num_classes, spec.in_channels, spec.image_size, **spec.model_kwargs)
     digest = hashlib.sha256()
-    fit_no = {"engine": 0, "plain": 0}
+    fit_no = {"engine": 0, "plain": 0}  # engine_new_trainer counts as engine: one stream of seeds
 
     def engine() -> None:
         k = fit_no["engine"]
@@ -89,6 +93,10 @@ def main() -> int:
         update = host.fit(Broadcast(1, glob), ClientPayload(c, 1, seed=1000 + k))
         for name in sorted(update.params):
             digest.update(update.params[name].numpy().tobytes())
+
+    def engine_new_trainer() -> None:
+        getattr(host, "_trainers", {}).clear()  # a host without kept Trainers (older): as it is
+        engine()
 
     def plain() -> None:
         k = fit_no["plain"]
@@ -107,7 +115,7 @@ def main() -> int:
             opt.step()
         to_cpu(model.state_dict())
 
-    ways = {"engine": engine, "plain": plain}
+    ways = {"engine": engine, "engine_new_trainer": engine_new_trainer, "plain": plain}
     for fn in ways.values():  # warm-up: first-call costs (allocator, Lightning's first fit)
         for _ in range(5):
             fn()
@@ -120,8 +128,8 @@ def main() -> int:
             wall[w].append((time.perf_counter() - t0) * 1e6)
             cpu[w].append((time.process_time() - c0) * 1e6)
 
-    def overhead(t: dict[str, list[float]]) -> float:
-        return statistics.median(e - q for e, q in zip(t["engine"], t["plain"], strict=True))
+    def overhead(t: dict[str, list[float]], way: str = "engine", base: str = "plain") -> float:
+        return statistics.median(e - q for e, q in zip(t[way], t[base], strict=True))
 
     result: dict[str, Any] = {
         "benchmark": "fit_overhead",
@@ -133,12 +141,15 @@ def main() -> int:
         "cpu_us_per_fit_median": {w: statistics.median(v) for w, v in cpu.items()},
         "overhead_us_per_fit": overhead(wall),
         "cpu_overhead_us_per_fit": overhead(cpu),
+        "cpu_overhead_us_per_fit_new_trainer": overhead(cpu, "engine_new_trainer"),
+        "cpu_us_saved_per_fit_by_reuse": overhead(cpu, "engine_new_trainer", "engine"),
         "fingerprint": digest.hexdigest(),
         "engine_fits": fit_no["engine"],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    keys = ("us_per_fit_median", "overhead_us_per_fit", "cpu_overhead_us_per_fit", "fingerprint")
+    keys = ("cpu_us_per_fit_median", "cpu_overhead_us_per_fit", "cpu_overhead_us_per_fit_new_trainer",
+            "cpu_us_saved_per_fit_by_reuse", "fingerprint")  # fmt: skip
     print(json.dumps({k: result[k] for k in keys}))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

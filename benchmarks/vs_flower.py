@@ -86,7 +86,10 @@ def child_fl_lightning(spec: dict[str, Any]) -> dict[str, Any]:
     stamps["eval_s"] = [r["time_eval_s"] for r in recs]
     stamps["accuracy"] = [r["accuracy"] for r in recs]
     stamps["fit_s"] = [r["time_fit_s"] for r in recs]
-    return {"stamps": stamps, "num_actors": summary.get("num_actors")}
+    return {
+        "stamps": stamps, "num_actors": summary.get("num_actors"),
+        "startup_phases_s": summary.get("startup_phases_s"),  # where the start-up went (runner.py)
+    }  # fmt: skip
 
 
 def child(system: str, spec_file: Path, result_file: Path) -> None:

@@ -11,6 +11,10 @@ our own code uses them (sentence-transformers, torchvision's ResNets, matplotlib
 torchmetrics' own metrics that need them are unavailable in the process and say which
 package they want.
 
+Lightning's progress-bar module likewise imports `rich` when it is installed (Flower, the
+`bench` extra, brings it), though our Trainers draw no progress bar: rich is hidden from that
+module's check the same way (`RICH_PROGRESS`), and stays importable.
+
 Installed by the CLI and by every client worker before anything imports Lightning; not by
 `import fl_lightning` (a user's own process decides). Changes nothing when torchmetrics is
 already imported, or with `FL_LIGHTNING_LEAN_IMPORTS=0` (a method that uses torchmetrics'
@@ -39,9 +43,16 @@ from typing import Any
 
 #: torchmetrics' optional backends that our metrics never use
 HIDDEN = frozenset({"transformers", "torchvision", "scipy", "matplotlib"})
+#: Lightning's rich progress bar: `rich` (installed with Flower, the `bench` extra) is imported
+#: there at Lightning's import, ~0.3-0.8 s on 2 cores in the driver and every worker, though
+#: our Trainers draw no progress bar or model summary; hidden, Lightning's `_RICH_AVAILABLE`
+#: (checked first in this module) is False in the process and rich stays importable
+RICH_PROGRESS = "lightning.pytorch.callbacks.progress.rich_progress"
+#: each watched module -> what its import does not see
+HIDE = {"torchmetrics": HIDDEN, RICH_PROGRESS: frozenset({"rich"})}
 #: the distributions (and versions) this was tested with: the private names it swaps are
-#: lightning_utilities', read by torchmetrics' import
-TESTED = {"torchmetrics": "1.9.0", "lightning-utilities": "0.15.3"}
+#: lightning_utilities', read by torchmetrics' import and by Lightning's requirement checks
+TESTED = {"torchmetrics": "1.9.0", "lightning-utilities": "0.15.3", "lightning": "2.6.6"}
 
 
 def tested() -> bool:
@@ -53,22 +64,23 @@ def tested() -> bool:
         return False
 
 
-def install(target: str = "torchmetrics") -> None:
-    """Hide `HIDDEN` from torchmetrics' availability checks when it is first imported (`target`:
-    the package to watch, for tests). Does nothing unless enabled, `tested()`, and `target` not
-    imported yet; never raises."""
-    try:
-        if os.environ.get("FL_LIGHTNING_LEAN_IMPORTS", "1") == "0" or target in sys.modules:
-            return
-        if not tested() or any(isinstance(f, _Finder) and f.target == target for f in sys.meta_path):
-            return
-        sys.meta_path.insert(0, _Finder(target))
-    except Exception:  # a speed-up only: whatever went wrong, imports stay as they come
-        return
+def install(target: str | None = None) -> None:
+    """Hide `HIDE`'s packages from each watched module's availability checks when it is first
+    imported (`target`: the one module to watch, for tests: it hides `HIDDEN`). Does nothing
+    unless enabled and `tested()`, nor for a module imported already; never raises."""
+    for name in [target] if target else list(HIDE):
+        try:
+            if os.environ.get("FL_LIGHTNING_LEAN_IMPORTS", "1") == "0" or name in sys.modules:
+                continue
+            if not tested() or any(isinstance(f, _Finder) and f.target == name for f in sys.meta_path):
+                continue
+            sys.meta_path.insert(0, _Finder(name, HIDE.get(name, HIDDEN)))
+        except Exception:  # a speed-up only: whatever went wrong, imports stay as they come
+            continue
 
 
 @contextlib.contextmanager
-def _hidden() -> Iterator[None]:
+def _hidden(names: frozenset[str] = HIDDEN) -> Iterator[None]:
     """torchmetrics' flags are lightning_utilities RequirementCache objects (package metadata,
     then find_spec) and its __init__ calls package_available: both look these two names up
     in `lightning_utilities.core.imports`, so they are swapped there while it imports. Where
@@ -82,12 +94,12 @@ def _hidden() -> Iterator[None]:
         return
 
     def hidden_version(name: str) -> str:
-        if name in HIDDEN:
+        if name in names:
             raise metadata.PackageNotFoundError(name)
         return version(name)
 
     def hidden_available(name: str) -> bool:
-        return name.split(".")[0] not in HIDDEN and available(name)
+        return name.split(".")[0] not in names and available(name)
 
     lui._version, lui.package_available = hidden_version, hidden_available  # type: ignore[assignment]
     try:
@@ -99,8 +111,8 @@ def _hidden() -> Iterator[None]:
 class _Loader(importlib.abc.Loader):
     """torchmetrics' own loader, its package's code run inside `_hidden()`."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+    def __init__(self, inner: Any, names: frozenset[str] = HIDDEN) -> None:
+        self.inner, self.names = inner, names
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self.inner.create_module(spec)
@@ -111,7 +123,7 @@ class _Loader(importlib.abc.Loader):
             module.__spec__.loader = self.inner
         initial = set(vars(module))  # what the import system set: __spec__, __path__, ...
         try:
-            with _hidden():
+            with _hidden(self.names):
                 self.inner.exec_module(module)
         except Exception:
             # Failed with the backends hidden (an upstream change we were not tested on, or
@@ -130,8 +142,8 @@ class _Finder(importlib.abc.MetaPathFinder):
     (removing it while another thread walks the list could make that thread skip a finder).
     Any exception while it looks: it answers nothing and the usual finders import the package."""
 
-    def __init__(self, target: str = "torchmetrics") -> None:
-        self.target = target
+    def __init__(self, target: str = "torchmetrics", names: frozenset[str] = HIDDEN) -> None:
+        self.target, self.names = target, names
         self._lock = threading.Lock()
         self._done = False
 
@@ -151,7 +163,7 @@ class _Finder(importlib.abc.MetaPathFinder):
                 spec = finder.find_spec(fullname, path, target)
                 if spec is not None:
                     if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                        spec.loader = _Loader(spec.loader)
+                        spec.loader = _Loader(spec.loader, self.names)
                     return spec
         except Exception:
             return None

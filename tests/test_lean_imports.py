@@ -13,7 +13,7 @@ import pytest
 
 from fl_lightning import lean_imports
 
-HEAVY = ("transformers", "scipy.signal", "matplotlib", "torchvision")
+HEAVY = ("transformers", "scipy.signal", "matplotlib", "torchvision", "rich")
 
 PROBE = f"""
 import json, sys
@@ -26,9 +26,13 @@ from torchmetrics.utilities.imports import _TRANSFORMERS_GREATER_EQUAL_4_4
 acc = MulticlassAccuracy(num_classes=3, average="micro")(torch.tensor([0, 2, 1, 1]),
                                                         torch.tensor([0, 1, 1, 1]))
 loaded = {{m: m in sys.modules for m in {HEAVY!r}}}
+import importlib.util
+from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 import transformers, torchvision.models  # still importable for our own code
 print(json.dumps({{"loaded": loaded, "acc": float(acc), "resnet": torchvision.models.resnet18 is not None,
-                  "tm_sees_transformers": bool(_TRANSFORMERS_GREATER_EQUAL_4_4)}}))
+                  "tm_sees_transformers": bool(_TRANSFORMERS_GREATER_EQUAL_4_4),
+                  "rich_installed": importlib.util.find_spec("rich") is not None,
+                  "lightning_sees_rich": bool(_RICH_AVAILABLE)}}))
 """
 
 
@@ -74,6 +78,10 @@ def test_lightning_imports_torchmetrics_without_its_optional_backends() -> None:
     assert full["loaded"]["transformers"] and full["loaded"]["scipy.signal"]
     assert full["tm_sees_transformers"] is True
     assert full["acc"] == 0.75
+    # rich (Flower's, the bench extra): Lightning's progress bar does not import it, and says so
+    assert lean["lightning_sees_rich"] is False
+    if full["rich_installed"]:
+        assert full["loaded"]["rich"] and full["lightning_sees_rich"]
 
 
 def test_cli_exit_runs_threads_and_atexit_then_keeps_the_code() -> None:

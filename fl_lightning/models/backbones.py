@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torchvision.models import resnet50 as tv_resnet50
 
 from ..core.errors import ConfigError
 from . import MODELS
@@ -80,6 +79,9 @@ def resnet50(
     or CLIP2FL's plain Linear(2048, hidden) to the teacher's dimension (`neck=linear`)."""
     if neck not in ("fc_bn_relu", "linear"):
         raise ConfigError(f"model.neck must be fc_bn_relu or linear (got {neck!r})")
+    # imported here: a client worker of another model never imports torchvision (start-up)
+    from torchvision.models import resnet50 as tv_resnet50
+
     net = tv_resnet50(weights=None)
     if image_size <= 64:
         net.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)

@@ -28,7 +28,6 @@ small members, for the reason above.
 from __future__ import annotations
 
 from torch import nn
-from torchvision.models.resnet import BasicBlock, ResNet
 
 from . import MODELS, register_family
 from .backbones import Backbone
@@ -83,6 +82,9 @@ register_family("htfe_cnn3", ["htfe_cnn_a", "htfe_cnn_b", "htfe_cnn_c"])
 
 
 def _htfe_resnet(layers: list[int], num_classes: int, in_channels: int, feature_dim: int) -> Backbone:
+    # imported here: a client worker of another model never imports torchvision (start-up)
+    from torchvision.models.resnet import BasicBlock, ResNet
+
     net = ResNet(BasicBlock, layers)  # torchvision's init; no pretrained weights
     if in_channels != 3:
         net.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)

@@ -25,6 +25,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.loops import _FitLoop, _TrainingEpochLoop
 from torch.utils.data import DataLoader, TensorDataset
 
 from ..core.augment import Augment, augment_batch, step_seed
@@ -327,6 +328,9 @@ class ClientHost:
         self.states: dict[ClientId, ClientState] = {}
         #: privacy=dp_sgd: Opacus' hooks on each objective's model, by the objective's id
         self._dp_hooks: dict[int, Any] = {}
+        #: (thread, epochs, steps, clip) -> a Trainer reused for every fit with those limits
+        #: (`_trainer`): building one costs ~10 ms, more than a tiny client's whole fit
+        self._trainers: dict[tuple[int, int | None, int | None, float | None], L.Trainer] = {}
 
     @property
     def client_ids(self) -> list[ClientId]:
@@ -358,6 +362,14 @@ class ClientHost:
         return obj
 
     def _trainer(self, phase: Phase) -> L.Trainer:
+        """The Trainer for a fit of `phase`: one per (thread, limits), built once and reused.
+
+        A finished Trainer's `fit` returns at once (its loops' progress says max_epochs or
+        max_steps was reached), so a reused one gets fresh fit loops, built as `L.Trainer`
+        builds them; everything else a fit needs (strategy setup, optimizers, data, logger
+        results, signal handlers) Lightning sets up anew in every `fit`, as for a new Trainer.
+        The exception is 16-mixed's GradScaler, whose scale carries over from fit to fit: that
+        precision gets a new Trainer a fit, as before."""
         s = self.spec
         epochs, steps = (
             (phase.epochs, phase.steps)
@@ -365,11 +377,18 @@ class ClientHost:
             else (s.local_epochs, s.local_steps)
         )
         clip = phase.grad_clip if phase.grad_clip is not None else (phase.optim or s.optim).grad_clip
-        return L.Trainer(
+        max_epochs, max_steps = (epochs if steps is None else -1), (steps if steps is not None else -1)
+        key = (threading.get_ident(), epochs, steps, clip)
+        trainer = self._trainers.get(key)
+        if trainer is not None:
+            trainer.fit_loop = _FitLoop(trainer, min_epochs=None, max_epochs=max_epochs)
+            trainer.fit_loop.epoch_loop = _TrainingEpochLoop(trainer, min_steps=None, max_steps=max_steps)
+            return trainer
+        trainer = L.Trainer(
             accelerator=s.accelerator,
             devices=1,
-            max_epochs=epochs if steps is None else -1,
-            max_steps=steps if steps is not None else -1,
+            max_epochs=max_epochs,
+            max_steps=max_steps,
             gradient_clip_val=clip,
             gradient_clip_algorithm="norm" if clip is not None else None,
             precision=s.precision,
@@ -380,6 +399,9 @@ class ClientHost:
             num_sanity_val_steps=0,
             limit_val_batches=0,
         )
+        if s.precision != "16-mixed":
+            self._trainers[key] = trainer
+        return trainer
 
     def _device(self) -> torch.device:
         return torch.device("cuda" if self.spec.accelerator == "gpu" else "cpu")
@@ -430,7 +452,11 @@ class ClientHost:
             for phase in phases:
                 obj.phase = phase
                 with trainable_only(obj.model, phase.trainable):
-                    _fit(self._trainer(phase), obj, loader)
+                    try:
+                        _fit(self._trainer(phase), obj, loader)
+                    except BaseException:  # a failed fit leaves its Trainer half torn down: build anew
+                        self._trainers.clear()
+                        raise
             # eval.timing=trained: the model as local training left it, before it uploads
             evaluation = self._evaluate(obj, cid) if payload.evaluate and cid in self.test else None
             update = obj.end_round(payload, num_examples=len(y))

@@ -230,8 +230,13 @@ class ClientObjective(L.LightningModule, Generic[BroadcastT]):
         state: `is_personal`, or batch-norm statistics under `fl.bn_stats=local`) or `frozen`
         (never trained, uploaded, broadcast or checkpointed: every copy of the model builds it
         the same way, from its weights file; a large pretrained tower). Frozen entries are
-        those under the model's `frozen_prefixes` (a tuple of key prefixes, `()` by default)."""
+        those under the model's `frozen_prefixes` (a tuple of key prefixes, `()` by default),
+        and those its `frozen_key(key)` says are (a model whose trained entries are scattered
+        through frozen modules: LoRA adapters, `models/clip_lora.py`)."""
         if key.startswith(tuple(getattr(self.model, "frozen_prefixes", ()))):
+            return "frozen"
+        frozen_key = getattr(self.model, "frozen_key", None)
+        if frozen_key is not None and frozen_key(key):
             return "frozen"
         return "personal" if self._kept(key) else "shared"
 

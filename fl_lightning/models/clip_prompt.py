@@ -62,6 +62,38 @@ def _channels(v: float | Sequence[float]) -> Tensor:
     )
 
 
+def frozen_clip(
+    what: str,
+    trainers: str,
+    num_classes: int,
+    class_names: Sequence[str] | None,
+    arch: str,
+    pretrained: str | None,
+    seed: int,
+    aligned: str | None,
+    align_holdout_from: int | None,
+) -> tuple[Any, str]:
+    """The open_clip model (and its name) of model `what` (clip_prompt, clip_lora), frozen and
+    in eval mode: `pretrained`'s weights, then `aligned`'s (the mini scale's stand-in) over
+    them. ValueError, naming the methods that train it (`trainers`), without class names."""
+    if torch.empty(()).is_meta:  # `check_image_size`'s probe: any size is resized to the tower's
+        raise NotImplementedError(f"{what} is not built on the meta device")
+    from ..text.encoders import load_open_clip
+
+    if not class_names or len(class_names) != num_classes:
+        raise ValueError(f"model={what} needs the dataset's class names: train it with {trainers}")
+    if align_holdout_from is not None and aligned is None:
+        raise ValueError("model.align_holdout_from is set but no aligned weights were built")
+    clip, name = load_open_clip(arch, pretrained, seed, "model.pretrained")
+    if aligned is not None:
+        blob = torch.load(aligned, map_location="cpu", weights_only=True)
+        clip.load_state_dict(blob.get("state", blob))
+    clip.eval()
+    for p in clip.parameters():
+        p.requires_grad_(False)
+    return clip, name
+
+
 class CLIPPrompt(nn.Module):
     """CoOp's prompt learner on frozen open_clip towers (only the context trains; the prompt
     methods set `class_names` from the dataset)."""
@@ -141,25 +173,22 @@ class CLIPPrompt(nn.Module):
         (the text of a class name) and `base_classes` (base and new classes are scored with
         contexts generated from their own names only)."""
         super().__init__()
-        if torch.empty(()).is_meta:  # `check_image_size`'s probe: any size is resized to the tower's
-            raise NotImplementedError("clip_prompt is not built on the meta device")
-        from ..text.encoders import OpenCLIPTextEncoder, load_open_clip
+        from ..text.encoders import OpenCLIPTextEncoder
         from ..text.soft_prompt import ClassSoftPrompts
 
-        if not class_names or len(class_names) != num_classes:
-            raise ValueError(
-                "model=clip_prompt needs the dataset's class names: train it with a prompt method "
-                "(method=promptfl, zeroshot, fedotp, fedpgp, fedtpg)"
-            )
-        if align_holdout_from is not None and aligned is None:
-            raise ValueError("model.align_holdout_from is set but no aligned weights were built")
-        clip, name = load_open_clip(arch, pretrained, seed, "model.pretrained")
-        if aligned is not None:
-            blob = torch.load(aligned, map_location="cpu", weights_only=True)
-            clip.load_state_dict(blob.get("state", blob))
-        clip.eval()
-        for p in clip.parameters():
-            p.requires_grad_(False)
+        trainers = "a prompt method (method=promptfl, zeroshot, fedotp, fedpgp, fedtpg)"
+        clip, name = frozen_clip(
+            "clip_prompt",
+            trainers,
+            num_classes,
+            class_names,
+            arch,
+            pretrained,
+            seed,
+            aligned,
+            align_holdout_from,
+        )
+        assert class_names is not None  # (frozen_clip checked them)
         self.visual = clip.visual  # a submodule; frozen by role (`frozen_prefixes`), never sent
         self.image_size = tower_size(clip.visual)
         self.logit_scale = float(clip.logit_scale.detach().exp())

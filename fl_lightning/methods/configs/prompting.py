@@ -4,7 +4,7 @@ they train prompts on, and the held-out images its aligned weights learn from.""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from ...core.errors import ConfigError
 from ...core.method import MethodConfig
@@ -17,11 +17,16 @@ PROMPT_MODEL = "clip_prompt"
 
 @dataclass
 class PromptConfig(MethodConfig):
+    #: the one model the method trains, and what it trains on it (the refusal's words)
+    trained_model: ClassVar[str] = PROMPT_MODEL
+    trains: ClassVar[str] = "CLIP prompts"
+
     def check(self, run: RootConfig) -> None:
         model = run.model or {}
-        if model.get("name") != PROMPT_MODEL:
+        if model.get("name") != self.trained_model:
             raise ConfigError(
-                f"method={self.name} trains CLIP prompts: use model={PROMPT_MODEL} (got {model.get('name')})"
+                f"method={self.name} trains {self.trains}: use model={self.trained_model} "
+                f"(got {model.get('name')})"
             )
         if model.get("align_holdout_from") is not None:
             hi = run.data.train_subset

@@ -1,0 +1,337 @@
+"""LoRA adapters through peft (`model=clip_lora`) and the federated LoRA methods (FedIT, FFA-LoRA,
+FLoRA, HetLoRA) on real parts: a tiny open_clip model with random weights saved to a file (the
+stand-in for CLIP weights), peft's LoRA layers, scikit-learn's digits, the Lightning Trainer in a
+real host. Golden tests write each client's step and each server rule out independently over two
+rounds with partial participation (3 clients, 2 a round); exactness tests check the algebra the
+methods rest on (FFA-LoRA's and FLoRA's exact means, HetLoRA's truncation) and measure FedIT's gap.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fl_lightning.core.messages import ClientPayload, tensor_nbytes
+from fl_lightning.core.optim import OptimConfig
+from fl_lightning.core.strategy import TaskInfo
+from fl_lightning.data.datasets import DIGIT_NAMES
+from fl_lightning.methods import METHODS
+from fl_lightning.methods.adapters import AdapterObjective
+from fl_lightning.methods.hetlora import pad, truncate
+from fl_lightning.models.clip_lora import CLIPLoRA, adapter_keys, adapter_modules, base_weight_key
+from fl_lightning.runtime.host import ClientHost, ClientSpec
+from fl_lightning.testing import (
+    BS,
+    EPS32,
+    LR,
+    SIZES3,
+    client_data,
+    manual_fit,
+    match,
+    rounds_1_and_2,
+    three_clients,
+    twin,
+    written_mean,
+)
+from fl_lightning.text.encoders import OpenCLIPTextEncoder
+
+from .test_prompt import ARCH, DIGITS, clip_file  # noqa: F401  (the module's CLIP weights file)
+
+RANK, ALPHA = 2, 4.0
+WIDTH, IMAGE_LAYERS, TEXT_LAYERS = 64, 1, 2  # clip-tiny-random's towers
+
+
+def lora_model(clip_file: str, **kw) -> CLIPLoRA:  # noqa: F811
+    args = {"arch": ARCH, "pretrained": clip_file, "class_names": DIGIT_NAMES, "rank": RANK,
+            "alpha": ALPHA, **DIGITS, **kw}  # fmt: skip
+    return CLIPLoRA(10, 1, 8, **args)
+
+
+def upload_of(model: CLIPLoRA) -> dict[str, torch.Tensor]:
+    obj = AdapterObjective(model)
+    up = obj.end_round(ClientPayload(client_id=0, round=1, seed=0), 10)
+    assert up.params is not None
+    return up.params
+
+
+@pytest.mark.parametrize("towers", ["image", "text", "both"])
+def test_only_adapter_tensors_train_and_upload_and_their_bytes_follow_the_rank(clip_file, towers):  # noqa: F811
+    layers = {"image": IMAGE_LAYERS, "text": TEXT_LAYERS, "both": IMAGE_LAYERS + TEXT_LAYERS}[towers]
+    for rank in (1, 2, 4):
+        m = lora_model(clip_file, towers=towers, rank=rank)
+        up = upload_of(m)
+        trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+        assert set(up) == trainable and all(".lora_A." in k or ".lora_B." in k for k in up)
+        assert set(AdapterObjective(m).model_state()) == set(up)  # what a checkpoint holds
+        # per block, peft's LoRA of nn.MultiheadAttention: the packed q/k/v projection
+        # (A [r, d], B [3d, r]) and its output projection (A [r, d], B [d, r]), float32
+        assert tensor_nbytes(up) == 4 * layers * rank * (WIDTH + 3 * WIDTH + WIDTH + WIDTH)
+        ffa = upload_of(lora_model(clip_file, towers=towers, rank=rank, freeze_a=True))
+        assert all(".lora_B." in k for k in ffa)  # A frozen by role: never sent
+        assert tensor_nbytes(ffa) == 4 * layers * rank * (3 * WIDTH + WIDTH)
+    # B = 0 at init: the model is zero-shot CLIP, scale · cos(image, "a photo of a {class}.")
+    m = lora_model(clip_file, towers=towers)
+    text = OpenCLIPTextEncoder(arch=ARCH, pretrained=clip_file, device="cpu").encode(
+        [f"a photo of a {c}." for c in DIGIT_NAMES]
+    )
+    x = torch.randn(5, 1, 8, 8)
+    want = m.logit_scale * m.encode_images(x) @ text.T
+    torch.testing.assert_close(m(x), want, atol=1e-5, rtol=1e-5)
+    # frozen means unchanged: peft merges and unmerges the adapters of nn.MultiheadAttention in
+    # place each call ((W + ΔW) − ΔW moves W by rounding); the model puts W back bit for bit
+    before = {k: v.clone() for k, v in m.state_dict().items() if ".lora_" not in k}
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if ".lora_B." in n:
+                p.normal_()
+    for _ in range(3):
+        m(x).sum().backward()
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in before.items())
+    m.train()
+    # the towers stay in eval mode (batch norm, dropout); only the adapters' dropout trains
+    assert {n for n, t in m.named_modules() if t.training and n} == {
+        n for n, _ in m.named_modules() if n.endswith(".lora_dropout.default")
+    }
+
+
+def _two_rounds(name: str, clip_file: str, data, method_kw: dict | None = None, **model_kw):  # noqa: F811
+    """Two rounds of `name` through its strategy and a real host (round 1: clients 0, 1;
+    round 2: clients 0, 2), plain SGD at the kit's rate."""
+    ds, shards = data
+    task = TaskInfo(num_classes=10, class_names=tuple(DIGIT_NAMES), image_mean=(0.3,), image_std=(0.4,))
+    cls = METHODS.get(name)
+    strategy = cls(cls.config_cls(**(method_kw or {})), num_clients=3, clients_per_round=2, seed=0, task=task)
+    kwargs = strategy.model_kwargs(
+        "clip_lora", {"arch": ARCH, "pretrained": clip_file, "rank": RANK, "alpha": ALPHA, **model_kw}
+    )
+    model = CLIPLoRA(10, 1, 8, **kwargs)
+    init = {k: v.clone() for k, v in AdapterObjective(model).model_state().items()}
+    spec = ClientSpec(method=name, objective_kwargs=strategy.objective_kwargs(), model="clip_lora",
+                      model_kwargs=kwargs, optim=OptimConfig(lr=LR, momentum=0.0), num_classes=10,
+                      in_channels=1, image_size=8, batch_size=BS, threads=1, init_params=init)  # fmt: skip
+    host = ClientHost(spec, ds, shards)
+    plans, states = rounds_1_and_2(strategy, host, init)
+    return strategy, kwargs, init, plans, states, host
+
+
+def _delta(params: dict[str, torch.Tensor], prefix: str, scaling: float) -> torch.Tensor:
+    a, b = adapter_keys(prefix)
+    return scaling * params[b].double() @ params[a].double()
+
+
+HET_RANKS = [1, 2, 3]
+
+
+def _server(
+    name: str, start: dict, trained: list[dict], sizes: list[int], init: dict, scaling: float
+) -> dict:
+    """Each method's server rule, written out (float64 where it multiplies)."""
+    if name in ("fedit", "ffa_lora"):
+        return written_mean(trained, sizes)
+    out = dict(start)
+    if name == "flora":  # W += Σ_k p_k s B_k A_k, one client at a time (no stacking); fresh adapters
+        for prefix in adapter_modules(start):
+            base = base_weight_key(prefix, start)
+            delta = sum(
+                n / sum(sizes) * _delta(t, prefix, scaling) for t, n in zip(trained, sizes, strict=True)
+            )
+            out[base] = (start[base].double() + delta).to(start[base].dtype)
+        out.update({k: init[k].to(start[k].dtype) for k in init if ".lora_" in k})
+        return out
+    for prefix in adapter_modules(start):  # hetlora: weights ‖B_k A_k‖_F, the padded factors averaged
+        norms = [float(_delta(t, prefix, 1.0).norm()) for t in trained]
+        for k in adapter_keys(prefix):
+            acc = sum(n / sum(norms) * t[k].double() for n, t in zip(norms, trained, strict=True))
+            out[k] = acc.to(start[k].dtype)
+    return out
+
+
+@pytest.mark.parametrize("name", ["fedit", "ffa_lora", "flora", "hetlora"])
+def test_adapter_methods_golden_two_rounds(clip_file, name):  # noqa: F811
+    data = three_clients()
+    method_kw = {"ranks": HET_RANKS} if name == "hetlora" else {}
+    strategy, kwargs, init, plans, states, host = _two_rounds(name, clip_file, data, method_kw)
+    scaling = strategy.lora_scaling()
+    assert scaling == ALPHA / (max(HET_RANKS) if name == "hetlora" else RANK)
+
+    def run(dt: torch.dtype) -> list[dict[str, torch.Tensor]]:
+        model = CLIPLoRA(10, 1, 8, **kwargs).to(dt)
+
+        def client(cid: int, seed: int, start: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            model.load_state_dict(start, strict=False)  # the frozen towers: its own
+            r = HET_RANKS[cid]
+            if name == "hetlora":  # a rank-r client: the components beyond r are zero
+                with torch.no_grad():
+                    for k, p in model.named_parameters():
+                        if ".lora_A." in k:
+                            p[r:] = 0
+                        elif ".lora_B." in k:
+                            p[:, r:] = 0
+            x, y = client_data(data, cid)
+            manual_fit(model, x.to(dt), y, seed, lambda m, xb, yb: F.cross_entropy(m(xb), yb), momentum=0.0)
+            return {
+                k: v.detach().clone() for k, v in model.state_dict().items() if k in start and ".lora_" in k
+            }
+
+        out, start = [], {k: v.to(dt) for k, v in init.items()}
+        for plan in plans:
+            trained = [client(p.client_id, p.seed, start) for p in plan.payloads]
+            sizes = [SIZES3[p.client_id] for p in plan.payloads]
+            start = _server(name, start, trained, sizes, init, scaling)
+            out.append(start)
+        return out
+
+    r32, r64 = twin(run)
+    for rnd in range(2):
+        got = states[rnd].global_params
+        assert set(got) == set(init)
+        match(got, (r32[rnd], r64[rnd]))
+    moved = [k for k in init if not torch.equal(states[1].global_params[k], init[k])]
+    assert moved, "nothing trained"
+    if name == "ffa_lora":
+        assert all(".lora_B." in k for k in init)  # A never leaves the client: the global model is B
+    if name == "flora":
+        assert all(".lora_B." in k or ".base_layer." in k for k in moved)  # fresh adapters, base folded
+    # uploads: adapter tensors only (HetLoRA's cut to the client's rank)
+    for p in plans[1].payloads:
+        up = host.fit(plans[1].broadcast, p).params
+        assert up and all(".lora_" in k for k in up)
+        if name == "hetlora":
+            r = HET_RANKS[p.client_id]
+            assert all(v.shape[0] == r for k, v in up.items() if ".lora_A." in k)
+            assert all(v.shape[1] == r for k, v in up.items() if ".lora_B." in k)
+
+
+def _round_one(name: str, clip_file: str, method_kw: dict | None = None):  # noqa: F811
+    strategy, kwargs, init, plans, states, host = _two_rounds(name, clip_file, three_clients(), method_kw)
+    state0 = strategy.init_state(init)
+    ups = sorted((host.fit(plans[0].broadcast, p) for p in plans[0].payloads), key=lambda u: u.client_id)
+    return strategy, init, state0, ups, strategy.aggregate(state0, ups)
+
+
+def test_ffa_lora_mean_is_exact_and_fedit_mean_is_not(clip_file):  # noqa: F811
+    _, init, _, ups, agg = _round_one("ffa_lora", clip_file)
+    a_init = lora_model(clip_file, freeze_a=True)  # A: the seeded init every copy builds
+    a_state = a_init.state_dict()
+    n = [u.num_examples for u in ups]
+    for prefix in adapter_modules(a_state):
+        ka, kb = adapter_keys(prefix)
+        a = a_state[ka].double()
+        got = agg.global_params[kb].double() @ a  # the aggregated B · the shared A
+        want = sum(w / sum(n) * (u.params[kb].double() @ a) for w, u in zip(n, ups, strict=True))
+        # to float rounding: one float32 rounding of each averaged B entry, summed over the rank
+        tol = 4 * EPS32 * float(want.abs().max()) * RANK + 1e-12
+        torch.testing.assert_close(got, want, atol=tol, rtol=0)
+    # FedIT: mean(B) · mean(A) against mean(B · A) on the same round: a real gap, not rounding
+    _, _, _, ups, agg = _round_one("fedit", clip_file)
+    n = [u.num_examples for u in ups]
+    gaps = []
+    for prefix in adapter_modules(agg.global_params):
+        ka, kb = adapter_keys(prefix)
+        inexact = agg.global_params[kb].double() @ agg.global_params[ka].double()
+        exact = sum(
+            w / sum(n) * (u.params[kb].double() @ u.params[ka].double()) for w, u in zip(n, ups, strict=True)
+        )
+        gaps.append(float((inexact - exact).norm() / exact.norm()))
+    assert max(gaps) > 1e3 * EPS32, gaps  # measured 0.006-0.11 of ‖mean(B·A)‖ by module: not rounding
+
+
+def test_flora_stacked_product_is_the_sum_of_the_clients_delta_w(clip_file):  # noqa: F811
+    strategy, init, state0, ups, agg = _round_one("flora", clip_file)
+    s, n = strategy.lora_scaling(), [u.num_examples for u in ups]
+    for prefix in adapter_modules(init):
+        base = base_weight_key(prefix, init)
+        got = agg.global_params[base].double() - init[base].double()
+        want = sum(w / sum(n) * _delta(u.params, prefix, s) for w, u in zip(n, ups, strict=True))
+        # the fold's one float32 rounding of W + ΔW
+        tol = 2 * EPS32 * float(init[base].abs().max() + want.abs().max())
+        torch.testing.assert_close(got, want, atol=tol, rtol=0)
+        assert float(want.abs().max()) > 100 * tol  # the clients did move it
+    for k in state0.restart:  # the next round starts fresh: A at its seeded init, B = 0
+        assert torch.equal(agg.global_params[k], init[k])
+
+
+def test_hetlora_truncation_and_padding_leave_a_rank_r_module_unchanged(clip_file):  # noqa: F811
+    strategy, init, state0, ups, agg = _round_one("hetlora", clip_file, {"ranks": HET_RANKS})
+    s = strategy.lora_scaling()
+    r_max = max(HET_RANKS)
+    for u in ups:
+        r = HET_RANKS[u.client_id]
+        for prefix in adapter_modules(u.params):
+            ka, kb = adapter_keys(prefix)
+            padded = {k: pad(k, u.params[k], r_max) for k in (ka, kb)}
+            assert padded[ka].shape[0] == r_max and padded[kb].shape[1] == r_max
+            # re-truncating the padded module gives the client's module back, bit for bit
+            assert all(torch.equal(truncate(k, padded[k], r), u.params[k]) for k in (ka, kb))
+            # and the padded module is the same ΔW as the rank-r one (its extra components are zero)
+            assert torch.equal(_delta(padded, prefix, s), _delta(u.params, prefix, s))
+    # the engine's client: loads the r_max global module, truncates to its rank, trains; the
+    # components beyond its rank stay exactly zero, so its upload is the whole of its module
+    assert any(HET_RANKS[u.client_id] < r_max for u in ups)
+    assert set(agg.global_params) == set(init)
+
+
+LORA_TINY = ["data=fmnist", "data.train_subset=120", "data.test_subset=60", "fl.num_clients=3",
+             "fl.clients_per_round=2", "fl.local_epochs=1", "fl.batch_size=16", "logger=none",
+             f"model.arch={ARCH}", f"model.rank={RANK}", "model.towers=image", "optim.name=sgd",
+             "runtime.threads_per_client=1"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_ffa_lora_under_the_dp_chain_resumes_exactly_and_ray_matches_serial(
+    clip_file,  # noqa: F811
+    tmp_path,
+    data_root,
+    ray_session,
+):
+    """FFA-LoRA under `aggregator.steps=[clip_l2,uniform,gaussian]` (its paper's DP setting):
+    round 1 on Ray's worker equals round 1 in one process; a run stopped after round 1 and
+    resumed equals the uninterrupted run bit for bit; bytes_up is the B matrices only."""
+    import json
+
+    from fl_lightning.cli.main import main
+    from fl_lightning.config import compose
+    from fl_lightning.runtime.runner import start_run
+
+    from .run_files import final_state
+
+    def lines(d) -> list[dict]:
+        return [json.loads(s) for s in (d / "metrics.jsonl").read_text().splitlines()]
+
+    args = [*LORA_TINY, "method=ffa_lora", f"model.pretrained={clip_file}", f"output_dir={tmp_path}",
+            "aggregator.steps=[clip_l2,uniform,gaussian]", "aggregator.clip=1.0",
+            "aggregator.noise_multiplier=0.1"]  # fmt: skip
+    ray, ray_dir = start_run(compose([*args, "runtime=ray", "runtime.num_actors=1", "fl.rounds=1",
+                                      "run_id=ray"]), console=False)  # fmt: skip
+    full, full_dir = start_run(
+        compose([*args, "runtime=serial", "fl.rounds=2", "run_id=full"]), console=False
+    )
+    assert ray["executor"] == "ray" and full["rounds_completed"] == 2
+    per_client = 4 * IMAGE_LAYERS * RANK * (3 * WIDTH + WIDTH)  # B only: FFA-LoRA's half
+    assert all(r["bytes_up"] == 2 * per_client for r in lines(full_dir))
+    keys = ("round", "train_loss", "bytes_up", "accuracy", "loss")
+    assert [[r[k] for k in keys] for r in lines(ray_dir)] == [
+        [r[k] for k in keys] for r in lines(full_dir)[:1]
+    ]
+    server, _ = final_state(full_dir)  # the checkpoint: adapter tensors only, by role
+    assert server["fields"]["global_params"] and all(
+        ".lora_B." in k for k in server["fields"]["global_params"]
+    )
+    assert main(["resume", str(ray_dir), "fl.rounds=2", "runtime.executor=serial", "--quiet"]) == 0
+    assert [[r[k] for k in keys] for r in lines(ray_dir)] == [[r[k] for k in keys] for r in lines(full_dir)]
+
+
+def test_adapter_model_and_methods_refuse_each_other_and_batched_in_one_line(capsys):
+    from fl_lightning.cli.main import main
+
+    for args, says in (
+        (["method=fedavg", "model=clip_lora"], "model=clip_lora is trained by method="),
+        (["method=promptfl", "model=clip_lora"], "use model=clip_prompt"),
+        (["method=fedit", "model=cnn"], "method=fedit trains LoRA adapters: use model=clip_lora"),
+        (["method=flora", "aggregator.steps=[clip_l2,uniform,gaussian]"], "flora"),
+        (["method=fedit", "runtime.batched=true"], "batched"),
+    ):
+        assert main(["run", "data=fmnist", "runtime=serial", "logger=none", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err

@@ -159,7 +159,7 @@ def test_wandb_run_has_partition_statistics_and_seed_tag(tmp_path):
         "train_sizes"]  # fmt: skip
     # every history row carries `round`, and every chart's x-axis is it
     assert [h["round"] for h in logged["history"]] == [h["_step"] for h in logged["history"]] == [0, 1, 2]
-    sections = ("train", "eval", "server", "system", "partition")
+    sections = ("train", "eval", "server", "privacy", "system", "partition")
     assert {(m.glob_name, m.step_metric) for m in logged["metrics"] if m.glob_name} == {
         (f"{s}/*", "round") for s in sections
     }

@@ -17,7 +17,7 @@ BAD = [
     # every method with a file in conf/method/, in order: a new method file changes no test
     (["method=fedfoo"], "unknown method 'fedfoo'; valid: " + ", ".join(choices("method"))),
     (["data=imagenet9"], "unknown dataset 'imagenet9'; valid:"),
-    (["model=resnet999"], "unknown model 'resnet999'; valid: alexnet_bn, clip_prompt, cnn, cnn_bn"),
+    (["model=resnet999"], "unknown model 'resnet999'; valid: alexnet_bn, clip_lora, clip_prompt, cnn"),
     (["method.mu=0.1"], "unknown config key 'method.mu'"),
     (["model.hiden=3"], "unknown config key 'model.hiden'"),
     (["runtime.precision=64"], "runtime.precision='64' is not one of: 32, bf16-mixed, 16-mixed"),

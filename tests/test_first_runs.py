@@ -114,7 +114,7 @@ def first_run_work(args: list[str], loaded: tuple[Any, Any] | None = None) -> di
     split = split_from_config(data, cfg) if loaded is None else loaded[1]
     draw = SimpleNamespace(  # what Strategy.sample_clients reads, set as build.prepare sets it
         clients_per_round=clients_per_round(cfg), participation=participation(cfg),
-        num_clients=int(cfg.fl.num_clients), sample_weights=None,
+        num_clients=int(cfg.fl.num_clients), sample_weights=None, poisson_rate=None,
     )  # fmt: skip
     plan = work_plan(
         cfg, [len(t) for t in split.train], [len(t) for t in split.test], len(data.test_y),

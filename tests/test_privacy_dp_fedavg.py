@@ -188,7 +188,8 @@ DP = ["privacy=dp_fedavg", "fl.num_clients=4", "fl.clients_per_round=2", "privac
 )
 def test_what_dp_fedavg_cannot_privatise_is_refused_in_one_line(extra, says, tmp_path, capsys, data_root):
     code = main(["run", *small(tmp_path, *DP, *extra)])
-    err = capsys.readouterr().err
+    # a line Ray's log monitor forwards from another test's Ray in this worker is not ours
+    err = "".join(line for line in capsys.readouterr().err.splitlines(True) if "(pid=" not in line)
     assert code == 2 and err.count("\n") == 1 and err.startswith("fl-lightning: error: "), err
     assert says in err
     assert not (tmp_path / "default").exists()

@@ -47,7 +47,7 @@ def sync_command(folder: str) -> int:
         mode = os.environ.get("WANDB_MODE")
         why = (  # with a key set, the mode is the reason (the key was blamed)
             f"WANDB_MODE={mode} (unset it, or set WANDB_MODE=online)"
-            if mode and mode != "online"
+            if mode and mode != "online" and os.environ.get("WANDB_API_KEY")
             else "no W&B API key (set WANDB_API_KEY or run `wandb login`)"
         )
         print(f"fl-lightning sync: {why}: {len(runs)} offline runs in {root} stay offline", file=sys.stderr)

@@ -121,13 +121,19 @@ def prepare(
     # fl.sampling=poisson: each client joins with probability m/N, cohorts of m on average
     rate = clients_per_round(cfg) / cfg.fl.num_clients if cfg.fl.sampling == "poisson" else None
     sampling = Sampling(participation(cfg), weights, local_bn=cfg.fl.bn_stats == "local", poisson_rate=rate)
+    aggregator = build_aggregator(cfg, max(len(t) for t in split.train) if split.train else 1, privacy)
+    if privacy is not None and privacy.ledger is not None:  # dp_sgd: each client's accounting
+        shards = [len(t) for t in split.train if len(t)]
+        ledger = dataclasses.replace(privacy.ledger, smallest_shard=min(shards) if shards else 0)
+        privacy = dataclasses.replace(privacy, ledger=ledger)
+        aggregator = dp_sgd_chain(ledger, aggregator)
     strategy = strategy_cls(
         method_cfg,
         cfg.fl.num_clients,
         sampled_per_round(cfg),
         cfg.seed,
         task,
-        aggregator=build_aggregator(cfg, max(len(t) for t in split.train) if split.train else 1, privacy),
+        aggregator=aggregator,
         sampling=sampling,
     )
     check_aggregation(strategy)
@@ -176,10 +182,6 @@ def prepare(
     if privacy is not None and privacy.ledger is not None:  # what Opacus cannot take: one line
         if (why := dp_sgd_model_refusal(objective.model, spec.model)) is not None:
             raise ConfigError(why)
-        shards = [len(t) for t in split.train if len(t)]
-        ledger = dataclasses.replace(privacy.ledger, smallest_shard=min(shards) if shards else 0)
-        privacy = dataclasses.replace(privacy, ledger=ledger)
-        strategy.aggregator = dp_sgd_chain(ledger, strategy.aggregator)
     elif privacy is not None:  # integer buffers are averaged as they are: a count the noise misses
         ints = [k for k, v in objective.shared_params().items() if not v.is_floating_point()]
         if ints:

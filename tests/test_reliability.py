@@ -27,9 +27,11 @@ import pytest
 
 from fl_lightning.cli.main import main
 from fl_lightning.config import compose
+from fl_lightning.core.errors import StoppedAfterCompletion, Terminated
 from fl_lightning.data.federated import make_split, partition_cache_dir, partition_options
 from fl_lightning.data.fetch import FMNIST_FILES, fmnist_dir
 from fl_lightning.data.registry import load_from_config
+from fl_lightning.runtime.callbacks.base import Callback
 from fl_lightning.runtime.runner import start_run
 
 from .conftest import WIDE, small
@@ -672,6 +674,69 @@ def test_sigterm_stops_a_run_like_ctrl_c(tmp_path):
     done = len(_records(run_dir))
     assert main(["resume", str(run_dir), "runtime.executor=serial", f"fl.rounds={done + 1}", "--quiet"]) == 0
     assert [r["round"] for r in _records(run_dir)] == list(range(1, done + 2))
+
+
+class _SigtermAt(Callback):
+    """Sends this process SIGTERM at one moment of a run: with its last round's line
+    (`last_line`), or on the way out, once summary.json is written (`way_out`)."""
+
+    def __init__(self, when: str, last: int) -> None:
+        self.when, self.last, self.sent = when, last, False
+
+    def _send(self) -> None:
+        self.sent = True
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_line(self, record) -> None:
+        if self.when == "last_line" and record.round == self.last:
+            self._send()
+
+    def on_run_end(self, status: str, summary: dict) -> None:
+        if self.when == "way_out":
+            self._send()
+
+
+@pytest.mark.parametrize("when", ["last_line", "way_out"])
+def test_sigterm_after_the_last_line_leaves_a_whole_run(tmp_path, when):
+    """S-5: SIGTERM right after the last round's metrics line exited 143 with summary.json
+    `completed` and no curves.png, and `resume` answered "already finished": the picture was
+    lost for good. Now a signal once summary.json is written waits for the picture and says
+    nothing is left to resume (`StoppedAfterCompletion`); one a moment earlier (with the last
+    line) leaves the run `interrupted`, and its resume runs no round and ends it whole."""
+    from fl_lightning.runtime.signals import our_handler, stop_on_sigterm
+
+    before = signal.getsignal(signal.SIGTERM)
+    if our_handler() is None:  # a shared Ray's `ray.init` may have left its own
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert stop_on_sigterm()
+    args = small(tmp_path, *TINY, "fl.rounds=2", "runtime=serial", f"run_id={when}")
+    run_dir = tmp_path / "default" / when
+    hook = _SigtermAt(when, last=2)
+    try:
+        if when == "way_out":
+            with pytest.raises(StoppedAfterCompletion):
+                start_run(compose(args), console=False, callbacks=[hook])
+        else:
+            with pytest.raises(Terminated):
+                start_run(compose(args), console=False, callbacks=[hook])
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
+    assert hook.sent
+    assert [r["round"] for r in _records(run_dir)] == [1, 2]
+    status = json.loads((run_dir / "summary.json").read_text())["status"]
+    if when == "way_out":
+        assert status == "completed" and (run_dir / "curves.png").stat().st_size > 0
+        return
+    assert status == "interrupted" and not (run_dir / "curves.png").exists()
+    assert main(["resume", str(run_dir), "--quiet"]) == 0
+    assert [r["round"] for r in _records(run_dir)] == [1, 2]  # no round run twice
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 2
+    assert (run_dir / "curves.png").stat().st_size > 0
+    (run_dir / "curves.png").unlink()  # drawing it was killed (kill -9): the next resume draws it
+    assert main(["resume", str(run_dir), "--quiet"]) == 0
+    assert (run_dir / "curves.png").stat().st_size > 0
 
 
 def test_sigterm_of_an_estimate_names_nothing_to_resume(tmp_path):

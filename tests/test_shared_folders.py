@@ -144,6 +144,26 @@ def test_fetch_runs_no_pip_from_the_working_directory(tmp_path, data_root):
     assert not (root / "mnist5k").exists()
 
 
+def test_fetch_fmnist_that_finds_no_source_is_one_line_and_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    """`fetch fmnist` where neither apt nor torchvision's mirrors answer ended in a RuntimeError
+    traceback and left an empty `fashion-mnist/` behind. Now one line naming both causes and
+    what to get from where, exit 2, and the folders it made are gone. Real failures: apt asked
+    for a package its lists do not hold, torchvision's download through a proxy nobody runs."""
+    from fl_lightning.data import fetch
+
+    monkeypatch.setattr(fetch, "FMNIST_DEB", "no-such-package-fl-lightning")
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")  # the discard port: refused at once
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    root = tmp_path / "new" / "root"
+    assert main(["fetch", "fmnist", "--root", str(root)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("fl-lightning: error: could not fetch Fashion-MNIST"), err
+    assert "apt:" in err[0] and "torchvision:" in err[0] and "zalandoresearch" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_sync_runs_no_wandb_from_the_working_directory(tmp_path):
     """`sync` ran `python -m wandb sync` with the working directory first on its sys.path: a
     `wandb/` folder there ran (exit 0, "uploading ..."). Now wandb runs isolated: the real
@@ -166,16 +186,27 @@ def test_sync_runs_no_wandb_from_the_working_directory(tmp_path):
 
 
 def test_sync_in_offline_mode_names_the_mode_not_the_key(tmp_path, capsys, monkeypatch):
-    """With a key set and `WANDB_MODE=offline`, `sync` said "no W&B API key"."""
+    """With a key set and `WANDB_MODE=offline`, `sync` said "no W&B API key" (SY-1b); without
+    a key its line began `fl-lightning sync:` and exited 1 (SY-1). Both are now one
+    `fl-lightning: error:` line naming the reason, exit 2, and nothing uploaded or changed."""
     run = tmp_path / "runs" / "r1"
     (run / "wandb" / "offline-run-20260101_000000-abc").mkdir(parents=True)
     (run / "summary.json").write_text('{"status": "completed"}')
     (run / "wandb" / "offline-run-20260101_000000-abc" / "run-abc.wandb").write_bytes(b"x")
     monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
     monkeypatch.setenv("WANDB_MODE", "offline")
-    assert main(["sync", str(tmp_path / "runs")]) == 1
+    assert main(["sync", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
-    assert "WANDB_MODE=offline" in err and "no W&B API key" not in err, err
+    assert err.startswith("fl-lightning: error: WANDB_MODE=offline") and err.count("\n") == 1, err
+    assert "no W&B API key" not in err
+    monkeypatch.delenv("WANDB_API_KEY")
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: no `wandb login` either
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    assert main(["sync", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fl-lightning: error: no W&B API key") and err.count("\n") == 1, err
+    assert not (run / "wandb" / "offline-run-20260101_000000-abc" / "run-abc.wandb.synced").exists()
 
 
 def test_submit_sh_builds_its_runtime_env_without_the_working_directory(tmp_path):

@@ -64,7 +64,7 @@ def test_sweep_over_method_tau_names_runs_by_tau_with_sectioned_metrics(tmp_path
     # sync: both offline runs found; without a key, one line, nothing uploaded
     found = offline_runs(exp)
     assert len(found) == 2 and all(p.parent.name == "wandb" for p in found)
-    assert main(["sync", str(exp)]) == 1
+    assert main(["sync", str(exp)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no W&B API key" in err[0] and "2 offline runs" in err[0]
     (marked,) = found[0].glob("run-*.wandb")

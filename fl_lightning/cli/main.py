@@ -19,6 +19,7 @@ from ..core.errors import (
     ConfigError,
     DivergedError,
     StartupError,
+    StoppedAfterCompletion,
     Terminated,
 )
 
@@ -331,10 +332,15 @@ def main(argv: list[str] | None = None) -> int:
 
         from ..runtime.signals import stop_signal
 
-        sig = stop_signal() or (signal.SIGTERM if isinstance(e, Terminated) else None)
+        by_term = isinstance(e, Terminated) or isinstance(e.__cause__, Terminated)
+        sig = stop_signal() or (signal.SIGTERM if by_term else None)
         what, code = (f"terminated ({sig.name})", 128 + sig) if sig else ("interrupted", 130)
+        if isinstance(e, StoppedAfterCompletion):  # the run was whole: nothing to continue
+            how = f" after run {e.run_dir} completed (summary.json, curves.png written; nothing to resume)"
+        else:
+            how = _how_to_continue(args)
         with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
-            print(f"fl-lightning: {what}{_how_to_continue(args)}", file=sys.stderr)
+            print(f"fl-lightning: {what}{how}", file=sys.stderr)
         return code
     return 0
 

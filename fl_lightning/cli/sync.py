@@ -1,13 +1,13 @@
 """`fl-lightning sync <runs folder>`: upload every offline W&B run of an experiment (or of
 any folder of runs) in one command, with `wandb sync`, when a W&B API key is configured
-(`WANDB_API_KEY` or `wandb login`); without one, one line saying so and nothing else.
+(`WANDB_API_KEY` or `wandb login`); without one (or with `WANDB_MODE` not online), one
+`fl-lightning: error:` line saying which, exit 2, and nothing else.
 Runs W&B marked as synced (`run-<id>.wandb.synced`) are not sent again."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from ..core.errors import ConfigError
@@ -50,8 +50,7 @@ def sync_command(folder: str) -> int:
             if mode and mode != "online" and os.environ.get("WANDB_API_KEY")
             else "no W&B API key (set WANDB_API_KEY or run `wandb login`)"
         )
-        print(f"fl-lightning sync: {why}: {len(runs)} offline runs in {root} stay offline", file=sys.stderr)
-        return 1
+        raise ConfigError(f"{why}: {len(runs)} offline runs in {root} stay offline")
     print(f"fl-lightning sync: uploading {len(runs)} offline runs from {root}")
     from .spawn import tool_command
 

@@ -33,6 +33,16 @@ class Terminated(KeyboardInterrupt):
     128 + the signal (SIGTERM: 143, SIGHUP: 129)."""
 
 
+class StoppedAfterCompletion(KeyboardInterrupt):
+    """A Ctrl-C, SIGTERM or SIGHUP that came once the run had completed (its last round
+    written, summary.json `completed`, curves.png drawn): the CLI still exits 128 + the
+    signal (130 for Ctrl-C), but says the run is whole and there is nothing to resume."""
+
+    def __init__(self, run_dir: object) -> None:
+        super().__init__(str(run_dir))
+        self.run_dir = run_dir
+
+
 class DivergedError(RuntimeError):
     """A non-finite training loss or global model: the run stops, marked `diverged`.
 

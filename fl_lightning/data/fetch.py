@@ -12,6 +12,7 @@ checks the files it finds the same way and fetches again when any is broken.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
@@ -172,6 +173,7 @@ def fetch_fmnist(root: str | Path, log=print) -> Path:
             return target
         for name, why in broken.items():
             log(f"{target / name} is broken ({why}); fetching Fashion-MNIST again")
+    made = [d for d in (*reversed(target.parents), target) if not d.exists()]  # removed again on failure
     target.mkdir(parents=True, exist_ok=True)
     errors = []
     for name, source in (("apt", _from_apt), ("torchvision", _from_torchvision)):
@@ -191,7 +193,15 @@ def fetch_fmnist(root: str | Path, log=print) -> Path:
                 (target / (f + ".part")).replace(target / f)
             log(f"fetched Fashion-MNIST via {name} into {target}")
             return target
-    raise RuntimeError(f"could not fetch Fashion-MNIST into {target}: " + "; ".join(errors))
+    for d in reversed(made):  # no empty folder left behind to look like a data root
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    raise ConfigError(
+        f"could not fetch Fashion-MNIST into {target} ({'; '.join(errors)}): get Debian's "
+        f"`{FMNIST_DEB}` package (`apt-get download {FMNIST_DEB}` then `dpkg -x`) or the four files "
+        f"{', '.join(FMNIST_FILES)} from https://github.com/zalandoresearch/fashion-mnist, and put "
+        f"them in {target}"
+    )
 
 
 def _problem(path: Path, name: str) -> str:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..config import RootConfig, to_yaml
-from ..core.errors import DivergedError
+from ..core.errors import DivergedError, StoppedAfterCompletion
 from ..core.files import open_new
 from ..core.messages import RoundPlan, ServerState
 from ..core.privacy.plan import BudgetSpent, PrivacyPlan
@@ -213,6 +213,7 @@ class Run:
         #: `time.perf_counter()` when the run began (before `prepare`): start-up is measured from it
         self.started_at = time.perf_counter() if started_at is None else started_at
         self.startup_s: float | None = None
+        self.whole = False  # summary.json says completed and curves.png is drawn (`execute`)
         #: seconds from `started_at` to each step of the start-up before the first round
         #: (summary.json `startup_phases_s`, with `startup_s` last): where a slow start goes
         self.phases: dict[str, float] = {}
@@ -220,6 +221,17 @@ class Run:
         self._unlabeled = None if sx is None else prepared.dataset.tensors(sx, np.zeros(len(sx)))[0]
 
     def execute(self) -> dict[str, Any]:
+        """Run (or continue) the rounds; summary.json, curves.png and the console's table at the end.
+        A signal once the run is whole raises `StoppedAfterCompletion`: nothing to resume."""
+        self.whole = False  # summary.json says completed and its picture is drawn
+        try:
+            return self._execute()
+        except KeyboardInterrupt as e:
+            if self.whole and not isinstance(e, StoppedAfterCompletion):
+                raise StoppedAfterCompletion(self.run_dir) from e
+            raise
+
+    def _execute(self) -> dict[str, Any]:
         from ..tracking.console import Progress, print_table
 
         p, cfg, run_dir = self.p, self.cfg, self.run_dir
@@ -285,12 +297,17 @@ class Run:
             try:
                 # summary.json first, whole: a second Ctrl-C while it is made waits for it (a third
                 # does not), and one during the teardown below (the overlapped evaluation's
-                # thread, Ray's shutdown: seconds) finds it written
+                # thread, Ray's shutdown: seconds) finds it written. A completed run's
+                # curves.png is held with it: a signal then (S-5) left a `completed` summary
+                # with no picture, which nothing drew later (`resume`: already finished)
                 with signals.held():
                     summary = self._way_out_summary(writer, client_eval, workers, status, error)
                     writer.write_summary(summary, failing=error is not None)
-                global_eval.close()
-                callbacks.on_run_end(status, summary)
+                    if status == "completed":
+                        self._end_callbacks(global_eval, callbacks, status, summary)
+                        self.whole = True
+                if status != "completed":  # a quick way out: no picture to wait for
+                    self._end_callbacks(global_eval, callbacks, status, summary)
             finally:  # the run's workers end (or stay warm) whatever happened on the way out
                 self.session.end_run(workers.executor, completed=status == "completed")
         if self.console:
@@ -299,6 +316,13 @@ class Run:
                 done = int(summary.get("rounds_completed", 0))
                 print(p.privacy.console_line(done, (summary.get("privacy") or {}).get("epsilon")))
         return summary
+
+    @staticmethod
+    def _end_callbacks(
+        global_eval: GlobalEval, callbacks: CallbackList, status: str, summary: dict[str, Any]
+    ) -> None:
+        global_eval.close()
+        callbacks.on_run_end(status, summary)
 
     def _record_choices(self, placement: Placement) -> None:
         """config.yaml as this run goes: the run id and the choices only now made (placement,
@@ -479,6 +503,28 @@ def _last_line_round(run_dir: Path) -> int:
         return 0
 
 
+def _summary_of(run_dir: Path) -> dict[str, Any]:
+    """A run directory's summary.json, {} where it is missing or unreadable."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def _draw_missing_curves(run_dir: Path, summary: dict[str, Any]) -> None:
+    """curves.png of a completed run that has none (killed while it was drawn)."""
+    from ..tracking.curves import save_run_curves
+    from ..tracking.loggers import RunFiles
+
+    if (run_dir / "curves.png").exists():
+        return
+    try:  # a picture that cannot be drawn costs a warning, as at the run's end
+        save_run_curves(RunFiles(run_dir).records(), summary, run_dir / "curves.png")
+    except Exception as e:
+        log.warning("curves.png not written: %s: %s", type(e).__name__, e)
+
+
 def resume_run(
     run_dir: Path, cfg: RootConfig, console: bool = True, session: Session | None = None
 ) -> dict[str, Any]:
@@ -498,12 +544,14 @@ def resume_run(
         METHODS.get(cfg.method.name)  # its strategy: declares the state classes checkpoints rebuild
         done = checkpoint.recover(run_dir)  # newer broken checkpoints are set aside, with a warning
         if done >= int(cfg.fl.rounds) and _last_line_round(run_dir) >= done:
-            print(finished_message(run_dir, done), file=sys.stderr)
-            try:
-                summary = json.loads((run_dir / "summary.json").read_text())
-            except (OSError, ValueError):
-                summary = {}
-            return summary if isinstance(summary, dict) else {}
+            summary = _summary_of(run_dir)
+            # a run stopped after its last line but before it was whole (a signal then: S-5,
+            # summary.json `interrupted`) is ended below: no round runs, its summary and
+            # picture are made as at any run's end
+            if summary.get("status") == "completed":
+                _draw_missing_curves(run_dir, summary)
+                print(finished_message(run_dir, done), file=sys.stderr)
+                return summary
         trunk = kept_weights(run_dir, str(cfg.model["weights"])) if cfg.model.get("weights") else None
         prepared = prepare(cfg, trunk, first_round=done + 1)  # a slow run announces what is left
         return Run(prepared, run_dir, s, resume=True, console=console, started_at=t0).execute()

@@ -209,7 +209,10 @@ def test_serial_equals_ray_and_epsilon_is_reported(tmp_path, data_root, ray_sess
         tmp_path, *DP, *ADAPTIVE, "fl.rounds=2", "data.train_subset=400", "runtime.threads_per_client=1"
     )
     s_sum, sdir = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False)
-    _, rdir = start_run(compose([*args, "runtime=ray", "run_id=ray"]), console=False)
+    _, rdir = start_run(
+        compose([*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=1", "run_id=ray"]),
+        console=False,
+    )
     serial, ray = records(sdir), records(rdir)
     assert serial == ray
     eps = [line["privacy/epsilon"] for line in serial]

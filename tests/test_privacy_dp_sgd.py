@@ -119,6 +119,9 @@ def test_dp_sgd_serial_equals_ray(tmp_path, data_root, ray_session):
     args = small(tmp_path, *SGD, "fl.clients_per_round=2", "privacy.noise_multiplier=0.8", "fl.rounds=2",
                  "runtime.threads_per_client=1")  # fmt: skip
     _, sdir = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False)
-    _, rdir = start_run(compose([*args, "runtime=ray", "run_id=ray"]), console=False)
+    _, rdir = start_run(
+        compose([*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=2", "run_id=ray"]),
+        console=False,
+    )
     assert records(sdir) == records(rdir)
     assert records(sdir)[-1]["privacy/epsilon"] > records(sdir)[0]["privacy/epsilon"] > 0

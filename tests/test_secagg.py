@@ -474,7 +474,10 @@ def test_by_configuration_a_secure_noisy_chain_runs_and_serial_equals_ray(tmp_pa
     args = small(tmp_path, *SECURE)
     seen = Uploads()
     _, sdir = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False, callbacks=[seen])
-    _, rdir = start_run(compose([*args, "runtime=ray", "run_id=ray"]), console=False)
+    _, rdir = start_run(
+        compose([*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=2", "run_id=ray"]),
+        console=False,
+    )
     assert seen.kinds == ["MaskedUpdate"] * 6
     serial, ray = records(sdir), records(rdir)
     assert serial == ray

@@ -270,3 +270,48 @@ def test_a_users_ray_head_and_job_work_beside_a_private_run(tmp_path, data_root)
         if run.poll() is None:
             run.kill()
         _clean_up(ray_tmp)
+
+
+def test_the_ray_temp_folder_is_this_users_alone(tmp_path, monkeypatch, capsys):
+    """Every local Ray used `/tmp/fl_lightning_ray` (made with the umask's 0755), shared by every
+    user of a workstation: the first user's folder held the next one's raylet and object-store
+    sockets, and a user who made it first (or planted a link there) could reach another's Ray,
+    which runs code as its owner. Now `/tmp/fl_lightning_ray-<uid>`, made 0700; a link, a
+    folder of another user's, or one others can write, is one line before anything is written."""
+    from fl_lightning.cli.main import main
+    from fl_lightning.core.errors import StartupError
+    from fl_lightning.runtime.local_ray import private_ray_tmpdir, ray_tmpdir
+
+    monkeypatch.delenv("FL_LIGHTNING_RAY_TMPDIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    default = tmp_path / f"fl_lightning_ray-{os.getuid()}"
+    assert ray_tmpdir() == default and not default.exists()
+    assert private_ray_tmpdir() == default and (default.stat().st_mode & 0o777) == 0o700
+    default.chmod(0o755)  # ours, made by an older version: closed again, not refused
+    assert private_ray_tmpdir() == default and (default.stat().st_mode & 0o777) == 0o700
+    if os.getuid() == 0:  # only root can hand a folder to another user
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        monkeypatch.setenv("FL_LIGHTNING_RAY_TMPDIR", str(theirs))
+        with pytest.raises(StartupError, match="belongs to user id 65534"):
+            private_ray_tmpdir()
+    open_one = tmp_path / "open"
+    open_one.mkdir()
+    open_one.chmod(0o777)
+    monkeypatch.setenv("FL_LIGHTNING_RAY_TMPDIR", str(open_one))
+    with pytest.raises(StartupError, match="can be written by other users"):
+        private_ray_tmpdir()
+    assert (open_one.stat().st_mode & 0o777) == 0o777  # a folder the user chose is not changed
+    link = tmp_path / "link"
+    link.symlink_to(default)
+    monkeypatch.setenv("FL_LIGHTNING_RAY_TMPDIR", str(link))
+    with pytest.raises(StartupError, match="is a link"):
+        private_ray_tmpdir()
+    # through the command line: one line, exit 1, no run directory (checked before the data)
+    code = main(
+        ["run", *small(tmp_path / "runs", *TINY, "fl.rounds=1", "runtime=ray", "run_id=l"), "--quiet"]
+    )
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 1 and len(err) == 1 and err[0].startswith("fl-lightning: error: the Ray temp folder"), err
+    assert not (tmp_path / "runs" / "default").exists()

@@ -77,6 +77,10 @@ def prepare(
         privacy = PrivacyPlan.of(cfg.privacy, cfg.fl, clients_per_round(cfg))
     if placement is None and not _on_cluster(cfg):
         placement = placement_for(cfg, *local_resources(cfg))  # this machine cannot hold it: one line now
+    if cfg.runtime.executor == "ray" and not _on_cluster(cfg):
+        from .local_ray import private_ray_tmpdir
+
+        private_ray_tmpdir()  # a Ray temp folder that is not this user's alone: one line now
     d, model = cfg.data, str(cfg.model["name"])
     check_dataset(d.name, d.root, d.download)
     dataset = load_from_config(d)  # with data.image_size, domains, ... and train/test subsets

@@ -77,14 +77,52 @@ def _defaults() -> dict[str, str]:
 
 def ray_tmpdir() -> Path:
     """Short path: Ray's unix sockets live under it (107-byte limit). Absolute: `ray.init`
-    runs in another folder (`_private_cwd`)."""
-    default = Path(tempfile.gettempdir()) / "fl_lightning_ray"
+    runs in another folder (`_private_cwd`). One a user (`/tmp/fl_lightning_ray-<uid>`): on a
+    shared workstation another user's folder would hold this user's sockets and session files."""
+    default = Path(tempfile.gettempdir()) / f"fl_lightning_ray-{os.getuid()}"
     return Path(os.path.abspath(os.environ.get("FL_LIGHTNING_RAY_TMPDIR", default)))
+
+
+def private_ray_tmpdir() -> Path:
+    """`ray_tmpdir()`, made (0700) where missing and checked before a local Ray uses it: a real
+    folder of this user's that no one else can write. Ray puts its raylet's and object store's
+    unix sockets there, and whoever can reach them can run code as this user: a link, or a
+    folder another user made or can write, is one line (`StartupError`), never used. The default
+    folder, ours but open to others (made by an older version with the umask's 0755), is closed
+    (0700); one the user chose is never changed."""
+    import stat
+
+    path = ray_tmpdir()
+    chosen = "FL_LIGHTNING_RAY_TMPDIR" in os.environ
+    how = "set FL_LIGHTNING_RAY_TMPDIR to a folder of your own (mode 0700)"
+    try:
+        if not os.path.lexists(path):
+            path.mkdir(mode=0o700, parents=True)
+        st = os.lstat(path)
+    except FileExistsError:  # made by another run between the check and the mkdir
+        st = os.lstat(path)
+    except OSError as e:
+        raise StartupError(f"cannot make the Ray temp folder {path}: {e.strerror or e}; {how}") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise StartupError(f"the Ray temp folder {path} is a link or not a folder; {how}")
+    if st.st_uid != os.getuid():
+        raise StartupError(
+            f"the Ray temp folder {path} belongs to user id {st.st_uid}, not you (its Ray sockets would be "
+            f"theirs to reach); {how}"
+        )
+    if chosen and st.st_mode & 0o022:
+        raise StartupError(
+            f"the Ray temp folder {path} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}); "
+            "chmod 700 it, or " + how
+        )
+    if not chosen and st.st_mode & 0o077:  # ours alone, as it is made
+        os.chmod(path, 0o700)
+    return path
 
 
 def ray_home() -> Path:
     """A HOME holding `ray_bootstrap_config.yaml` = {}: stops the cloud-metadata probes."""
-    home = ray_tmpdir() / "home"
+    home = private_ray_tmpdir() / "home"
     home.mkdir(parents=True, exist_ok=True)
     cfg = home / "ray_bootstrap_config.yaml"
     if not cfg.exists():
@@ -106,8 +144,7 @@ def loopback_cli_env(tmpdir: Path | None = None) -> dict[str, str]:
 
 def apply_loopback_env() -> dict[str, str]:
     """Set the loopback variables in this process (Ray's processes inherit them)."""
-    env = {**_defaults(), **LOOPBACK_ENV, "RAY_TMPDIR": str(ray_tmpdir())}
-    ray_tmpdir().mkdir(parents=True, exist_ok=True)
+    env = {**_defaults(), **LOOPBACK_ENV, "RAY_TMPDIR": str(private_ray_tmpdir())}
     os.environ.update(env)
     return env
 

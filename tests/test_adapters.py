@@ -425,9 +425,77 @@ def test_adapter_model_and_methods_refuse_each_other_and_batched_in_one_line(cap
             "peft's LoRA of visual.transformer.resblocks.0.attn (an nn.MultiheadAttention) merges",
         ),
         (["method=hetlora", *sgd], "method 'hetlora' cannot train clients batched"),
+        # FedGLCL's LoRA on the sentence encoder: its own features are the targets
+        (
+            ["method=fedglcl", "method.text_lora_rank=2", "method.targets=permuted"],
+            "method.text_lora_rank=2: the targets are the adapted encoder's text features",
+        ),
+        (
+            ["method=fedglcl", "method.text_lora_rank=2", "text=clip"],
+            "text=minilm or text=hf (not text=clip)",
+        ),
     ):
         run = ["run", "data=fmnist", "runtime=serial", "logger=none", f"output_dir={tmp_path}"]
         assert main([*run, *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0], err
         assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_fedglcl_with_lora_on_the_real_minilm_golden_two_rounds():
+    """FedGLCL trains its text side with LoRA on the real all-MiniLM-L6-v2 (method.text_lora_rank=2,
+    peft on the 6 blocks' query and value projections, 384 -> 384): the encoder's weights are
+    frozen by role (never uploaded nor checkpointed), its adapters shared; at B = 0 the class
+    features are the frozen encoder's; two rounds with partial participation equal a written-out
+    loop (the prompts through the adapted encoder in every step, FedAvg of backbone, projector
+    and adapters) in float32 and float64."""
+    import copy
+
+    from fl_lightning.core.messages import tensor_nbytes
+    from fl_lightning.testing import loop
+
+    rank, tau = 2, 0.1
+    data = three_clients()
+    r = loop("fedglcl", data, method={"text_lora_rank": rank, "text_lora_alpha": 4.0, "tau": tau})
+    obj, init = r.objective, r.init
+    text_keys = {k for k in obj.model.state_dict() if k.startswith("text_lora.")}
+    adapters = {k for k in text_keys if ".lora_A." in k or ".lora_B." in k}
+    assert len(adapters) == 6 * 2 * 2  # 6 blocks x (query, value) x (A, B)
+    assert {k for k in init if k.startswith("text_lora.")} == adapters  # checkpoint: no MiniLM weight
+    trainable = {f"model.{n}" for n, p in obj.model.named_parameters() if p.requires_grad}
+    assert {n for n, p in obj.named_parameters() if p.requires_grad} == trainable
+    assert {k.removeprefix("model.") for k in trainable if "text_lora" in k} == adapters
+    for u in r.updates[0]:  # uploads: adapters only of the text side, A [2, 384] and B [384, 2] each
+        assert {k for k in u.params if k.startswith("text_lora.")} == adapters
+        text_bytes = tensor_nbytes({k: v for k, v in u.params.items() if k.startswith("text_lora.")})
+        assert text_bytes == 4 * 6 * 2 * rank * (384 + 384)
+    # B = 0: the adapted encoder's class features are the frozen MiniLM's (FedGLCL's own targets),
+    # to float32 rounding of one forward over a different batch of prompts
+    fresh = copy.deepcopy(obj.model)
+    fresh.load_state_dict(init, strict=False)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.text_lora(), r.strategy.class_features, atol=1e-5, rtol=0)
+
+    def loss(m, x, y):
+        logits = F.normalize(m(x), dim=-1) @ F.normalize(m.text_lora(), dim=-1).T / tau
+        return F.cross_entropy(logits, y)
+
+    def run(dt: torch.dtype) -> list[dict[str, torch.Tensor]]:
+        model = copy.deepcopy(obj.model).to(dt)
+        out, start = [], {k: v.to(dt) for k, v in init.items()}
+        for plan in r.plans:
+            trained = []
+            for p in plan.payloads:
+                model.load_state_dict(start, strict=False)  # the frozen encoder: its own
+                x, y = client_data(data, p.client_id)
+                manual_fit(model, x, y, p.seed, loss, momentum=0.0)
+                trained.append({k: v.detach().clone() for k, v in model.state_dict().items() if k in start})
+            start = written_mean(trained, [SIZES3[p.client_id] for p in plan.payloads])
+            out.append(start)
+        return out
+
+    r32, r64 = twin(run)
+    for rnd in range(2):
+        match(r.states[rnd].global_params, (r32[rnd], r64[rnd]))
+    b = [k for k in adapters if ".lora_B." in k]
+    assert all(float(r.states[1].global_params[k].abs().max()) > 0 for k in b)  # the text side trained

@@ -129,10 +129,10 @@ PRUNE_RANKS, PRUNE = [3, 2, 3], {"prune_lambda": 2.0, "prune_gamma": 0.5}
 
 
 def _tail(model: torch.nn.Module, rank: int, kept: int) -> torch.Tensor:
-    """Σ_modules ‖B[:, kept:rank] A[kept:rank]‖_F, written out."""
+    """Σ_modules ‖B[:, kept:rank]‖_F ‖A[kept:rank]‖_F, written out."""
     p = dict(model.named_parameters())
     return sum(
-        torch.linalg.matrix_norm(p[b][:, kept:rank] @ p[a][kept:rank])
+        p[b][:, kept:rank].norm() * p[a][kept:rank].norm()  # Frobenius; gradient 0 at 0
         for a, b in (adapter_keys(m) for m in adapter_modules(p))
     )
 

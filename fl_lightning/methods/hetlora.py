@@ -17,7 +17,7 @@ and takes the sparsity-weighted mean, module by module,
 Rank self-pruning (the paper's Section 3.2; `method.prune_lambda` > 0): a client of rank r
 penalises the last components of its module, kept = ⌊γ r⌋ (γ = `method.prune_gamma`),
 
-    loss = CE + λ Σ_modules ‖B[:, kept:r] A[kept:r]‖_F,
+    loss = CE + λ Σ_modules ‖B[:, kept:r]‖_F ‖A[kept:r]‖_F,
 
 and when that norm has fallen over its local training (after < as received) it prunes them:
 they are zeroed, it uploads rank `kept`, and it trains at rank `kept` from then on (its rank
@@ -55,13 +55,14 @@ def kept_rank(rank: int, gamma: float) -> int:
 
 
 def tail_norm(params: dict[str, torch.Tensor], rank: int, kept: int) -> torch.Tensor:
-    """Σ over the adapted modules of ‖B[:, kept:rank] A[kept:rank]‖_F: the components a
-    self-pruning client would drop (differentiable in the factors)."""
+    """Σ over the adapted modules of ‖B[:, kept:rank]‖_F ‖A[kept:rank]‖_F: the size of the
+    components a self-pruning client would drop (differentiable in the factors; its gradient
+    at B = 0 is 0)."""
     total = torch.zeros(())
     for prefix in adapter_modules(params):
         ka, kb = adapter_keys(prefix)
-        a, b = params[ka], params[kb]
-        total = total.to(a) + torch.linalg.matrix_norm(b[:, kept:rank] @ a[kept:rank])
+        a, b = params[ka][kept:rank], params[kb][:, kept:rank]
+        total = total.to(a) + torch.linalg.matrix_norm(b) * torch.linalg.matrix_norm(a)
     return total
 
 

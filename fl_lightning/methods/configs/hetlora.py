@@ -20,7 +20,7 @@ class HetLoRAConfig(AdapterConfig):
     #: built at max(ranks) (model.rank is set to it)
     ranks: list[int] = field(default_factory=lambda: [2, 4, 8])
     #: rank self-pruning (the paper's Sec. 3.2): λ of the penalty on a client's last
-    #: components, ‖B[:, ⌊γr⌋:r] A[⌊γr⌋:r]‖_F summed over modules; 0: no self-pruning
+    #: components, ‖B[:, ⌊γr⌋:r]‖_F ‖A[⌊γr⌋:r]‖_F summed over modules; 0: no self-pruning
     prune_lambda: float = 0.0
     #: γ: a pruning client keeps rank ⌊γ r⌋
     prune_gamma: float = 0.9

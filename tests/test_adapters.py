@@ -172,7 +172,6 @@ GOLDEN = {
     # runtime.batched: the round's 2 clients stepped together, LoRA on Linear layers (the
     # image tower's MLP; peft's nn.MultiheadAttention LoRA is refused batched)
     "fedit_batched": ("fedit", {}, {"towers": "image", "target_modules": ["c_fc", "c_proj"]}, 2),
-    "ffa_lora_batched": ("ffa_lora", {}, {"towers": "image", "target_modules": ["c_fc", "c_proj"]}, 2),
     # both towers: the class text through the adapted text tower inside the stacked step; FLoRA's fold
     "flora_batched": ("flora", {}, {"towers": "both", "target_modules": ["c_fc", "c_proj"]}, 2),
 }

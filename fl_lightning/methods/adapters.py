@@ -15,9 +15,26 @@ from .prompting import PromptStrategy
 
 class AdapterObjective(ClientObjective[BroadcastT]):
     """Cross-entropy on scale · cos(image, class text) through the adapted towers; only the
-    adapter tensors train. Not batched: a text tower with adapters runs inside the step."""
+    adapter tensors train. `runtime.batched`: the step is the default cross-entropy of
+    `classify(represent(x))` (the class text through the text tower's adapters, if any, inside
+    it), so K clients step together where every adapted layer is a pure function of its
+    weights: peft's LoRA of a `Linear` (base(x) + s · B A x). Not of an `nn.MultiheadAttention`
+    (open_clip's `attn`): peft merges its adapters into the frozen weights in place for each
+    call, which stacked weights cannot take (`batched_refusal`)."""
 
-    batched_step = False
+    batched_step = True
+
+    def batched_refusal(self) -> str | None:
+        from peft.tuners.lora.layer import MultiheadAttention as LoRAMultiheadAttention
+
+        for name, m in self.model.named_modules():
+            if isinstance(m, LoRAMultiheadAttention):
+                return (
+                    f"peft's LoRA of {name} (an nn.MultiheadAttention) merges into the frozen weights "
+                    "in place for each call; batched clients need Linear targets "
+                    "(model.target_modules=[c_fc,c_proj] on a ViT or text tower)"
+                )
+        return None
 
 
 class AdapterStrategy(PromptStrategy[ConfigT, StateT, BroadcastT]):

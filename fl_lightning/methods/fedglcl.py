@@ -27,6 +27,12 @@ from its own few classes and drifted weights) do not describe the averaged model
 cost FedGLCL accuracy that has nothing to do with the language loss. `auto` keeps the
 comparison to FedAvg & co. on the same backbone fair either way. `final_relu` (before
 `projector` existed) still works: true = `bn_relu`, false = `bn`.
+
+Not in the paper: `text_lora_rank` > 0 trains the text side too, with LoRA adapters (`peft`)
+on the sentence encoder's attention projections (`text_lora_targets`, BERT's query and value
+by default; `text/lora.py`). The class prompts then go through the adapted encoder in every
+step, the adapters are averaged with the image side by FedAvg, and the encoder's own weights
+never leave their folder (frozen by role). At round 0 (B = 0) it is FedGLCL exactly.
 """
 
 from __future__ import annotations
@@ -42,7 +48,9 @@ from torch import nn
 from ..core.checks import ORACLE_TARGETS
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ServerState
+from ..core.objective import Role
 from ..core.strategy import Strategy
+from ..text.lora import is_adapter_key
 from ..text.targets import class_targets
 from .configs.fedglcl import CLASS_EMBEDDINGS, FedGLCLConfig, projector_kind
 from .fedprox import ProximalTerm
@@ -79,7 +87,17 @@ def build_projector(in_dim: int, out_dim: int, kind: str = "bn_relu") -> nn.Sequ
     return nn.Sequential(*layers)
 
 
+#: the model's submodule holding the LoRA-adapted sentence encoder (`method.text_lora_rank`)
+TEXT_LORA = "text_lora"
+
+
 class GLCLObjective(ModelContrastive[GLCLBroadcast], ProximalTerm[GLCLBroadcast]):
+    """`text_lora` (the `LoRATextTower` arguments, `method.text_lora_rank` > 0): the class
+    features are the adapted sentence encoder's features of the class prompts, computed in
+    every step (gradients reach its adapters), in place of the broadcast frozen ones. The
+    encoder sits in the model as `text_lora`; its weights are frozen by role, its adapters
+    shared (trained, uploaded, averaged by FedAvg, checkpointed) like the image side."""
+
     class_features: torch.Tensor  # [C, d] a non-persistent buffer, set every round
     batched_step = True  # its logits are `classify(represent(x))`; + FedProx's term; MOON's refused
 
@@ -93,10 +111,16 @@ class GLCLObjective(ModelContrastive[GLCLBroadcast], ProximalTerm[GLCLBroadcast]
         prox_mu: float = 0.0,
         moon_mu: float = 0.0,
         moon_temperature: float = 0.5,
+        text_lora: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         kind = projector_kind(projector, final_relu, has_batch_norm(model))
         model.head = build_projector(int(cast(int, model.feature_dim)), text_dim, kind)  # no classifier
+        self.text_lora = bool(text_lora)
+        if text_lora:
+            from ..text.lora import LoRATextTower
+
+            model.add_module(TEXT_LORA, LoRATextTower(**text_lora))
         super().__init__(model, **kwargs)
         self.projector_kind = kind  # the projector built (`auto` resolved against this backbone)
         self.tau, self.prox_mu, self.moon_mu, self.moon_temperature = tau, prox_mu, moon_mu, moon_temperature
@@ -108,12 +132,27 @@ class GLCLObjective(ModelContrastive[GLCLBroadcast], ProximalTerm[GLCLBroadcast]
             raise ValueError("fedglcl needs class features in the broadcast")
         self.class_features = broadcast.class_features.to(self.class_features.device)
 
+    def role(self, key: str) -> Role:
+        """The adapted sentence encoder's weights are frozen (every copy loads them from its
+        folder), its adapter tensors shared."""
+        if key.startswith(f"{TEXT_LORA}.") and not is_adapter_key(key):
+            return "frozen"
+        return super().role(key)
+
+    def batched_refusal(self) -> str | None:
+        if self.text_lora:
+            return (
+                "method.text_lora_rank > 0: its sentence encoder runs in the step (not for stacked weights)"
+            )
+        return super().batched_refusal()
+
     def represent(self, x: torch.Tensor, model: nn.Module | None = None) -> torch.Tensor:
         out: torch.Tensor = (model if model is not None else self.model)(x)
         return F.normalize(out, dim=-1)
 
     def classify(self, z: torch.Tensor) -> torch.Tensor:
-        return z @ F.normalize(self.class_features, dim=-1).T / self.tau
+        text = self.model.get_submodule(TEXT_LORA)() if self.text_lora else self.class_features
+        return z @ F.normalize(text, dim=-1).T / self.tau
 
 
 def class_vectors(kind: str, text: torch.Tensor, seed: int) -> torch.Tensor:
@@ -158,6 +197,7 @@ class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
                 config.targets, class_vectors(config.class_embedding, text, self.seed), self.seed
             )
         self.text_encoder = text_cfg["name"]
+        self.text_cfg = text_cfg
 
     def oracle(self, config: FedGLCLConfig, dim: int) -> torch.Tensor:
         """The oracle targets (`text/oracle.py`): the held-out class means in `dim` dimensions."""
@@ -174,7 +214,18 @@ class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
         return oracle_targets(config.targets, vectors, self.seed, COARSE_GROUPS.get(self.task.dataset))
 
     def objective_kwargs(self) -> dict[str, Any]:
-        return super().objective_kwargs() | {"text_dim": int(self.class_features.shape[1])}
+        out = super().objective_kwargs() | {"text_dim": int(self.class_features.shape[1])}
+        c = self.config
+        if c.text_lora_rank:
+            from ..text.encoders import resolved_text
+            from ..text.feature_bank import prompts_for
+
+            prompts = [p[0] for p in prompts_for(list(self.task.class_names), c.templates[0])]
+            out["text_lora"] = {
+                "text": resolved_text(self.text_cfg), "prompts": prompts, "rank": c.text_lora_rank,
+                "alpha": c.text_lora_alpha, "target_modules": list(c.text_lora_targets), "seed": self.seed,
+            }  # fmt: skip
+        return out
 
     def broadcast(self, state: ServerState, rnd: int) -> GLCLBroadcast:
         return GLCLBroadcast(round=rnd, global_params=state.global_params, class_features=self.class_features)

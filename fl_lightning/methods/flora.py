@@ -43,7 +43,10 @@ class FLoRAState(ServerState):
 
 
 class FLoRAObjective(AdapterObjective[Broadcast]):
-    """Uploads the adapter tensors only: the folded base weights come from the server."""
+    """Uploads the adapter tensors only: the folded base weights come from the server. Its
+    step is `AdapterObjective`'s (batched where that is)."""
+
+    batched_step = True
 
     def end_round(self, payload: ClientPayload, num_examples: int) -> ClientUpdate:
         up = super().end_round(payload, num_examples)

@@ -140,8 +140,10 @@ def prepare(
         aggregator=aggregator,
         sampling=sampling,
     )
-    check_aggregation(strategy)
+    # the asynchronous modes' refusal first: their staleness step is in the chain, and a method
+    # that skips the chain should hear about system.mode, not about a step it never set
     check_system(cfg, strategy)
+    check_aggregation(strategy)
     ev = cfg.eval
     eval_spec = strategy.eval_spec(
         ev.per_class, list(ev.longtail) if ev.longtail is not None else None, ev.threshold

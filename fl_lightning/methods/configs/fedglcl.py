@@ -60,6 +60,12 @@ class FedGLCLConfig(MethodConfig):
     prox_mu: float = 0.0  # > 0: FedGLCL + FedProx
     moon_mu: float = 0.0  # > 0: FedGLCL + MOON
     moon_temperature: float = 0.5
+    #: > 0: LoRA of this rank (peft) on the sentence encoder's attention projections (text=minilm
+    #: or hf; `text/lora.py`): the class text goes through it in every step and its adapters are
+    #: trained, uploaded and averaged with the image side; 0: frozen text features (the paper)
+    text_lora_rank: int = 0
+    text_lora_alpha: float = 8.0  # LoRA's scaling is alpha / rank
+    text_lora_targets: list[str] = field(default_factory=lambda: ["query", "value"])  # BERT's W_q, W_v
 
     def check(self, run: RootConfig) -> None:
         positive(self, "tau", "moon_temperature")  # they divide the logits
@@ -69,11 +75,32 @@ class FedGLCLConfig(MethodConfig):
         check_targets(self.targets, extra=ORACLE_TARGETS)
         if self.targets in ORACLE_TARGETS:
             self.check_oracle(run)
+        if self.text_lora_rank:
+            self.check_text_lora(run)
         if self.class_embedding != "text" and self.targets != "text":
             raise ConfigError(
                 f"method.class_embedding={self.class_embedding} and method.targets={self.targets}: "
                 "set only method.targets (class_embedding is the older switch)"
             )
+
+    def check_text_lora(self, run: RootConfig) -> None:
+        """LoRA on the text encoder: a BERT-style one, one template, the text itself as targets."""
+        from ...text.lora import LORA_ENCODERS
+
+        name = (run.text or {}).get("name", "none")
+        why = ""
+        if self.text_lora_rank < 0:
+            why = "at least 0 (0: frozen text features)"
+        elif name not in (*LORA_ENCODERS, "none"):
+            why = f"LoRA goes on a Hugging Face sentence encoder: text=minilm or text=hf (not text={name})"
+        elif self.targets != "text" or self.class_embedding != "text":
+            why = "the targets are the adapted encoder's text features: method.targets=text"
+        elif len(self.templates) != 1 or "{}" not in self.templates[0]:
+            why = "one template with {} (the class prompts go through the encoder every step)"
+        elif self.moon_mu > 0:
+            why = "MOON's term would copy the sentence encoder twice a client: method.moon_mu=0"
+        if why:
+            raise ConfigError(f"method.text_lora_rank={self.text_lora_rank}: {why}")
 
     def check_oracle(self, run: RootConfig) -> None:
         """The oracle's images must be ones no client holds: from `oracle_holdout_from` (or

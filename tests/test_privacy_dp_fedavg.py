@@ -267,6 +267,14 @@ METHOD_ARGS = {
     "fedadam": [],
     "fedglcl": [],
     "promptfl": ["model.arch=clip-tiny-random"],
+    # DP-FPL: the global prompt through the chain, the local one noised on the client
+    "dpfpl": [
+        "model.arch=clip-tiny-random",
+        "model.n_ctx=4",
+        "method.rank=2",
+        "method.noise=0.4",
+        "data.client_test_fraction=0.25",
+    ],
 }
 
 

@@ -81,7 +81,10 @@ NEEDS = {
     "fedtgp": ["method.server_epochs=10"],
     # the prompt learners' default tower is a random RN50 (real CLIP weights are the user's file):
     # the cell trains the same prompt on open_clip's tiny test ViT (FedOTP needs a ViT)
-    **{m: ["model.arch=clip-tiny-random"] for m in ("promptfl", "zeroshot", "fedotp", "fedtpg", "fedpgp")},
+    **{
+        m: ["model.arch=clip-tiny-random"]
+        for m in ("promptfl", "zeroshot", "fedotp", "fedtpg", "fedpgp", "dpfpl")
+    },
     # the adapter methods' too (model=clip_lora: LoRA on both towers of the tiny ViT)
     **{m: ["model.arch=clip-tiny-random"] for m in ("fedit", "ffa_lora", "flora", "hetlora")},
     "fedtsp": ["method.server_epochs=2"],

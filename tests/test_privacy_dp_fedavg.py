@@ -175,14 +175,29 @@ DP = ["privacy=dp_fedavg", "fl.num_clients=4", "fl.clients_per_round=2", "privac
     "extra, says",
     [
         (
-            ["method=fedproto", "data.client_test_fraction=0.25"],
-            "method=fedproto also uploads class prototypes",
+            ["method=fedtgp", "data.client_test_fraction=0.25"],
+            "method=fedtgp also uploads class prototypes",
+        ),
+        (
+            ["method=fedtsp", "data.client_test_fraction=0.25"],
+            "add method.weighting=uniform",
+        ),
+        (
+            ["method=fedproto", "data.client_test_fraction=0.25", "privacy.adaptive=true"],
+            "set privacy.adaptive=false",
         ),
         (["method=scaffold"], "method=scaffold also uploads control-variate deltas"),
         (["method=feddyn"], "feddyn does not aggregate through the aggregation chain"),
         (["model=cnn_bn"], "uploads integer buffers"),
         (["fl.bn_stats=recompute"], "fl.bn_stats=recompute also uploads"),
         (["aggregator.steps=[uniform]"], "privacy=dp_fedavg is its own aggregation chain"),
+        (
+            [
+                "aggregator.steps=[clip_l2,uniform,distributed_gaussian,secagg_plus]",
+                "aggregator.noise_multiplier=1",
+            ],
+            "the accountant for it is missing",
+        ),
         (["privacy.adaptive=true", "privacy.clipped_count_stddev=0.1"], "adaptive clipping needs 2·σ_b > σ"),
     ],
 )
@@ -267,6 +282,17 @@ METHOD_ARGS = {
     "fedadam": [],
     "fedglcl": [],
     "promptfl": ["model.arch=clip-tiny-random"],
+    # the prototypes clipped and noised, composed in the same accountant (test_privacy_prototypes)
+    "fedproto": ["data.client_test_fraction=0.25"],
+    "fedtsp": ["data.client_test_fraction=0.25", "method.weighting=uniform", "method.server_epochs=2"],
+    # DP-FPL: the global prompt through the chain, the local one noised on the client
+    "dpfpl": [
+        "model.arch=clip-tiny-random",
+        "model.n_ctx=4",
+        "method.rank=2",
+        "method.noise=0.4",
+        "data.client_test_fraction=0.25",
+    ],
 }
 
 
@@ -278,7 +304,9 @@ def test_dp_fedavg_runs_each_method_at_its_defaults(method, tmp_path, data_root)
     summary, run_dir = start_run(compose(args), console=False)
     assert summary["status"] == "completed"
     line = records(run_dir)[0]
-    assert line["privacy/epsilon"] > 0 and line["server/dp_fedavg/std"] > 0
+    # the model's noise, or (FedProto, FedTSP without shared weights) the prototypes' own
+    std = line.get("server/dp_fedavg/std", line.get("server/dp_fedavg/prototype_sum_std", 0.0))
+    assert line["privacy/epsilon"] > 0 and std > 0
 
 
 @pytest.mark.slow

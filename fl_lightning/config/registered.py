@@ -67,7 +67,7 @@ def validate_registered(cfg: RootConfig, trunk: str | None = None) -> MethodConf
     if cfg.privacy.name == "dp_fedavg":  # a channel the mechanism leaves without noise: refused
         from ..core.privacy.plan import channel_refusal
 
-        why = channel_refusal(name)
+        why = channel_refusal(name, method_cfg)
         if why:
             raise ConfigError(why)
     entry = DATASETS.get(cfg.data.name)  # what is known of the data before loading it

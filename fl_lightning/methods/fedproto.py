@@ -6,7 +6,9 @@ client trains cross-entropy + λ·MSE(z, P[y]) towards the global prototypes P a
 uploads its per-class means and counts; the server averages them per class, weighted by
 counts. Models stay personal (evaluated on each client's test split) unless
 `share_weights=true`, which adds FedAvg of the weights (the global-model protocol that
-FedGLCL's tables compare against).
+FedGLCL's tables compare against). Under `privacy=dp_fedavg` the prototypes are clipped and
+noised, and their mean is over the (noised) count of clients holding each class
+(core/privacy/prototypes.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch.utils.data import DataLoader
 from ..core.batched import MaskedStep
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import BroadcastT, ClientObjective
+from ..core.privacy.prototypes import privacy_step, private_prototypes
 from ..core.strategy import ServerContext, Strategy
 from .configs.fedproto import FedProtoConfig
 
@@ -187,9 +190,18 @@ class FedProto(Strategy[FedProtoConfig, PrototypeState, PrototypeBroadcast]):
         self, state: PrototypeState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
     ) -> PrototypeState:
         new = self.average(state, updates, ctx)
-        ups = [(u.prototypes, u.proto_counts) for u in updates if isinstance(u, PrototypeUpdate)]
+        ups = [(u.prototypes, u.proto_counts) for u in sorted(updates, key=lambda u: u.client_id)
+               if isinstance(u, PrototypeUpdate)]  # fmt: skip
         pairs = [(p, c) for p, c in ups if p is not None and c is not None]
-        if not pairs:
+        private = privacy_step(self.aggregator)
+        if private is not None:  # privacy=dp_fedavg: the prototypes clipped and noised, accounted
+            new, protos, counts = private_prototypes(
+                state, new, [p for p, _ in pairs], [c for _, c in pairs], private, ctx
+            )
+            if protos is None or counts is None:
+                return new
+        elif not pairs:
             return new
-        protos, counts = average_prototypes([p for p, _ in pairs], [c for _, c in pairs])
+        else:
+            protos, counts = average_prototypes([p for p, _ in pairs], [c for _, c in pairs])
         return dataclasses.replace(new, prototypes=protos, proto_counts=counts)

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientPayload, ClientUpdate, ServerState, extend
 from ..core.objective import ClientObjective
+from ..core.privacy.prototypes import privacy_step, private_prototypes
 from ..core.strategy import ServerContext, Strategy
 from ..core.types import Metrics, StateDict
 from ..server_steps.prompt_tuning import LN_100, PromptTuner
@@ -188,13 +189,22 @@ class FedTSP(Strategy[FedTSPConfig, FedTSPState, TSPBroadcast]):
         self, state: FedTSPState, updates: Sequence[ClientUpdate], ctx: ServerContext | None = None
     ) -> FedTSPState:
         new = self.average(state, updates, ctx)
-        ups = [(u.prototypes, u.proto_counts) for u in updates if isinstance(u, PrototypeUpdate)]
+        ups = [(u.prototypes, u.proto_counts) for u in sorted(updates, key=lambda u: u.client_id)
+               if isinstance(u, PrototypeUpdate)]  # fmt: skip
         pairs = [(p, n) for p, n in ups if p is not None and n is not None]
-        if not pairs:
+        private = privacy_step(self.aggregator)
+        if private is not None:  # privacy=dp_fedavg: over the noised count of holders (uniform)
+            new, means, counts = private_prototypes(
+                state, new, [p for p, _ in pairs], [n for _, n in pairs], private, ctx
+            )
+            if means is None or counts is None:
+                return new
+        elif not pairs:
             return new
-        means, counts = aggregate_class_means(
-            [p for p, _ in pairs], [n for _, n in pairs], self.config.weighting
-        )
+        else:
+            means, counts = aggregate_class_means(
+                [p for p, _ in pairs], [n for _, n in pairs], self.config.weighting
+            )
         return dataclasses.replace(new, image_prototypes=means, proto_counts=counts)
 
     def server_update(

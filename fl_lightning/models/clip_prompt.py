@@ -176,7 +176,7 @@ class CLIPPrompt(nn.Module):
         from ..text.encoders import OpenCLIPTextEncoder
         from ..text.soft_prompt import ClassSoftPrompts
 
-        trainers = "a prompt method (method=promptfl, zeroshot, fedotp, fedpgp, fedtpg)"
+        trainers = "a prompt method (method=promptfl, zeroshot, fedotp, fedpgp, fedtpg, dpfpl)"
         clip, name = frozen_clip(
             "clip_prompt",
             trainers,

@@ -28,7 +28,7 @@ from ..core.objective import ClientObjective
 from ..core.params import to_cpu
 from ..core.privacy.dp_sgd import DpSgdLedger
 from ..core.privacy.dp_sgd import model_refusal as dp_sgd_model_refusal
-from ..core.privacy.plan import PrivacyPlan
+from ..core.privacy.plan import PrivacyPlan, releases_of
 from ..core.privacy.steps import DpFedAvgStep
 from ..core.sampling import Sampling
 from ..core.staleness import Staleness
@@ -74,7 +74,8 @@ def prepare(
     method_cfg = validate_registered(cfg, trunk)  # checked before any data
     privacy = None  # σ calibrated for the planned rounds (a one-line error before any data)
     if cfg.privacy.name != "none":
-        privacy = PrivacyPlan.of(cfg.privacy, cfg.fl, clients_per_round(cfg))
+        releases = releases_of(type(method_cfg).name, method_cfg)  # prototypes: releases of their own
+        privacy = PrivacyPlan.of(cfg.privacy, cfg.fl, clients_per_round(cfg), releases)
     if placement is None and not _on_cluster(cfg):
         placement = placement_for(cfg, *local_resources(cfg))  # this machine cannot hold it: one line now
     if cfg.runtime.executor == "ray" and not _on_cluster(cfg):
@@ -290,6 +291,16 @@ def build_aggregator(
             raise ConfigError(
                 f"privacy=dp_fedavg accounts for synchronous rounds of sampled cohorts: use system.mode=sync "
                 f"(not {cfg.system.mode})"
+            )
+        secure = [n for n in cfg.aggregator.steps if n in ("secagg_plus", "distributed_gaussian")]
+        if secure:  # the noise would be the clients' shares, which no accountant here composes
+            raise ConfigError(
+                f"privacy=dp_fedavg with secure aggregation (aggregator.steps={list(cfg.aggregator.steps)}) "
+                "is not supported yet: distributed_gaussian adds each client's share of the noise before "
+                "secagg_plus's masked sum, but the accountant for it is missing (the shares of clients "
+                "that drop, and secagg_plus's per-coordinate clip and quantisation, change the sum's "
+                "noise and sensitivity: a distributed discrete Gaussian analysis, Kairouz et al. 2021); "
+                "use privacy=dp_fedavg without aggregator.steps, or secagg_plus without privacy"
             )
         if cfg.aggregator.steps:
             raise ConfigError(

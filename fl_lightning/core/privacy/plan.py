@@ -26,14 +26,20 @@ from .accountant import (
 )
 from .dp_sgd import DpSgdLedger
 
-__all__ = ["OTHER_CHANNELS", "BudgetSpent", "PrivacyPlan", "channel_refusal"]
+__all__ = [
+    "OTHER_CHANNELS",
+    "PRIVATE_PROTOTYPES",
+    "BudgetSpent",
+    "PrivacyPlan",
+    "channel_refusal",
+    "releases_of",
+]
 
 #: methods whose clients upload something besides the model delta (or whose server builds a
 #: model per client from individual updates), which `privacy=dp_fedavg` does not privatise
 OTHER_CHANNELS: dict[str, str] = {
-    "fedproto": "class prototypes (mean features per class, and their counts)",
-    "fedtgp": "class prototypes (mean features per class, and their counts)",
-    "fedtsp": "class prototypes (mean features per class, and their counts)",
+    "fedtgp": "class prototypes (mean features per class, and their counts) to a server that trains on "
+    "them (privatised for fedproto and fedtsp only)",
     "creff": "per-class feature gradients and class counts",
     "clip2fl": "per-class feature gradients and class counts (CReFF's federated features)",
     "ccvr": "per-class feature means, covariances and counts",
@@ -45,8 +51,28 @@ OTHER_CHANNELS: dict[str, str] = {
 }
 
 
-def channel_refusal(method: str) -> str | None:
-    """One line refusing `method` under privacy=dp_fedavg, or None when it uploads only its model."""
+#: methods whose class prototypes privacy=dp_fedavg privatises (core/privacy/prototypes.py)
+PRIVATE_PROTOTYPES = ("fedproto", "fedtsp")
+
+
+def releases_of(method: str, config: Any) -> int:
+    """How many Gaussian releases a round of `method` (its config `config`) makes under
+    privacy=dp_fedavg: the model's, and the prototype methods' prototype sum and holder count
+    (without shared weights those two only)."""
+    if method not in PRIVATE_PROTOTYPES:
+        return 1
+    return 2 + int(bool(getattr(config, "share_weights", False)))
+
+
+def channel_refusal(method: str, config: Any = None) -> str | None:
+    """One line refusing `method` under privacy=dp_fedavg, or None when what it uploads is
+    privatised (its model; FedProto's and FedTSP's prototypes too)."""
+    if method == "fedtsp" and getattr(config, "weighting", "uniform") == "count":
+        return (
+            "privacy=dp_fedavg averages FedTSP's image prototypes over the clients that hold each class "
+            "(a noised count): the example counts method.weighting=count needs have no bound a noise "
+            "could be set for; add method.weighting=uniform (the authors' code)"
+        )
     channel = OTHER_CHANNELS.get(method)
     if channel is None:
         return None
@@ -74,6 +100,9 @@ class PrivacyPlan:
         sampling: the cohorts' sampling model.
         delta, method, max_epsilon, rounds, target_epsilon: as configured.
         adaptive, target_quantile, clip_lr: adaptive clipping's settings.
+        releases: Gaussian releases of multiplier σ a round makes on its cohort (the model's;
+            FedProto's and FedTSP's prototypes add two, core/privacy/prototypes.py): together
+            one Gaussian of multiplier σ/√releases, which the accountant composes.
     """
 
     name: Literal["dp_fedavg", "dp_sgd"]
@@ -92,11 +121,14 @@ class PrivacyPlan:
     clip_lr: float = 0.2
     #: dp_sgd: the chain's record of each client's steps, and its accountant (per client)
     ledger: DpSgdLedger | None = None
+    releases: int = 1
 
     @classmethod
-    def of(cls, privacy: Any, fl: Any, cohort: int) -> PrivacyPlan:
+    def of(cls, privacy: Any, fl: Any, cohort: int, releases: int = 1) -> PrivacyPlan:
         """The plan of `privacy` (a `PrivacyConfig`) for `fl`'s run, `cohort` clients a round
-        (Poisson: expected); σ calibrated here when `privacy.target_epsilon` is set."""
+        (Poisson: expected), `releases` Gaussian releases a round (`releases_of`); σ calibrated
+        here when `privacy.target_epsilon` is set (for the releases together: each gets √releases
+        times the σ the accountant composes)."""
         kind: SamplingKind = "poisson" if fl.sampling == "poisson" else "without_replacement"
         sampling = Sampling(kind, int(fl.num_clients), int(cohort))
         method: Method = privacy.accountant
@@ -107,8 +139,13 @@ class PrivacyPlan:
                 float(sigma), int(fl.batch_size), int(fl.local_epochs), fl.local_steps, float(privacy.delta)
             )
         elif sigma is None:
-            sigma = calibrate_noise_multiplier(
+            sigma = math.sqrt(releases) * calibrate_noise_multiplier(
                 float(privacy.target_epsilon), float(privacy.delta), sampling, int(fl.rounds), method
+            )
+        if releases > 1 and privacy.adaptive:
+            raise ConfigError(
+                "privacy.adaptive moves the clip from the model updates' norms; the prototypes this "
+                "method also uploads are clipped to a fixed privacy.clip: set privacy.adaptive=false"
             )
         count_std, update_sigma = 0.0, float(sigma)
         if privacy.adaptive:
@@ -128,12 +165,17 @@ class PrivacyPlan:
             delta=float(privacy.delta), method=method, rounds=int(fl.rounds),
             max_epsilon=privacy.max_epsilon, target_epsilon=privacy.target_epsilon,
             adaptive=bool(privacy.adaptive), target_quantile=float(privacy.target_quantile),
-            clip_lr=float(privacy.clip_lr), ledger=ledger,
+            clip_lr=float(privacy.clip_lr), ledger=ledger, releases=int(releases),
         )  # fmt: skip
+
+    @property
+    def accounted_noise_multiplier(self) -> float:
+        """The multiplier of one round's releases together, σ/√releases: what the accountant composes."""
+        return self.noise_multiplier / math.sqrt(self.releases)
 
     def accountant(self, rounds: int = 0) -> UserLevelAccountant:
         return UserLevelAccountant(
-            self.sampling, self.noise_multiplier, self.delta, self.method, rounds=rounds
+            self.sampling, self.accounted_noise_multiplier, self.delta, self.method, rounds=rounds
         )
 
     def epsilon(self, rounds: int, memory: dict[str, Any] | None = None) -> float:
@@ -180,10 +222,24 @@ class PrivacyPlan:
                 "logged training metrics and evaluations; the noise's generator is seeded "
                 "(reproducible, not cryptographic)"
             )
+        what = (
+            f"the model updates only (every uploaded tensor clipped to L2 norm {self.clip:g}"
+            f"{' adaptively' if self.adaptive else ''}, Gaussian noise on their uniform mean)"
+        )
+        if self.releases > 1:  # FedProto, FedTSP: the prototypes are a release of their own
+            what = (
+                "the uploads: the class prototypes (each client's clipped to L2 norm "
+                f"{self.clip:g} as one matrix, Gaussian noise on their sum and on the count of holders "
+                "per class: the example counts enter only as whether a client holds a class)"
+                + (
+                    " and the model updates (clipped, noise on their uniform mean)"
+                    if self.releases > 2
+                    else ""
+                )
+                + f", {self.releases} releases a round accounted as one of multiplier σ/√{self.releases}"
+            )
         return (
-            f"user-level (ε, δ) of DP-FedAvg: any one client's whole data may change; covers the model "
-            f"updates only (every uploaded tensor clipped to L2 norm {self.clip:g}"
-            f"{' adaptively' if self.adaptive else ''}, Gaussian noise on their uniform mean), against "
+            f"user-level (ε, δ) of DP-FedAvg: any one client's whole data may change; covers {what}, against "
             f"anyone who sees the released models, with a trusted server; cohorts: "
             f"{self.sampling.describe()}; accountant: dp-accounting {self.method.upper()}. Not covered: "
             "the clients' logged training metrics and evaluations, and the noise's generator is "
@@ -228,6 +284,8 @@ class PrivacyPlan:
             **out,
             "level": "user",
             "update_noise_multiplier": self.update_noise_multiplier,
+            "releases": self.releases,
+            "accounted_noise_multiplier": self.accounted_noise_multiplier,
             "clipped_count_stddev": self.count_stddev,
             "adaptive_clipping": self.adaptive,
             "target_epsilon": self.target_epsilon,

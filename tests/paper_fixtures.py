@@ -8,7 +8,8 @@ never imported). Fashion-MNIST is the real one (linked in).
 Formats written (what `fl_lightning/data/` reads):
   cifar-10-batches-py/{data_batch_1..5, test_batch}, cifar-100-python/{train, test}: the python
   pickles (dicts of `data` N x 3072 uint8 and `labels` / `fine_labels`);
-  office_caltech_10/<domain>/<class>/*.jpg with FedBN's <domain>_{train,test}.pkl split files;
+  office_caltech_10/ and DomainNet/<domain>/<class>/*.jpg with FedBN's <domain>_{train,test}.pkl
+  split files;
   VOCdevkit/VOC2007/{ImageSets/Main/{trainval,test}.txt, Annotations/*.xml, JPEGImages/*.jpg};
   coco/{train2014,val2014}/*.jpg + annotations/instances_{train2014,val2014}.json;
   flair/flair_federated.hdf5 (ml-flair's prepare_dataset.py layout: /<split>/<user>/{images,
@@ -16,7 +17,7 @@ Formats written (what `fl_lightning/data/` reads):
   caltech-101/101_ObjectCategories/<class>/*.jpg with CoOp's split_zhou_Caltech101.json (6
   classes, 3 training and 2 test images each).
 Training sets hold each image and its mirror image (and a 2-pixel shift for CIFAR); test
-sets the originals. Office, VOC, COCO and FLAIR labels are assigned (ImageNet photos, not
+sets the originals. Office, DomainNet, VOC, COCO and FLAIR labels are assigned (ImageNet photos, not
 those datasets' classes): the format is what is tested, not the labels' meaning.
 
 Weights at `<root>/weights/`: a tiny open_clip model (`clip-tiny-random` with 128-d
@@ -35,6 +36,8 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+
+from fl_lightning.data.folders import DOMAINNET, OFFICE, DomainSpec
 
 from .real_images import foolbox_images
 
@@ -82,16 +85,17 @@ def _jpeg(path: Path, x: np.ndarray) -> None:
     Image.fromarray(x).save(path, quality=90)
 
 
-def _office(root: Path, photos: list[np.ndarray]) -> None:
-    from fl_lightning.data.folders import OFFICE
-
-    base = root / OFFICE.folder
-    for d, domain in enumerate(OFFICE.domains):
+def _domains(root: Path, photos: list[np.ndarray], spec: DomainSpec) -> None:
+    """A feature-skew dataset (Office-Caltech-10, DomainNet) in FedBN's layout: the photos dealt
+    over its domains and classes."""
+    base = root / spec.folder
+    base.mkdir(parents=True, exist_ok=True)
+    for d, domain in enumerate(spec.domains):
         split: dict[str, tuple[list[str], list[str]]] = {"train": ([], []), "test": ([], [])}
-        for i in range(d, len(photos), len(OFFICE.domains)):
-            cls = OFFICE.raw_classes[(i // len(OFFICE.domains)) % len(OFFICE.raw_classes)]
+        for i in range(d, len(photos), len(spec.domains)):
+            cls = spec.raw_classes[(i // len(spec.domains)) % len(spec.raw_classes)]
             for j, v in enumerate(_variants(photos[i], shift=False)):
-                rel = f"{OFFICE.folder}/{domain}/{cls}/{i:03d}_{j}.jpg"
+                rel = f"{spec.folder}/{domain}/{cls}/{i:03d}_{j}.jpg"
                 _jpeg(root / rel, v)
                 for part in ("train",) if j else ("train", "test"):
                     split[part][0].append(rel)
@@ -250,7 +254,8 @@ def build_root(root: Path, fmnist_root: str | Path) -> Path:
     _cifar(root, _hwc("cifar10"), 10)
     _cifar(root, _hwc("cifar100"), 100)
     photos = [x for x, _ in _hwc("imagenet")]
-    _office(root, photos)
+    _domains(root, photos, OFFICE)
+    _domains(root, photos, DOMAINNET)
     _voc(root, photos)
     _coco(root, photos)
     _flair(root, photos)

@@ -383,6 +383,36 @@ def test_flair_hdf5_natural_users(tmp_path):
     assert fine.class_names == ["x y"] and len(fine.train_y) == 3
 
 
+def test_flair_coarse_labels_named_by_their_fine_labels(tmp_path, data_root):
+    """data.coarse_prompts (FedLGT's "Concat. prompt"): each coarse label's text is its fine
+    labels, most frequent first, comma-joined, each fine label under the coarse label it always
+    comes with most (here "dog" also meets "plant", twice in four: still an animal); a coarse label without
+    fine labels keeps its name; the labels themselves are unchanged."""
+    h5py = pytest.importorskip("h5py")
+    (tmp_path / "flair").mkdir()
+    images = {  # user -> [(coarse, fine)] per image
+        "train/u1": [("animal", "dog|cat"), ("animal|plant", "dog|fern")],
+        "train/u2": [("animal", "dog"), ("plant", "fern|moss"), ("art", "")],
+        "test/t1": [("plant|animal", "moss|cat|dog")],
+    }
+    with h5py.File(tmp_path / "flair" / "flair_federated.hdf5", "w") as f:
+        for where, rows in images.items():
+            f[f"/{where}/images"] = np.zeros((len(rows), 4, 4, 3), dtype=np.uint8)
+            f[f"/{where}/labels"] = np.asarray([c for c, _ in rows], dtype="S")
+            f[f"/{where}/fine_grained_labels"] = np.asarray([x for _, x in rows], dtype="S")
+        f["/metadata/label_counter"] = json.dumps({"animal": 4, "plant": 3, "art": 1})
+    named = load_dataset("flair", str(tmp_path), image_size=4)
+    ds = load_dataset("flair", str(tmp_path), image_size=4, coarse_prompts=True)
+    # dog 4 images, cat 2; fern 2, moss 2 (a tie: the later name first, as the authors' sort)
+    assert ds.class_names == ["dog,cat", "art", "moss,fern"]
+    assert named.class_names == ["animal", "art", "plant"]
+    assert np.array_equal(ds.train_y, named.train_y) and np.array_equal(ds.test_y, named.test_y)
+    with pytest.raises(ConfigError, match="not with data.fine_grained=true"):
+        load_dataset("flair", str(tmp_path), image_size=4, coarse_prompts=True, fine_grained=True)
+    with pytest.raises(ConfigError, match="data.coarse_prompts does not apply to dataset 'fmnist'"):
+        load_dataset("fmnist", data_root, coarse_prompts=True)
+
+
 # --- the offline stand-ins --------------------------------------------------------------------
 def test_fmnist_domains_standin(data_root):
     ds = load_dataset("fmnist_domains", data_root)

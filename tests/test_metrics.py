@@ -17,7 +17,7 @@ import torch
 from sklearn.metrics import average_precision_score, f1_score, precision_score, recall_score
 
 from fl_lightning.core.errors import ConfigError
-from fl_lightning.core.metrics import EvalSpec, TaskMetrics, longtail_groups, primary_metric
+from fl_lightning.core.metrics import EvalSpec, TaskMetrics, domain_accuracy, longtail_groups, primary_metric
 
 N, C = 200, 6
 TOL = 1e-6
@@ -230,3 +230,14 @@ def test_cuda_matches_cpu(multilabel: bool) -> None:
     assert set(cpu) == set(cuda)
     for k in cpu:  # float32 sums may be ordered differently on the GPU
         assert cuda[k] == pytest.approx(cpu[k], abs=TOL, rel=0), k
+
+
+def test_domain_accuracy_is_the_unweighted_mean_over_domains() -> None:
+    """FedGLCL's Office/DomainNet statistic ("the test accuracy of each client and their
+    average"): domain a 3 of 4 right, domain b 0 of 1, domain c absent: per domain 0.75 and 0.0,
+    mean 0.375, where the pooled accuracy would be 3/5 = 0.6."""
+    scores = torch.tensor([[2.0, 0.0], [0.0, 1.0], [3.0, 1.0], [1.0, 0.0], [0.0, 5.0]])
+    target = torch.tensor([0, 1, 0, 1, 0])
+    domains = torch.tensor([0, 0, 0, 0, 1])
+    out = domain_accuracy(scores, target, domains, ["a", "b", "c"])
+    assert out == {"accuracy_a": 0.75, "accuracy_b": 0.0, "domain_avg_accuracy": 0.375}

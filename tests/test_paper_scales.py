@@ -35,7 +35,7 @@ def small(paper: str, root: Path) -> list[str]:
     clip = f"text.arch={root / 'weights' / (TINY_CLIP_ARCH + '.json')}"  # the stand-in file's architecture
     return {
         "clip2fl": [clip, "fl.num_clients=3", "fl.clients_per_round=2", "fl.batch_size=8", "data.min_size=1"],
-        "feddtr": [clip, "fl.num_clients=3", "data.min_size=2"],
+        "feddtr": ["fl.num_clients=3", "data.min_size=2"],
         "fedglcl": [clip, "data.train_subset=40", "data.test_subset=20", "model.hidden=64",
                     "fl.batch_size=64", "data.min_size=2"],  # one batch a client: BatchNorm sees >= 2
         "fedlgt": [clip, "data.image_size=32", "fl.num_clients=3", "fl.clients_per_round=null",
@@ -96,7 +96,16 @@ def small_conf(tmp_path, monkeypatch) -> Path:
 SUITE_ROWS = {
     "clip2fl": ["fedavg", "creff", "clip2fl"],
     "feddtr": ["feddtr", "no_text", "fedper", "fedrep", "fedala"],
-    "fedglcl": ["fedavg_c2", "text_c2", "text_d03", "text_c100", "text_office"],
+    # fedglcl's DomainNet pair: a claim on domain_avg_accuracy, checked measured
+    "fedglcl": [
+        "fedavg_c2",
+        "text_c2",
+        "text_d03",
+        "text_c100",
+        "text_office",
+        "fedavg_domainnet",
+        "text_domainnet",
+    ],
     "fedlgt": ["fedavg", "fedctran", "centralized", "fedlgt", "fedavg_voc", "fedlgt_coco"],
     "fedtsp": ["local", "fedtsp", "fedproto", "fedtgp"],
     "fedotp": ["zeroshot", "promptfl", "fedotp"],
@@ -184,6 +193,13 @@ def _reproduce(paper: str, root: Path, out: Path, conf: Path) -> dict:
         metric = spec.table_metrics("paper")[0]
         assert set(numbers["rows"][row.id][metric]["final"]) == {"0"}, row.id  # a value from its run
     assert {c["id"] for c in numbers["claims"]} == {c.id for c in spec.claims_for("paper")}
+    # each claim's metric measured by both its rows' runs (a long-tail group's, few_/many_/...,
+    # only where the fixture's label counts put a class in that group)
+    for c in spec.claims_for("paper"):
+        if c.metric.split("_", 1)[0] in ("many", "medium", "few"):
+            continue
+        for row in (c.row, c.baseline):
+            assert set(numbers["rows"][row][c.metric]["final"]) == {"0"}, (c.id, row, c.metric)
     return numbers
 
 
@@ -197,7 +213,12 @@ def test_paper_scale_runs_its_rows(paper, paper_root, small_conf, tmp_path):
 DATASETS = {
     "clip2fl": ["CIFAR-10 not found"],
     "feddtr": ["CIFAR-10 not found"],
-    "fedglcl": ["Fashion-MNIST not found", "CIFAR-100 not found", "Office-Caltech-10 not found"],
+    "fedglcl": [
+        "Fashion-MNIST not found",
+        "CIFAR-100 not found",
+        "Office-Caltech-10 not found",
+        "DomainNet (10-class subset) not found",
+    ],
     "fedlgt": ["FLAIR not found", "PASCAL VOC 2007 not found", "MS-COCO not found"],
     "fedtsp": ["CIFAR-100 not found"],
     "fedotp": ["CIFAR-100 not found"],
@@ -211,7 +232,7 @@ DATASETS = {
 @pytest.mark.slow
 def test_paper_scales_name_what_is_missing(paper_root, tmp_path, capsys):
     """No data at all: every dataset and weights file of the scale, each once, in one line.
-    Data but no weights (FedDTR): only the weights."""
+    Data but no weights (CLIP2FL): only the weights."""
     empty = tmp_path / "empty"
     empty.mkdir()
     no_weights = tmp_path / "no_weights"
@@ -219,7 +240,7 @@ def test_paper_scales_name_what_is_missing(paper_root, tmp_path, capsys):
     for entry in paper_root.iterdir():
         if entry.name != "weights":
             os.symlink(entry, no_weights / entry.name)
-    for paper, root in [(p, empty) for p in DATASETS] + [("feddtr", no_weights)]:
+    for paper, root in [(p, empty) for p in DATASETS] + [("clip2fl", no_weights)]:
         spec = load_spec(ROOT / "conf" / "reproduce" / f"{paper}.yaml")
         out = tmp_path / paper
         # one seed: what a run needs is its row's (a seed changes no dataset or weights file), and

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -540,15 +541,13 @@ def test_an_estimate_with_a_bad_value_is_one_line(conf, tmp_path, capsys):
     assert len(err) == 1 and "fl.rounds must be > 0 (got -1)" in err[0], err
 
 
-def test_provenance_commits_and_pre_registration_in_a_real_git_repo(tmp_path):
-    """A tiny real repository: a run's code version is its commit and whether fl_lightning/,
-    conf/ or pyproject.toml differ from it (a report written beside them does not count); a
-    report is pre-registered only when every run ran at a clean commit that contains its
-    claims file's last commit."""
+def git_repo(path: Path) -> tuple[Any, Any]:
+    """`git(*args)` (its stdout) and `commit(message)` (everything, its hash) in a real
+    repository at `path`."""
 
     def git(*args: str) -> str:
         return subprocess.run(
-            ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
             check=True, capture_output=True, text=True,
         ).stdout.strip()  # fmt: skip
 
@@ -556,6 +555,17 @@ def test_provenance_commits_and_pre_registration_in_a_real_git_repo(tmp_path):
         git("add", "-A")
         git("commit", "-qm", message)
         return git("rev-parse", "HEAD")
+
+    return git, commit
+
+
+def test_provenance_commits_and_pre_registration_in_a_real_git_repo(tmp_path):
+    """A tiny real repository: a run's code version is its commit and whether fl_lightning/,
+    conf/ or pyproject.toml differ from it (a report written beside them does not count); a
+    report is pre-registered only when every run ran at a clean commit that contains its
+    claims file's last commit."""
+
+    git, commit = git_repo(tmp_path)
 
     def run(name: str, code: dict[str, object] | None) -> Path:
         d = tmp_path / "out" / name
@@ -829,3 +839,51 @@ def test_provenance_survives_a_rebase_of_the_claims_commit(tmp_path):
     assert "2 runs ran at a commit outside this history" in "\n".join(lines)
     _, nums = provenance(claims, [run("fast_s1", before)])  # its claims said stat: best
     assert not nums["pre_registered"] and nums["checked_in_own_history"] == []
+
+
+def test_a_paper_scale_corrected_after_a_mini_scales_runs_leaves_them_pre_registered(tmp_path):
+    """In a real git repository: the mini runs of a claims file with two scales stay
+    pre-registered when only the paper scale changes after them (its settings, a row's paper
+    arguments, a paper-only row and its claim); the paper scale's substance moves to that commit.
+    A change to what the mini rows run moves the mini's too."""
+
+    git, commit = git_repo(tmp_path)
+
+    two = TINY.replace(
+        "    needs: Fashion-MNIST\n",
+        "    needs: Fashion-MNIST\n  paper:\n    overrides: [data=fmnist, fl.rounds=60]\n"
+        "    seeds: [0, 1, 2]\n    needs: Fashion-MNIST\n",
+        1,
+    )
+    git("init", "-q")
+    claims = tmp_path / "conf" / "reproduce" / "tiny.yaml"
+    claims.parent.mkdir(parents=True)
+    claims.write_text(two)
+    c1 = commit("claims")
+    runs = []
+    for name in ("fast_s0", "slow_s0"):
+        d = tmp_path / "out" / name
+        d.mkdir(parents=True)
+        summary = {"status": "completed", "code": {"commit": c1, "dirty": False},
+                   "started_at": "2999-01-01T00:00:00+00:00"}  # fmt: skip
+        (d / "summary.json").write_text(json.dumps(summary))
+        runs.append(d)
+    corrected = (
+        two.replace("fl.rounds=60]", "fl.rounds=300]")
+        .replace("optim.lr=0.05]", "optim.lr=0.05], by_scale: {paper: [optim.momentum=0.9]}")
+        .replace("claims:\n", "  big: {label: big, overrides: [method=fedavg], scales: [paper]}\nclaims:\n")
+        .rstrip("\n")
+        + "\n  - {id: big, text: b, row: big, baseline: slow, metric: accuracy}\n"
+    )
+    claims.write_text(corrected)
+    c2 = commit("the paper scale corrected")
+    lines, nums = provenance(claims, runs, "mini")
+    assert nums["claims_commit"] == c2 and nums["claims_substance_since"] == c1 and nums["pre_registered"]
+    assert f"at the mini scale (its settings, rows, claims' rows, metrics, statistics, directions) " \
+        f"is unchanged since `{c1[:10]}`" in "\n".join(lines)  # fmt: skip
+    assert provenance(claims, runs, "paper")[1]["claims_substance_since"] == c2
+    assert provenance(claims, runs)[1]["claims_substance_since"] == c2  # every scale: as before
+    claims.write_text(corrected.replace("optim.lr=0.001]", "optim.lr=0.002]"))
+    c3 = commit("a mini row changed")
+    _, nums = provenance(claims, runs, "mini")
+    assert nums["claims_substance_since"] == c3 and not nums["pre_registered"]

@@ -44,6 +44,9 @@ SHAPES: dict[str, tuple[int, int, int]] = {
     "tiny_imagenet": (3, 64, 100000), "fmnist_multilabel": (1, 56, 60000),
     "voc2007": (3, 128, 5011), "coco": (3, 128, 82081),  # VOC 2007 trainval; COCO train2014 (annotated)
     "office_caltech": (3, 256, 2533),  # all four domains (958 + 1,123 + 157 + 295): the split trains on part
+    # DomainNet's 10-class subset, six domains (FedGLCL's Table 7: 2,103 + 2,626 + 2,472 + 4,000 +
+    # 4,867 + 2,213 training images), at its config's 128 px
+    "domainnet": (3, 128, 18281),
     # issue 37's 20 classes: the 8,000 client images (the held-out part is not trained on), and
     # as frozen EfficientNet-Lite0 features, [1280, 1, 1] a sample
     "fmnist_digits20": (1, 28, 8000), "fmnist_digits20_eff": (1280, 1, 8000),

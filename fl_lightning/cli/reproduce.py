@@ -379,18 +379,29 @@ def _git(root: Path, *args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def _substance(spec: Spec) -> str:
-    """What decides a claims file's verdicts: its scales, rows and each claim's rows, metric,
-    statistic and direction (not its wording, references, notes or multiplicity rule, which
-    annotate the same test)."""
-    claims = [(c.id, c.row, c.baseline, c.metric, c.stat, c.direction) for c in spec.claims]
-    return repr((sorted(spec.scales.items()), sorted(spec.rows.items()), claims))
+def _substance(spec: Spec, scale: str | None = None) -> str:
+    """What decides a claims file's verdicts at `scale`: that scale's settings, the arguments
+    each of its rows runs with there (and whose runs it reads), and each of its claims' rows,
+    metric, statistic and direction; not its wording, labels, paper numbers, references, notes
+    or multiplicity rule, which annotate the same test, nor another scale's settings (a paper
+    scale corrected after a mini scale's runs leaves them pre-registered). None: every scale."""
+    if scale is None:
+        return repr([_substance(spec, s) for s in sorted(spec.scales)])
+    if scale not in spec.scales:
+        return repr(None)
+    sc = spec.scales[scale]
+    rows = [(r.id, r.args(sc), r.runs_of, r.metric_prefix) for r in spec.rows_for(scale)]
+    claims = [(c.id, c.row, c.baseline, c.metric, c.stat, c.direction) for c in spec.claims_for(scale)]
+    return repr((sc, rows, claims))
 
 
-def claims_history(claims: Path, rev: str = "HEAD") -> tuple[str | None, str | None, str | None, str | None]:
-    """(last commit, its date, the commit since which the claims' substance (`_substance`) is
-    what the file on disk says, its date) of a committed claims file, in `rev`'s history; Nones
-    where git cannot tell (the third and fourth when even `rev`'s version differs)."""
+def claims_history(
+    claims: Path, rev: str = "HEAD", scale: str | None = None
+) -> tuple[str | None, str | None, str | None, str | None]:
+    """(last commit, its date, the commit since which the claims' substance at `scale`
+    (`_substance`; None: every scale) is what the file on disk says, its date) of a committed
+    claims file, in `rev`'s history; Nones where git cannot tell (the third and fourth when even
+    `rev`'s version differs)."""
     import tempfile
 
     root = claims.resolve().parent
@@ -400,7 +411,7 @@ def claims_history(claims: Path, rev: str = "HEAD") -> tuple[str | None, str | N
     history = [line.split(" ", 1) for line in log.splitlines()]
     last, last_date = history[0]
     try:
-        now: str | None = _substance(load_spec(claims))
+        now: str | None = _substance(load_spec(claims), scale)
     except ConfigError:  # a file today's reader refuses: its versions compared as text
         now = None
     raw = claims.read_text().strip() if claims.is_file() else None
@@ -413,7 +424,7 @@ def claims_history(claims: Path, rev: str = "HEAD") -> tuple[str | None, str | N
             old.write_text((text or "") + "\n")
             try:
                 same = text is not None and (
-                    _substance(load_spec(old)) == now if now is not None else text.strip() == raw
+                    _substance(load_spec(old), scale) == now if now is not None else text.strip() == raw
                 )
             except ConfigError:  # a version today's reader refuses: the same only as text
                 same = text is not None and now is None and text.strip() == raw
@@ -429,7 +440,9 @@ def _earlier_runs(folder: Path, name: str) -> list[str]:
     return sorted(p.parent.name for p in aside.glob(f"*/{name}")) if aside.is_dir() else []
 
 
-def provenance(claims: Path, run_dirs: Sequence[Path]) -> tuple[list[str], dict[str, Any]]:
+def provenance(
+    claims: Path, run_dirs: Sequence[Path], scale: str | None = None
+) -> tuple[list[str], dict[str, Any]]:
     """The report's provenance: the last commit of the claims file (and the one since which what
     decides its verdicts is unchanged), the commit each run ran at (its summary's `code`,
     `runtime/summary.py`) and its start time, and whether the claims are older than every run:
@@ -438,7 +451,7 @@ def provenance(claims: Path, run_dirs: Sequence[Path]) -> tuple[list[str], dict[
     earlier run of the name set aside by `--restart`), are named."""
     root = claims.resolve().parent
     changed = _git(root, "status", "--porcelain", "--", claims.name)
-    claims_commit, claims_date, since, since_date = claims_history(claims)
+    claims_commit, claims_date, since, since_date = claims_history(claims, scale=scale)
     at: dict[str, list[str]] = {}  # "<commit>" / "<commit> (dirty)" / "not recorded" -> runs
     older = since is not None and not changed
     early: list[str] = []  # started before the claims' commit
@@ -464,7 +477,7 @@ def provenance(claims: Path, run_dirs: Sequence[Path]) -> tuple[list[str], dict[
             # not in this history (a rebase rewrote the commits): the run's own commit must hold
             # these claims, committed before it started, as its history tells
             if code["commit"] not in other:
-                other[code["commit"]] = claims_history(claims, code["commit"])
+                other[code["commit"]] = claims_history(claims, code["commit"], scale)
             _, _, theirs, run_since_date = other[code["commit"]]
             if theirs is not None:
                 contains = ""
@@ -492,7 +505,9 @@ def provenance(claims: Path, run_dirs: Sequence[Path]) -> tuple[list[str], dict[
     head = (
         f"`{claims_commit[:10]}` ({claims_date})"
         + (
-            f"; what decides its verdicts (scales, rows, claims' rows, metrics, statistics, directions) "
+            "; what decides its verdicts"
+            + (f" at the {scale} scale (its settings, rows" if scale else " (scales, rows")
+            + ", claims' rows, metrics, statistics, directions) "
             f"is unchanged since `{since[:10]}` ({since_date}), the commit the runs are checked against"
             if since and since != claims_commit
             else ""
@@ -632,7 +647,7 @@ def reproduce_command(
         spec, scale, runs_dir, seeds, command, extra, {p.name: c for p, c in stale} if report_only else {}
     )
     run_dirs = [runs_dir / run_name(r.id, s) for r in spec.run_rows(scale) for s in seeds]
-    lines, numbers["provenance"] = provenance(specs()[paper], run_dirs)
+    lines, numbers["provenance"] = provenance(specs()[paper], run_dirs, scale)
     report = report.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
     folder.mkdir(parents=True, exist_ok=True)
     # whole or as it was (a full disk cut a report mid-line), and a link planted at either

@@ -104,6 +104,9 @@ class DataConfig:
     domains: list[str] | None = None  # domain datasets: which domains to load (default: all)
     fine_grained: bool = False  # flair: the 1,628 fine-grained labels instead of the 17 coarse ones
     max_users: int | None = None  # flair: read only the first N training users
+    #: flair's coarse labels named, for the text encoders, by their fine labels (FedLGT's "Concat.
+    #: prompt": the 20 most frequent, comma-joined; data/multilabel.py `coarse_prompts_of`)
+    coarse_prompts: bool = False
     #: fmnist_multilabel: build the training mosaics from the first N training images only, so
     #: images N.. stay out of every client (`fl-lightning pretrain` learns from them)
     source_subset: int | None = None

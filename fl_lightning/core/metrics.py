@@ -124,6 +124,25 @@ def within_group_errors(confusion: torch.Tensor, groups: Sequence[int]) -> dict[
     return {"within_group_errors": float(errors[same].sum()) / total, "within_group_errors_chance": chance}
 
 
+def domain_accuracy(
+    scores: torch.Tensor, target: torch.Tensor, domains: torch.Tensor, names: Sequence[str]
+) -> dict[str, float]:
+    """Accuracy on each domain's test images (`accuracy_<domain>`) and their unweighted mean over
+    the domains with test images (`domain_avg_accuracy`): the feature-skew protocol of FedBN and
+    FedGLCL (one client a domain; "the test accuracy of each client and their average"), where
+    the pooled `accuracy` weights each domain by its test-set size."""
+    correct = scores.detach().argmax(-1).cpu() == target.cpu()
+    domains = domains.cpu()
+    out: dict[str, float] = {}
+    for d, name in enumerate(names):
+        mine = domains == d
+        if bool(mine.any()):
+            out[f"accuracy_{name}"] = float(correct[mine].double().mean())
+    if out:
+        out["domain_avg_accuracy"] = sum(out.values()) / len(out)
+    return out
+
+
 def blanked_ap(
     scores: torch.Tensor,
     target: torch.Tensor,

@@ -244,8 +244,55 @@ def _flair_users(
     return x, labels, np.asarray(groups, dtype=np.int64)
 
 
+#: FedLGT's concat prompt: how many of a coarse label's fine labels it names (the authors' fed_main.py)
+FINE_PER_COARSE = 20
+
+
+def coarse_prompts_of(pairs: list[tuple[list[str], list[str]]], names: list[str]) -> list[str]:
+    """Each coarse label's text as FedLGT builds it for FLAIR's abstract coarse labels (its
+    "Concat. prompt", Table A3): its fine labels, most frequent first (ties: the later name first,
+    as the authors' `sort(reverse=True)` over (count, name)), the first FINE_PER_COARSE joined by
+    ",". `pairs`: each image's (coarse labels, fine labels). The authors read the fine -> coarse
+    map from FLAIR's label_relationship.txt, which the federated HDF5 does not hold: here a fine
+    label's coarse label is the one it co-occurs with most (in FLAIR, every image with a fine
+    label carries its coarse label). A coarse label with no fine label keeps its name."""
+    from collections import Counter
+
+    count: Counter[str] = Counter()
+    together: dict[str, Counter[str]] = {}
+    for coarse, fine in pairs:
+        for f in set(fine):
+            count[f] += 1
+            together.setdefault(f, Counter()).update(set(coarse))
+    children: dict[str, list[tuple[int, str]]] = {n: [] for n in names}
+    for f, co in together.items():
+        parent = max(co.items(), key=lambda kv: (kv[1], kv[0]))[0] if co else None
+        if parent in children:
+            children[parent].append((count[f], f))
+    out = []
+    for n in names:
+        kids = [f for _, f in sorted(children[n], reverse=True)][:FINE_PER_COARSE]
+        out.append(",".join(kids) if kids else n)
+    return out
+
+
+def _flair_pairs(f, partition: str, users: list[str]) -> list[tuple[list[str], list[str]]]:
+    """Each image's (coarse labels, fine labels), read without its pixels."""
+    out = []
+    for u in users:
+        grp = f[partition][u]
+        for a, b in zip(grp["labels"][()], grp["fine_grained_labels"][()], strict=True):
+            a, b = (x.decode() if isinstance(x, bytes) else str(x) for x in (a, b))
+            out.append(([t for t in a.split("|") if t], [t for t in b.split("|") if t]))
+    return out
+
+
 def _load_flair(
-    root: str, image_size: int | None = None, fine_grained: bool = False, max_users: int | None = None
+    root: str,
+    image_size: int | None = None,
+    fine_grained: bool = False,
+    max_users: int | None = None,
+    coarse_prompts: bool = False,
 ) -> ArrayDataset:
     try:
         import h5py
@@ -256,9 +303,15 @@ def _load_flair(
         raise ConfigError(_flair_where(root))
     size = image_size or 64
     key = "fine_grained_labels" if fine_grained else "labels"
+    if coarse_prompts and fine_grained:
+        raise ConfigError(
+            "data.coarse_prompts=true names the coarse labels by their fine ones: "
+            "not with data.fine_grained=true"
+        )
     st = path.stat()
     tag = hashlib.sha1(
-        f"{path}|{st.st_size}|{int(st.st_mtime)}|{size}|{key}|{max_users}".encode()
+        f"{path}|{st.st_size}|{int(st.st_mtime)}|{size}|{key}|{max_users}"
+        f"{'|prompts' if coarse_prompts else ''}".encode()
     ).hexdigest()[:16]
     cache = Path(root) / ".cache" / f"flair-{tag}.npz"
     hit = load_npz(cache)
@@ -279,18 +332,27 @@ def _load_flair(
                 names = []
             tx, tl, tg = _flair_users(f, "train", key, size, train_users)
             vx, vl, _ = _flair_users(f, "test", key, size, test_users)
-        if not names:
-            names = sorted({t for labs in tl + vl for t in labs})
+            if not names:
+                names = sorted({t for labs in tl + vl for t in labs})
+            texts = (
+                coarse_prompts_of(
+                    _flair_pairs(f, "train", train_users) + _flair_pairs(f, "test", test_users), names
+                )
+                if coarse_prompts
+                else [text_name(str(n)) for n in names]
+            )
         index = {n: i for i, n in enumerate(names)}
         hit = {
             "tx": tx, "vx": vx, "tg": tg,
             "ty": multi_hot([[index[t] for t in labs if t in index] for labs in tl], len(names)),
             "vy": multi_hot([[index[t] for t in labs if t in index] for labs in vl], len(names)),
-            "names": np.asarray(names), "users": np.asarray(train_users),
+            "names": np.asarray(names), "users": np.asarray(train_users), "texts": np.asarray(texts),
         }  # fmt: skip
         atomic_savez(cache, hit)
+    # a cache written before class texts were kept holds the names only
+    texts = [str(t) for t in hit["texts"]] if "texts" in hit else [text_name(str(n)) for n in hit["names"]]
     return ArrayDataset(
-        "flair", hit["tx"], hit["ty"], hit["vx"], hit["vy"], [text_name(str(n)) for n in hit["names"]],
+        "flair", hit["tx"], hit["ty"], hit["vx"], hit["vy"], texts,
         IMAGENET_MEAN, IMAGENET_STD, multilabel=True,
         train_groups=hit["tg"], group_names=[str(u) for u in hit["users"]],
     )  # fmt: skip

@@ -201,6 +201,7 @@ def dataset_options(data: Mapping[str, Any]) -> dict[str, Any]:
         "domains": list(domains) if domains is not None else None,
         "fine_grained": bool(data.get("fine_grained", False)),
         "max_users": data.get("max_users"),
+        "coarse_prompts": bool(data.get("coarse_prompts", False)),
         "source_subset": data.get("source_subset"),
     }
 

@@ -17,7 +17,7 @@ import torch
 from ...core.centralized import torch_threads
 from ...core.files import open_new
 from ...core.messages import ClientUpdate, RoundPlan, ServerState
-from ...core.metrics import blanked_ap
+from ...core.metrics import blanked_ap, domain_accuracy
 from ...core.objective import evaluate
 from ...core.types import ClientId
 from ...data.fmnist_digits20 import COARSE, COARSE_GROUPS
@@ -118,6 +118,11 @@ class GlobalEval:
         self.blank = torch.from_numpy(np.asarray(blank, dtype=bool)) if rows else None
         groups = COARSE_GROUPS.get(p.cfg.data.name)
         self.blank_groups = (groups, COARSE) if groups is not None else (None, ())
+        #: each test image's domain (feature skew, single-label), for the per-domain accuracies
+        #: and their mean (`core.metrics.domain_accuracy`); None: no domains
+        doms = p.dataset.test_domains
+        by_domain = doms is not None and len(doms) == len(p.dataset.test_y) and not p.dataset.multilabel
+        self.domains = torch.from_numpy(np.asarray(doms, dtype=np.int64)) if by_domain else None
         self.pool = (
             ThreadPoolExecutor(
                 1, thread_name_prefix="fl-eval", initializer=torch.set_num_threads, initargs=(EVAL_THREADS,)
@@ -144,7 +149,8 @@ class GlobalEval:
 
         def job() -> EvalResult:
             t = time.perf_counter()
-            scores: list[torch.Tensor] | None = [] if keep or self.blank is not None else None
+            wanted = keep or self.blank is not None or self.domains is not None
+            scores: list[torch.Tensor] | None = [] if wanted else None
             out = evaluate(
                 obj,
                 self._inputs(obj),
@@ -156,6 +162,8 @@ class GlobalEval:
             every = torch.cat(scores) if scores else None  # the main head's, in test-set order
             if every is not None and self.blank is not None:  # the AP on labels whose object was cut out
                 out.update(blanked_ap(every, self.test[1], self.blank, *self.blank_groups))
+            if every is not None and self.domains is not None:
+                out.update(domain_accuracy(every, self.test[1], self.domains, self.p.dataset.domain_names))
             if every is not None and keep:
                 self._save_predictions(every, rnd)
             end = time.perf_counter()

@@ -9,10 +9,10 @@ drawn once per run (tiers, log-normal) and `noise` a factor of mean 1 drawn per 
 (constant, half-normal, exponential). With `speed=trace` a file gives each client's duration of
 one update instead of work × seconds_per_example × speed.
 
-`system.clock=wall` (the scheduler's `WallClock`) measures the durations instead, on Ray, and
+`system.clock=wall` (the scheduler's `Arrivals`) measures the durations instead, on Ray, and
 writes each arrival to the run's `arrivals.jsonl`; `system.replay=<that file>` gives a virtual
-run those arrivals (`Recorded`), so a wall-clock run can be repeated on the virtual clock, bit
-for bit, on any executor.
+run those arrivals (`SystemModel.recorded`), so a wall-clock run can be repeated on the virtual
+clock, bit for bit, on any executor.
 """
 
 from __future__ import annotations

@@ -22,8 +22,6 @@ import secrets
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import numpy as np
-
 from ..core.errors import ConfigError
 from ..core.files import open_new
 from ..core.safe_json import loads, read_text
@@ -292,6 +290,8 @@ class WandbLogger:
             })  # fmt: skip
         hist = metrics.get("system/staleness_hist")
         if hist:  # how stale the step's updates were: one histogram a server step
+            import numpy as np  # here: `compare` and `reproduce` read this module's files, no arrays
+
             counts = np.asarray(hist, dtype=np.int64)
             edges = np.arange(len(counts) + 1, dtype=np.float64)
             payload["system/staleness_hist"] = self._wandb.Histogram(np_histogram=(counts, edges))

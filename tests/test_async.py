@@ -35,7 +35,8 @@ from fl_lightning.runtime.system import SystemModel
 from fl_lightning.testing import Toy
 
 from .conftest import small
-from .run_files import assert_same_run, final_state, records
+from .run_files import assert_equal, assert_same_run, final_state, records
+from .wandb_files import read_finished_run
 
 
 def _lines(run_dir: Path) -> list[dict[str, Any]]:
@@ -91,18 +92,45 @@ def test_one_client_in_flight_with_zero_durations_is_sequential_training(tmp_pat
     assert all(x["virtual_time"] == 0.0 for x in lines)
 
 
-def test_mean_concurrency_is_m_and_staler_than_max_staleness_is_dropped_and_counted(tmp_path, data_root):
+def test_mean_concurrency_is_m_and_staler_than_max_staleness_is_dropped_and_counted(
+    tmp_path, data_root, monkeypatch
+):
+    """... and what W&B shows of it: each step's staleness histogram, the evaluation over the
+    virtual clock (`time/*`, its x-axis `system/virtual_time`)."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
     args = small(tmp_path, "runtime=serial", "fl.rounds=4", "data.train_subset=600", "fl.num_clients=6",
-                 *FEDBUFF, "system.concurrency=4", "system.buffer=1", "system.max_staleness=0")  # fmt: skip
+                 *FEDBUFF, "system.concurrency=4", "system.buffer=2", "system.max_staleness=1",
+                 "logger=wandb", "logger.mode=offline")  # fmt: skip
     _, run_dir = start_run(compose(args), console=False)
     lines = _lines(run_dir)
     assert all(x["system/in_flight"] == 4 for x in lines)  # refilled at every arrival: M = 4 throughout
-    assert all(x["system/staleness_max"] == 0 for x in lines)  # only fresh updates are kept
+    assert all(x["system/staleness_max"] <= 1 for x in lines)  # staler ones are dropped
     dropped = [x["system/dropped_stale"] for x in lines]
-    assert sum(dropped) > 0  # with 4 in flight and K = 1, most arrivals are stale
+    assert sum(dropped) > 0  # with 4 in flight and K = 2, some arrivals are 2 versions stale
     assert lines[-1]["system/dropped_stale_total"] == sum(dropped)
     times = [x["virtual_time"] for x in lines]
     assert times == sorted(times) and times[0] > 0
+    for x in lines:  # the histogram of the kept updates' staleness: their count, mean and max
+        hist = x["system/staleness_hist"]
+        assert sum(hist) == x["clients"] == 2 and len(hist) == x["system/staleness_max"] + 1
+        assert sum(t * n for t, n in enumerate(hist)) / sum(hist) == x["system/staleness_mean"]
+    assert any(x["system/staleness_hist"][-1] and len(x["system/staleness_hist"]) == 2 for x in lines)
+
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    logged = read_finished_run(path)
+    assert {m.glob_name: m.step_metric for m in logged["metrics"] if m.glob_name}["time/*"] == (
+        "system/virtual_time"
+    )
+    rows = [h for h in logged["history"] if h.get("round", 0) >= 1]
+    assert len(rows) == len(lines)
+    for h, x in zip(rows, lines, strict=True):
+        assert h["system/virtual_time"] == x["virtual_time"]
+        assert h["time/accuracy"] == h["eval/accuracy"] == x["accuracy"]
+        assert h["system/staleness_max"] == x["system/staleness_max"]  # the scheduler's, under system/
+        assert h["system/staleness_hist/_type"] == "histogram"
+        counts, bins = h["system/staleness_hist/values"], h["system/staleness_hist/bins"]
+        assert counts == x["system/staleness_hist"] and bins == list(range(len(counts) + 1))
+        assert not [k for k in h if k.startswith(("eval/system", "time/system"))]
 
 
 def test_a_zero_weight_update_leaves_the_model_unchanged():
@@ -230,6 +258,9 @@ def test_fedasync_server_updates_over_scripted_arrivals_written_out():
             ["system.mode=fedbuff", "system.buffer=2", "aggregator.steps=[secagg_plus]"],
             "use system.mode=sync",
         ),
+        (["system.clock=wall"], "runtime=serial trains one client at a time"),
+        (["system.clock=wall", "system.seconds_per_example=0.01"], "system.clock=wall measures"),
+        (["system.replay=nosuch/arrivals.jsonl"], "system.replay: cannot read"),
     ],
 )
 def test_a_setting_the_run_cannot_take_is_one_line_before_any_work(tmp_path, data_root, extra, says):
@@ -281,6 +312,34 @@ def test_fedbuff_and_a_deadline_give_the_same_numbers_serial_and_on_ray(tmp_path
                          console=False)  # fmt: skip
         assert_same_run(s, r, stateful=False)
         assert [x["virtual_time"] for x in _lines(s)] == [x["virtual_time"] for x in _lines(r)]
+
+    # the wall clock: updates taken as Ray's workers finish them, each arrival recorded; the
+    # recording replayed on the virtual clock (serial) is the same run, the clock included
+    for name, extra in (
+        (
+            "wall_fedbuff",
+            ["method=fedavgm", "system.mode=fedbuff", "system.concurrency=3", "system.buffer=2"],
+        ),
+        ("wall_sync", ["fl.clients_per_round=2", "system.over_select=2"]),  # the first 2 of 4 to finish
+    ):
+        args = small(tmp_path / name, "fl.rounds=3", "data.train_subset=600", "runtime.threads_per_client=1",
+                     *extra)  # fmt: skip
+        wall = ["runtime=ray", "runtime.placement=per_client", "system.clock=wall", "run_id=wall"]
+        _, w = start_run(compose([*args, *wall]), console=False)
+        got = [json.loads(x) for x in (w / "arrivals.jsonl").read_text().splitlines()]
+        assert [a["arrival"] for a in got] == sorted({a["arrival"] for a in got})  # in the order taken
+        assert all(a["arrival"] > a["start"] >= 0 for a in got)
+        lines = _lines(w)
+        assert [x["virtual_time"] for x in lines] == sorted(x["virtual_time"] for x in lines)
+        if name == "wall_sync":  # every client of a round arrives; the first two are kept
+            assert len(got) == 12 and [x["system/dropped_over_selected"] for x in lines] == [2.0] * 3
+        replay = ["runtime=serial", f"system.replay={w / 'arrivals.jsonl'}", "run_id=replay"]
+        _, r = start_run(compose([*args, *replay]), console=False)
+        assert records(w) == records(r)
+        assert [x["virtual_time"] for x in lines] == [x["virtual_time"] for x in _lines(r)]
+        (sw, _), (sr, _) = final_state(w), final_state(r)
+        for field in sw["fields"].keys() - {"schedule"}:  # in flight at the end: never arrived there
+            assert_equal(sw["fields"][field], sr["fields"][field], field)
 
 
 @pytest.mark.slow

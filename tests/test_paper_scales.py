@@ -48,6 +48,10 @@ def small(paper: str, root: Path) -> list[str]:
         # 48 images (8 shots of 6 classes) over the scale's 10 clients (Dirichlet 0.1)
         "promptfl": [f"model.arch={root / 'weights' / (TINY_CLIP_ARCH + '.json')}", "data.min_size=1",
                      "data.image_size=32"],
+        # 3 clients, 2 in flight and a step on each arrival; FedAsync's every-100th-step evaluation
+        # at its one step
+        "fedbuff": ["fl.num_clients=3", "fl.clients_per_round=2", "system.concurrency=2", "system.buffer=1",
+                    "data.min_size=2", "eval.every=1"],
         # 6 classes: 3 base in blocks of 2 (round(3/2) = 2 clients, the scale's)
         "fedtpg": [f"model.arch={root / 'weights' / (TINY_CLIP_ARCH + '.json')}", "data.classes_per_client=2",
                    "data.image_size=32"],
@@ -113,6 +117,7 @@ SUITE_ROWS = {
     "fedtpg": ["zeroshot", "fedcoop", "fedtpg"],
     "promptfl": ["zeroshot", "promptfl", "central"],
     "dp_fedavg": ["eps2", "eps2_adaptive", "no_dp"],
+    "fedbuff": ["fedavg", "fedbuff", "fedasync"],
 }
 #: what makes two rows different settings rather than one setting with other method keys
 SETTING_KEYS = ("method", "model", "data", "+experiment", "text", "text.arch", "data.partition")
@@ -226,6 +231,7 @@ DATASETS = {
     "fedtpg": ["Caltech101 not found"],
     "promptfl": ["Caltech101 not found"],
     "dp_fedavg": ["CIFAR-10 not found"],
+    "fedbuff": ["CIFAR-10 not found"],
 }
 
 

@@ -740,6 +740,72 @@ def test_holm_majority_reference_and_exploratory_claims_by_hand(tmp_path):
     assert "- **Multiplicity**: not declared in the claims file" in report
 
 
+TIMED = """
+title: timed
+citation: a claim of speed on the virtual clock
+stat: time_to_reach
+multiplicity: none
+scales:
+  mini:
+    overrides: [data=fmnist]
+    seeds: [0, 1, 2, 3]
+    reach: 0.6
+    needs: nothing
+rows:
+  fast: {label: fast, overrides: [method=fedavg]}
+  slow: {label: slow, overrides: [method=fedavg]}
+claims:
+  - {id: fast_slow, text: fast reaches 60% first, row: fast, baseline: slow, metric: accuracy,
+     direction: lower}
+  - {id: fast_slow_final, text: fast ends higher, row: fast, baseline: slow, metric: accuracy, stat: final}
+"""
+
+
+def test_time_to_reach_is_the_virtual_time_of_the_first_step_at_the_level_by_hand(tmp_path):
+    """`stat: time_to_reach`: each run's value is the `virtual_time` of its first evaluated
+    step at the scale's `reach` (a step without an evaluation, or below it, does not count);
+    the paired differences and the t-test are those of these times, lower is better; a run
+    that never reaches the level drops out of the pairs and the report says which; a claim of
+    speed without a `reach` is refused."""
+    from scipy.stats import ttest_rel
+
+    from fl_lightning.tracking.reproduce import build_report
+
+    # per seed: (virtual_time, accuracy or None: not evaluated) of each step
+    curves = {
+        "fast": [[(0.5, 0.4), (1.0, None), (1.5, 0.61), (2.0, 0.65)], [(0.4, 0.62), (0.8, 0.7)],
+                 [(0.7, 0.5), (1.4, 0.6)], [(0.6, 0.3), (1.2, 0.59)]],
+        "slow": [[(2.0, 0.5), (4.0, 0.6)], [(2.5, 0.59), (3.5, 0.66)], [(3.0, 0.64)],
+                 [(3.5, 0.55), (7.0, 0.61)]],
+    }  # fmt: skip
+    runs = tmp_path / "runs"
+    for row, seeds in curves.items():
+        for seed, steps in enumerate(seeds):
+            d = runs / f"{row}_s{seed}"
+            d.mkdir(parents=True)
+            lines = [{"round": i + 1, "virtual_time": t, **({} if a is None else {"accuracy": a})}
+                     for i, (t, a) in enumerate(steps)]  # fmt: skip
+            (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+            (d / "summary.json").write_text(
+                json.dumps({"status": "completed", "rounds_completed": len(lines)})
+            )
+    (tmp_path / "timed.yaml").write_text(TIMED)
+    report, numbers = build_report(load_spec(tmp_path / "timed.yaml"), "mini", runs, [0, 1, 2, 3], "cmd")
+    got = {c["id"]: c for c in numbers["claims"]}
+    fast, slow = [1.5, 0.4, 1.4], [4.0, 3.5, 3.0]  # seeds 0-2; seed 3's fast run never reaches 0.6
+    assert got["fast_slow"]["seeds"] == [0, 1, 2] and got["fast_slow"]["stat"] == "time_to_reach"
+    assert got["fast_slow"]["diffs"] == pytest.approx([a - b for a, b in zip(fast, slow, strict=True)])
+    assert got["fast_slow"]["p"] == pytest.approx(ttest_rel(fast, slow).pvalue, rel=1e-9)
+    assert got["fast_slow"]["verdict"] == "supported"  # every difference negative, as claimed
+    assert "fast never reached 0.6 (seed 3)" in report
+    assert "| virtual time (s) to reach accuracy 0.6 | fast − slow |" in report
+    assert got["fast_slow_final"]["seeds"] == [0, 1, 2, 3] and got["fast_slow_final"]["stat"] == "final"
+    assert numbers["rows"]["fast"]["accuracy"]["time_to_reach"] == {0: 1.5, 1: 0.4, 2: 1.4}
+    (tmp_path / "blind.yaml").write_text(TIMED.replace("    reach: 0.6\n", ""))
+    with pytest.raises(ConfigError, match="stat time_to_reach needs scales.mini.reach"):
+        load_spec(tmp_path / "blind.yaml")
+
+
 def test_provenance_start_times_amendments_and_runs_made_twice(tmp_path):
     """In a real git repository: annotations committed after the runs (a note, a multiplicity
     rule, the statistic every claim already used) keep them pre-registered against the commit

@@ -53,8 +53,10 @@ def test_sweep_over_method_tau_names_runs_by_tau_with_sectioned_metrics(tmp_path
         assert logged["summary"]["eval/final_accuracy"] == summary["final_accuracy"]
         assert "method" not in logged["summary"] and logged["summary"]["status"] == "completed"
         assert {m.glob_name: m.step_metric for m in logged["metrics"] if m.glob_name} == {
-            f"{s}/*": "round" for s in WANDB_SECTIONS
+            **{f"{s}/*": "round" for s in WANDB_SECTIONS},
+            "time/*": "system/virtual_time",
         }
+        assert not [k for k in h if k.startswith("time/")]  # no clock (system=): nothing over time
     assert seen == {0.1, 0.5}
     capsys.readouterr()
     assert main(["compare", str(exp), "--by", "variant", "--no-plots"]) == 0

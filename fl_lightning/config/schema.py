@@ -261,7 +261,11 @@ class SystemConfig:
     its speed factor (drawn once per run: `speed`) × a noise factor (`noise`, mean 1)."""
 
     mode: Literal["sync", "fedbuff", "fedasync"] = "sync"
-    clock: Literal["virtual"] = "virtual"
+    #: virtual: arrivals ordered by the modelled durations (reproducible); wall (runtime=ray):
+    #: in the order Ray's workers finish, each recorded in the run's `arrivals.jsonl`
+    clock: Literal["virtual", "wall"] = "virtual"
+    #: a wall-clock run's `arrivals.jsonl`: its arrivals replayed on the virtual clock (null: none)
+    replay: str | None = None
     seconds_per_example: float = 0.0  # 0: every client takes no time
     #: per-client speed factor: none (1), tiers (uniformly one of `tiers`), lognormal
     #: (exp N(0, sigma²)), trace (a file of per-client durations in seconds, one a line)
@@ -305,6 +309,17 @@ class SystemConfig:
         if self.mode == "fedbuff" and self.buffer > self.concurrency:
             raise ConfigError(
                 f"system.buffer (K={self.buffer}) must be <= system.concurrency (M={self.concurrency})"
+            )
+        modelled = self.seconds_per_example > 0 or self.speed != "none" or self.noise != "constant"
+        if (self.clock == "wall" or self.replay) and modelled:
+            given = "system.clock=wall measures" if self.clock == "wall" else "system.replay gives"
+            raise ConfigError(
+                f"{given} each update's duration: system.seconds_per_example, speed and noise model it "
+                "on the virtual clock; leave them unset"
+            )
+        if self.clock == "wall" and self.replay:
+            raise ConfigError(
+                "system.replay replays a wall-clock run on the virtual clock: set system.clock=virtual"
             )
         if self.mode != "sync" and (self.deadline is not None or self.over_select != 1.0):
             raise ConfigError(

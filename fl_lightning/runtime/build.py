@@ -42,6 +42,7 @@ from ..models.ctran import pretrained_loaded
 from ..models.weights import MODEL_GENERIC_KEYS, load_trunk
 from .host import ClientSpec, build_objective, precision_of
 from .placement import Placement, local_resources, placement_for
+from .system import read_arrivals
 
 
 @dataclass
@@ -338,6 +339,14 @@ def check_system(cfg: RootConfig, strategy: Strategy[Any, Any, Any]) -> None:
     a method's server step must work on the chain's mean alone (FedAvg, FedProx, FedAvgM,
     FedAdam, FedGLCL, PromptFL, ...), not on a whole round of its clients."""
     s, fl = cfg.system, cfg.fl
+    if s.clock == "wall" and cfg.runtime.executor != "ray":
+        raise ConfigError(
+            "system.clock=wall takes updates in the order Ray's workers finish them; runtime=serial trains "
+            "one client at a time, in the order submitted (no order to measure): use runtime=ray, or "
+            "system.replay=<a wall-clock run's arrivals.jsonl> to repeat one here"
+        )
+    if s.replay:
+        read_arrivals(str(s.replay))  # a file that cannot be replayed: one line, before any work
     if s.over_select != 1.0 and fl.fraction_range is not None:
         raise ConfigError(
             "system.over_select keeps the first K of a fixed cohort: set fl.clients_per_round, "

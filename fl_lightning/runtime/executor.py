@@ -13,7 +13,7 @@ it back on resume.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from ..core.bn_stats import BNStats
@@ -36,6 +36,11 @@ class Executor(Protocol):
 
     def take(self, handle: Any) -> ClientUpdate:
         """The update of a submitted fit, once it is done (each handle is taken once)."""
+        ...
+
+    def first(self, handles: Sequence[Any]) -> int:
+        """The index in `handles` of a fit that is done, waiting for the first to finish
+        (`system.clock=wall`: arrivals in the order they happen)."""
         ...
 
     def evaluate(self, plan: RoundPlan) -> Iterator[ClientEval]: ...
@@ -77,6 +82,11 @@ class SerialExecutor:
     def take(self, handle: Any) -> ClientUpdate:
         update: ClientUpdate = handle
         return update
+
+    def first(self, handles: Sequence[Any]) -> int:
+        # each fit ran when it was submitted: the first submitted is the first done (no order
+        # to measure: `system.clock=wall` is refused on this executor)
+        return 0
 
     def evaluate(self, plan: RoundPlan) -> Iterator[ClientEval]:
         for payload in plan.payloads:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -201,6 +201,13 @@ class RayExecutor:
                 del self._broadcasts[next(iter(self._broadcasts))]
         actor = self._actor_of(payload)
         return (payload, broadcast, 0, actor.fit.remote(self._broadcasts[key][1], payload), actor)
+
+    def first(self, handles: Sequence[Any]) -> int:
+        """The index of a submitted fit that is done (or failed: `take` retries it), waiting for
+        the first of them to finish."""
+        refs = [h[3] for h in handles]
+        done, _ = ray.wait(refs, num_returns=1)
+        return refs.index(done[0])
 
     def take(self, handle: Any) -> Any:
         """The update of a submitted fit; a failed one is retried once (on a fresh actor if its

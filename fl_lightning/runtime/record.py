@@ -5,7 +5,8 @@ The loop fills the training part (clients, their metrics, bytes, times), then `s
 `line()` gives the JSON object written, in this order:
 
     round, train_loss, clients, clients_failed, clients_retried, [client_failures],
-    client/<k> (training, sample-weighted), server/<k>, privacy/<k> (ε after the round, δ, σ, C),
+    client/<k> (training, sample-weighted), server/<k>, virtual_time, system/<k> (the scheduler's;
+    [system/staleness_hist]), privacy/<k> (ε after the round, δ, σ, C),
     <global evaluation: accuracy, loss, ...>,
     client_<m> (evaluation on the clients' own test splits, over those clients that have test
     images; client_majority_accuracy: its reference), clients_evaluated (those clients),
@@ -58,6 +59,9 @@ class RoundRecord:
     #: the virtual clock when the round's server step ran (`runtime/system.py`; 0 on no system model)
     virtual_time: float = 0.0
     system: dict[str, float] = dataclasses.field(default_factory=dict)  # `system/<k>`: the scheduler's
+    #: `system/staleness_hist`: how many of the step's updates had staleness 0, 1, 2, ...
+    #: (asynchronous modes; left out when empty)
+    staleness_hist: list[int] = dataclasses.field(default_factory=list)
     privacy: dict[str, float] = dataclasses.field(default_factory=dict)  # `privacy/<k>`: ε after the round
     evaluation: dict[str, float] = dataclasses.field(default_factory=dict)  # the global model's
     client_evaluation: dict[str, float] = dataclasses.field(default_factory=dict)  # client_<m>, ...
@@ -122,6 +126,8 @@ class RoundRecord:
         out.update({f"server/{k}": v for k, v in self.server.items()})
         out["virtual_time"] = self.virtual_time
         out.update({f"system/{k}": v for k, v in self.system.items()})
+        if self.staleness_hist:
+            out["system/staleness_hist"] = list(self.staleness_hist)
         out.update({f"privacy/{k}": v for k, v in self.privacy.items()})
         out.update(self.evaluation)
         out.update(self.client_evaluation)
@@ -143,6 +149,8 @@ class RoundRecord:
         for k, v in line.items():
             if k in known and k != "round":
                 setattr(rec, k, v)
+            elif k == "system/staleness_hist":
+                rec.staleness_hist = [int(c) for c in v]
             elif k.startswith("client/"):
                 rec.client[k.removeprefix("client/")] = v
             elif k.startswith("server/"):

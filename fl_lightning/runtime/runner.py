@@ -140,7 +140,7 @@ def run_rounds(
             record = RoundRecord.of_fit(
                 rnd, plan, updates, executor.failures[failed:], executor.retries[retried:]
             )
-            record.system = got.system
+            record.system, record.staleness_hist = got.system, got.staleness_hist
             finite_losses(record, updates)
             callbacks.on_updates(record, updates)
             t1 = time.perf_counter()
@@ -279,7 +279,7 @@ class Run:
                 callbacks.on_line(record)
             self.startup_s = clock.start() - self.started_at
             last, seed = int(cfg.fl.rounds), int(cfg.seed)
-            sched = scheduler_for(p)
+            sched = scheduler_for(p, run_dir)
             ex = workers.executor
             try:
                 run_rounds(state, last, p.strategy, ex, seed, self.context, steps, callbacks, clock, sched)

@@ -8,7 +8,9 @@ grouped by experiment, with the variant as its job type and tagged by method, da
 partition and seed, so the W&B UI can group by variant and average seeds without extra work.
 The config is sent flat (`optim.lr`, `data.partition`) for W&B's filters; the numbers go
 under sections (`WANDB_KEYS`: train/, eval/, server/, system/), each once, with `round` the
-x-axis of every chart. `sync_offline` uploads the offline runs of a runs folder.
+x-axis of every chart; a run with a virtual clock (`system=`) also sends its evaluation under
+time/, charted over `virtual_time`, and each asynchronous step's staleness histogram.
+`sync_offline` uploads the offline runs of a runs folder.
 """
 
 from __future__ import annotations
@@ -111,6 +113,10 @@ def flat_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 #: global evaluation's metrics (each task names its own: accuracy, loss, c_ap, many_accuracy).
 WANDB_KEYS: tuple[tuple[str, str | None], ...] = (
     ("round", "round"),
+    # the virtual clock (docs/async.md): the x-axis of `time/*`; the scheduler's numbers
+    # (staleness, dropped updates, clients in flight)
+    ("virtual_time", "system/virtual_time"),
+    ("system/*", "system/*"),
     # local training on the sampled clients (client/<k>: sample-weighted)
     ("client/train_loss", None),  # = train_loss
     ("train_loss", "train/loss"),
@@ -151,6 +157,10 @@ WANDB_KEYS: tuple[tuple[str, str | None], ...] = (
 )  # fmt: skip
 #: the sections of `WANDB_KEYS`: each charted over `round`
 WANDB_SECTIONS = ("train", "eval", "server", "privacy", "system", "partition")
+#: the global evaluation's metrics again, charted over `system/virtual_time`, in runs whose clock runs
+#: (`system=`): methods compared at equal virtual time, beside `eval/*` over rounds (a round is
+#: a server step, whose time differs between synchronous and asynchronous modes)
+TIME_SECTION = "time"
 
 
 def wandb_key(key: str) -> str | None:
@@ -260,6 +270,7 @@ class WandbLogger:
         self.run.define_metric("round")
         for section in WANDB_SECTIONS:
             self.run.define_metric(f"{section}/*", step_metric="round")
+        self.run.define_metric(f"{TIME_SECTION}/*", step_metric="system/virtual_time")
         self._failures: list[list[Any]] = []  # [round, cause] of every client failure and retry
 
     def log_config(self, config: dict[str, Any]) -> None:
@@ -272,6 +283,18 @@ class WandbLogger:
             name: v for k, v in metrics.items() if isinstance(v, (int, float)) and (name := wandb_key(k))
         }
         payload["round"] = int(rnd)
+        if metrics.get("virtual_time"):  # a run with a clock: its evaluation over virtual time too
+            payload.update({
+                f"{TIME_SECTION}/{k}": v for k, v in metrics.items()
+                if isinstance(v, (int, float)) and wandb_key(k) == f"eval/{k}" and not k.startswith("client")
+            })  # fmt: skip
+        hist = metrics.get("system/staleness_hist")
+        if hist:  # how stale the step's updates were: one histogram a server step
+            import numpy as np  # here: `compare` and `reproduce` read this module's files, no arrays
+
+            counts = np.asarray(hist, dtype=np.int64)
+            edges = np.arange(len(counts) + 1, dtype=np.float64)
+            payload["system/staleness_hist"] = self._wandb.Histogram(np_histogram=(counts, edges))
         causes = metrics.get("client_failures") or []
         if causes:
             self._failures += [[int(rnd), str(c)] for c in causes]

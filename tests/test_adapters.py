@@ -402,12 +402,21 @@ def test_ffa_lora_under_the_dp_chain_resumes_exactly_and_ray_matches_serial(
 def test_adapter_model_and_methods_refuse_each_other_and_batched_in_one_line(capsys, tmp_path):
     from fl_lightning.cli.main import main
 
+    from .paper_fixtures import sst2 as write_sst2
+
     buff = ["system.concurrency=2", "fl.num_clients=4"]
     sgd = ["runtime.batched=2", "optim.name=sgd"]
+    text = tmp_path.parent / f"{tmp_path.name}_sst2"  # beside the output folder, which stays empty
+    write_sst2(text)
+    sst2 = ["data=sst2", f"data.root={text}"]
     for args, says in (
         (["method=fedavg", "model=clip_lora"], "model=clip_lora is trained by method="),
         (["method=promptfl", "model=clip_lora"], "use model=clip_prompt"),
         (["method=fedit", "model=cnn"], "method=fedit trains LoRA adapters: use model=clip_lora"),
+        # the text classifier (models/hf_lora.py) on sentences only, and sentences to it only
+        (["method=ffa_lora", "model=hf_lora"], "model=hf_lora classifies sentences: use a text dataset"),
+        (["method=fedit", *sst2], "method=fedit on data=sst2 (sentences) trains model=hf_lora"),
+        (["method=fedit", "model=hf_lora", *sst2, *sgd], "runtime.batched=2: the model has dropout"),
         (["method=flora", "aggregator.steps=[clip_l2,uniform,gaussian]"], "flora"),
         # the asynchronous modes weigh stale updates in the chain, which FLoRA and HetLoRA skip
         (

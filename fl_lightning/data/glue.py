@@ -29,6 +29,8 @@ import numpy as np
 from ..core.errors import ConfigError
 from .registry import DATASETS, ArrayDataset, DatasetEntry
 
+#: the datasets of sentences (bytes, not pixels): only a model that tokenizes them takes them
+TEXT_DATASETS = ("sst2",)
 SST2_DIR = "SST-2"
 SST2_URL = "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip"
 SST2_CLASSES = ("negative", "positive")

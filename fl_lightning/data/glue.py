@@ -10,7 +10,7 @@ report).
 
 The pipeline carries uint8 arrays [N, C, H, W]; a sentence travels as its UTF-8 bytes, zero-padded,
 [N, 1, 1, L] (L: the longest sentence, at most `MAX_BYTES`), with mean 0 and std 1/255 so a
-model sees the byte values themselves (`decode_bytes`); the model tokenizes them with its own
+model sees the byte values themselves (`core/sentences.py`); the model tokenizes them with its own
 tokenizer (`models/hf_lora.py`). Partitioning (IID, Dirichlet over the labels) is the images'.
 """
 
@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import ConfigError
+from ..core.sentences import BYTE_MEAN, BYTE_STD, encode_sentences
 from .registry import DATASETS, ArrayDataset, DatasetEntry
 
 #: the datasets of sentences (bytes, not pixels): only a model that tokenizes them takes them
@@ -34,24 +35,6 @@ TEXT_DATASETS = ("sst2",)
 SST2_DIR = "SST-2"
 SST2_URL = "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip"
 SST2_CLASSES = ("negative", "positive")
-#: a sentence's bytes kept (SST-2's longest is 268): a model's tokenizer truncates anyway
-MAX_BYTES = 512
-#: mean and std that make `ArrayDataset.tensors` hand the byte values through: (b/255 - 0)·255
-BYTE_MEAN, BYTE_STD = 0.0, 1.0 / 255.0
-
-
-def encode_sentences(sentences: list[str], max_bytes: int = MAX_BYTES) -> np.ndarray:
-    """uint8 [N, 1, 1, L]: each sentence's UTF-8 bytes, zero-padded (no sentence holds a NUL)."""
-    raw = [s.encode("utf-8")[:max_bytes] for s in sentences]
-    out = np.zeros((len(raw), 1, 1, max((len(r) for r in raw), default=1) or 1), dtype=np.uint8)
-    for i, r in enumerate(raw):
-        out[i, 0, 0, : len(r)] = np.frombuffer(r, dtype=np.uint8)
-    return out
-
-
-def decode_bytes(x: np.ndarray) -> list[str]:
-    """The sentences of byte rows [N, L] (integers 0-255; zeros pad)."""
-    return [bytes(int(b) for b in row if b).decode("utf-8", errors="ignore") for row in x]
 
 
 def _sst2_where(root: str) -> str:

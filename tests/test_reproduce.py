@@ -319,14 +319,12 @@ def test_statistics_and_chance_recomputed_from_committed_runs():
 
 
 #: claims files without a paper scale yet, each with its reason where it is asserted
-MINI_ONLY = {"adapters"}
+MINI_ONLY: set[str] = set()
 
 
 @pytest.mark.parametrize("paper", sorted(p.stem for p in (conf_dir() / "reproduce").glob("*.yaml")))
 def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
     spec = load_spec(conf_dir() / "reproduce" / f"{paper}.yaml")
-    # the adapters' source papers (FFA-LoRA, FLoRA) fine-tune language models on text tasks,
-    # which no CLIP adapter run reproduces: issue 58 keeps that paper scale open
     assert set(spec.scales) == ({"mini"} if paper in MINI_ONLY else {"mini", "paper"})
     for name, scale in spec.scales.items():
         assert scale.needs, f"{paper} {name}: say what data or weights it needs"

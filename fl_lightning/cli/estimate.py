@@ -42,6 +42,7 @@ SHAPES: dict[str, tuple[int, int, int]] = {
     "cifar10": (3, 32, 50000), "cifar100": (3, 32, 50000), "cifar10_lt": (3, 32, 50000),
     "cifar100_lt": (3, 32, 50000), "flair": (3, 256, 345000),  # FLAIR: ~345k (docs/data.md)
     "tiny_imagenet": (3, 64, 100000), "fmnist_multilabel": (1, 56, 60000),
+    "sst2": (1, 1, 67349),  # GLUE's SST-2 training sentences (as bytes: data/glue.py)
     "voc2007": (3, 128, 5011), "coco": (3, 128, 82081),  # VOC 2007 trainval; COCO train2014 (annotated)
     "office_caltech": (3, 256, 2533),  # all four domains (958 + 1,123 + 157 + 295): the split trains on part
     # DomainNet's 10-class subset, six domains (FedGLCL's Table 7: 2,103 + 2,626 + 2,472 + 4,000 +

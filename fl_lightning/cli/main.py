@@ -115,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     cfg.add_argument("overrides", nargs="*")
     sub.add_parser("list", help="list registered methods, datasets, models, ...")
     fetch = sub.add_parser("fetch", help="download a dataset into the data root")
-    fetch.add_argument("dataset", choices=["fmnist", "fmnist_digits20"])
+    fetch.add_argument("dataset", choices=["fmnist", "fmnist_digits20", "sst2"])
     fetch.add_argument("--root", default=None, help="data root (default: data.root of the config)")
     part = sub.add_parser(
         "partition", help="print and plot the client split a run would use, without training"
@@ -161,6 +161,13 @@ def _cmd_fetch(dataset: str, root: str | None) -> None:
     from ..data.fmnist_digits20 import fetch as fetch_digits20
 
     root = root or compose([f"data={dataset}"]).data.root
+    if dataset == "sst2":  # GLUE's zip (data/glue.py)
+        from ..data.glue import fetch_sst2
+
+        Path(root).expanduser().mkdir(parents=True, exist_ok=True)
+        fetch_sst2(str(Path(root).expanduser()))
+        print(Path(root).expanduser() / "SST-2")
+        return
     get = fetch_digits20 if dataset == "fmnist_digits20" else fetch_fmnist
     print(get(root, log=lambda m: print(m, file=sys.stderr)))
 

@@ -6,4 +6,14 @@ imported first. The loaders need numpy only (torch, torchvision, PIL and h5py ar
 when a dataset is loaded).
 """
 
-from . import coop, datasets, fmnist_digits20, folders, frozen_features, multilabel, standins, themed_mosaics  # noqa: F401  (register)
+from . import (  # noqa: F401  (register)
+    coop,
+    datasets,
+    fmnist_digits20,
+    folders,
+    frozen_features,
+    glue,
+    multilabel,
+    standins,
+    themed_mosaics,
+)

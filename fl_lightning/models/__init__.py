@@ -121,4 +121,4 @@ def feature_dim_key(name: str) -> str | None:
     return next((k for k in ("feature_dim", "hidden") if k in params), None)
 
 
-from . import backbones, clip_lora, clip_prompt, cnn, ctran, efficientnet, htfe, mlp, resnet8, tiles  # noqa: E402,F401  (register the models)
+from . import backbones, clip_lora, clip_prompt, cnn, ctran, efficientnet, hf_lora, htfe, mlp, resnet8, tiles  # noqa: E402,F401  (register the models)

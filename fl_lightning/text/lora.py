@@ -33,6 +33,35 @@ def is_adapter_key(key: str) -> bool:
     return any(m in key for m in ADAPTER_MARKS)
 
 
+def inject_lora(
+    model: nn.Module,
+    rank: int,
+    alpha: float,
+    target_modules: Sequence[str],
+    seed: int,
+    what: str,
+    dropout: float = 0.0,
+) -> None:
+    """peft's LoRA (B = 0, A from its Kaiming-uniform draw seeded by `seed`: the same wherever
+    the model is built) on `model`'s modules named `target_modules`, in place; a ConfigError
+    naming `what` when none matches."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    config = LoraConfig(  # (peft annotates lora_alpha int; its scaling alpha / r takes a float)
+        r=int(rank),
+        lora_alpha=float(alpha),  # type: ignore[arg-type]
+        lora_dropout=float(dropout),
+        target_modules=list(target_modules),
+        bias="none",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # A's init: the same wherever the model is built
+        try:
+            inject_adapter_in_model(config, model)
+        except ValueError as e:  # peft: no module matched
+            raise ConfigError(f"{what} target_modules={list(target_modules)}: {e}") from None
+
+
 class LoRATextTower(nn.Module):
     """A frozen Hugging Face sentence encoder with peft LoRA adapters on its attention
     projections, and the token ids of the prompts it encodes (the classes' text)."""
@@ -50,8 +79,6 @@ class LoRATextTower(nn.Module):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        from peft import LoraConfig, inject_adapter_in_model
-
         from . import build_text_encoder
         from .encoders import HFTextEncoder
 
@@ -67,19 +94,7 @@ class LoRATextTower(nn.Module):
         self.encoder = build_text_encoder({**text, "device": "cpu"})
         assert isinstance(self.encoder, HFTextEncoder)
         self.rank, self.alpha = int(rank), float(alpha)
-        config = LoraConfig(  # (peft annotates lora_alpha int; its scaling alpha / r takes a float)
-            r=self.rank,
-            lora_alpha=self.alpha,  # type: ignore[arg-type]
-            lora_dropout=0.0,
-            target_modules=list(target_modules),
-            bias="none",
-        )
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)  # A's init: the same wherever the tower is built
-            try:
-                inject_adapter_in_model(config, self.encoder.model)
-            except ValueError as e:  # peft: no module matched
-                raise ConfigError(f"text LoRA target_modules={list(target_modules)}: {e}") from None
+        inject_lora(self.encoder.model, self.rank, self.alpha, target_modules, seed, "text LoRA")
         for n, p in self.named_parameters():
             p.requires_grad_(is_adapter_key(n))
         ids, mask = self.encoder.tokenize(list(prompts))

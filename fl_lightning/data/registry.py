@@ -28,7 +28,7 @@ from ..core.registry import Registry
 if TYPE_CHECKING:
     import torch
 
-    from ..config import DataConfig
+    from ..core.run_config import DataConfig
 
 
 def text_name(raw: str) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..config import RootConfig, to_yaml
+from ..core.aggregation import Summed
 from ..core.errors import DivergedError, StoppedAfterCompletion
 from ..core.files import open_new
 from ..core.messages import RoundPlan, ServerState
@@ -70,6 +71,7 @@ from .record import RoundRecord
 from .scheduler import Scheduler, Synchronous, scheduler_for, virtual_time
 from .session import Session, Workers
 from .summary import run_summary
+from .summing import SummingExecutor, sums_on_arrival
 
 log = logging.getLogger("fl_lightning")
 
@@ -87,6 +89,10 @@ class RoundSteps:
     #: privacy=dp_fedavg: the budget stop before each round and ε after it (the noise is the
     #: aggregation chain's); None: no privacy
     privacy: PrivacyPlan | None = None
+    #: add each update to the aggregation chain's running sum as it arrives and drop its params
+    #: where the method allows it (`summing.py`): the driver holds one sum, not the round's
+    #: updates. False: every update kept whole (the testing kit's golden tests read them).
+    sum_on_arrival: bool = True
 
 
 def run_rounds(
@@ -123,15 +129,21 @@ def run_rounds(
                 steps.privacy.check_budget(rnd, privacy_memory(state))  # (and σ is the rounds' so far)
             t0 = time.perf_counter()
             # 1. configure, 2. fit: the scheduler's updates for this step, in client-id order
+            # (each added to the chain's running sum as it arrives, where the method allows it)
             failed, retried = len(executor.failures), len(executor.retries)
-            got = scheduler.collect(state, rnd, executor, configure)
+            ctx = context(rnd)
+            if steps.sum_on_arrival and sums_on_arrival(strategy, scheduler, state):
+                summed = Summed(strategy.aggregator, strategy.aggregator.start(state, ctx))
+                got = scheduler.collect(state, rnd, SummingExecutor(executor, summed, ctx), configure)
+                ctx = dataclasses.replace(ctx, summed=summed)
+            else:
+                got = scheduler.collect(state, rnd, executor, configure)
             plan, updates = got.plan, got.updates
             if rnd not in started:  # an asynchronous step: the clients it took, once they are known
                 callbacks.on_round_start(plan)
             tf = time.perf_counter()
             # the clients' last act before anything of the server's reads their updates
             # (secure aggregation masks them here: core/secagg.py)
-            ctx = context(rnd)
             if got.staleness:
                 ctx = dataclasses.replace(ctx, staleness=got.staleness)
             updates = strategy.aggregator.upload(state, updates, ctx)

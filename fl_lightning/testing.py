@@ -49,11 +49,12 @@ from .data.federated import FederatedSplit
 from .data.registry import ArrayDataset, load_dataset
 from .methods import METHODS
 from .models import MODELS, build_client_model
-from .runtime.callbacks import Callback, ClientEval, GlobalEval, WallClock
+from .runtime.callbacks import Callback
 from .runtime.executor import SerialExecutor
 from .runtime.host import ClientHost, ClientSpec, build_objective, torch_threads
 from .runtime.record import RoundRecord
 from .runtime.runner import Prepared, RoundSteps, run_rounds
+from .runtime.steps import ClientEval, GlobalEval, WallClock
 
 __all__ = [
     "BS", "EPS32", "LR", "MOM", "SIZES3", "Rounds", "Sampler", "Toy", "cast", "ce", "check", "client_data",

@@ -77,9 +77,11 @@ def test_the_model_holds_only_the_prompt_and_a_phrase_reproduces_the_handwritten
         64,
     )
     text_keys = {"prompt.encoder." + k for k in shared.prompt.encoder.state_dict()}
-    assert text_keys and {k for k, r in roles.items() if r == "frozen"} == {
-        "visual." + k for k in shared.visual.state_dict()
-    } | text_keys
+    assert (
+        text_keys
+        and {k for k, r in roles.items() if r == "frozen"}
+        == {"visual." + k for k in shared.visual.state_dict()} | text_keys
+    )
     assert set(obj.model_state()) == set(obj.shared_params()) == {"prompt.ctx"} and not obj.personal_params()
     trainable = [n for n, p in csc.named_parameters() if p.requires_grad]
     assert trainable == ["prompt.ctx"] and csc.prompt.ctx.shape == (10, 4, 64)
@@ -371,8 +373,7 @@ def test_the_global_evaluation_keeps_the_test_images_features(clip_file, tmp_pat
     images; with `model.cache_features=false` it keeps nothing."""
     from fl_lightning.core.objective import evaluate
     from fl_lightning.runtime.build import prepare
-    from fl_lightning.runtime.callbacks.base import WallClock
-    from fl_lightning.runtime.callbacks.evaluation import GlobalEval
+    from fl_lightning.runtime.steps import GlobalEval, WallClock
 
     args = [*TINY, "method=promptfl", f"model.pretrained={clip_file}", "runtime=serial"]
     for cache in (True, False):

@@ -82,7 +82,7 @@ def work_plan(
             for epochs, local_steps in phases:
                 batches = fit_batches(train_sizes[cid], bs, epochs, local_steps)
                 steps, images = steps + len(batches), images + sum(batches)
-        if rnd % int(cfg.eval.every) == 0 or rnd == rounds:  # as callbacks/evaluation.py evaluates
+        if rnd % int(cfg.eval.every) == 0 or rnd == rounds:  # as steps/evaluation.py evaluates
             evaluated += test_images + (sum(test_sizes) if cfg.eval.clients else 0)
     return WorkPlan(fits, steps, images, evaluated)
 

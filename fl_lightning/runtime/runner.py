@@ -1,7 +1,8 @@
 """Running a built run: `run_rounds` is the algorithm's loop (pfl-research's
-`FederatedAlgorithm.run`, Flower's `Strategy.start`); evaluation, checkpoints, metrics,
-loggers, the divergence guard and batch-norm statistics are callbacks (`callbacks/`), and
-`Run` wires them up. `start_run` and `resume_run` are the entry points.
+`FederatedAlgorithm.run`, Flower's `Strategy.start`); evaluation, checkpoints, the divergence
+guard and batch-norm statistics are its steps (`steps/`), metrics and loggers observe it as
+callbacks (`callbacks/`), and `Run` wires them up. `start_run` and `resume_run` are the entry
+points.
 
 All randomness is derived from (seed, round, client), and state is only `ServerState`
 plus each client's resident state, so a run resumed from any checkpoint repeats exactly
@@ -47,29 +48,25 @@ from ..models.weights import keep_weights, kept_weights
 from ..tracking.chance import chance_level
 from . import checkpoint, outcome, signals
 from .build import Prepared, prepare
-from .callbacks import (
-    Callback,
-    CallbackList,
-    Checkpointer,
-    ClientEval,
-    GlobalEval,
-    Line,
-    Loggers,
-    MetricsWriter,
-    RunContext,
-    WallClock,
-    finite_losses,
-    finite_weights,
-    recompute_bn_stats,
-)  # fmt: skip
-from .callbacks.checkpointing import unwritten_line
-from .callbacks.evaluation import driver_device
+from .callbacks import Callback, CallbackList, Loggers, MetricsWriter, RunContext
 from .callbacks.metrics import wandb_loggers
 from .executor import Executor
 from .placement import Placement
 from .record import RoundRecord
 from .scheduler import Scheduler, Synchronous, scheduler_for, virtual_time
 from .session import Session, Workers
+from .steps import (
+    Checkpointer,
+    ClientEval,
+    GlobalEval,
+    Line,
+    WallClock,
+    driver_device,
+    finite_losses,
+    finite_weights,
+    recompute_bn_stats,
+    unwritten_line,
+)
 from .summary import run_summary
 from .summing import SummingExecutor, sums_on_arrival
 

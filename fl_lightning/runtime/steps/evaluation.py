@@ -25,7 +25,7 @@ from ..build import Prepared
 from ..executor import Executor
 from ..host import frozen_tower
 from ..record import RoundRecord, client_metrics, majority_accuracies
-from .base import WallClock
+from .clock import WallClock
 
 #: a global evaluation's metrics, its own duration and when it ended (perf_counter)
 EvalResult = tuple[dict[str, float], float, float]

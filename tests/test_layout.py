@@ -253,6 +253,45 @@ def test_type_only_imports_close_no_loop_across_units():
     assert not across, f"import cycles across units (type-only imports counted): {across}"
 
 
+def _registered_names(registry: str) -> dict[str, str]:
+    """Every name registered with `<registry>.register(name)` (a call or a decorator; `name` a
+    string, or a module-level constant holding one), by the module that registers it."""
+    out: dict[str, str] = {}
+    for m, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        constants = {
+            t.id: n.value.value
+            for n in tree.body
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
+                continue
+            f, arg = node.func, node.args[0]
+            if f.attr == "register" and isinstance(f.value, ast.Name) and f.value.id == registry:
+                name = arg.value if isinstance(arg, ast.Constant) else constants.get(getattr(arg, "id", ""))
+                if isinstance(name, str):
+                    out[name] = m
+    return out
+
+
+def test_the_generic_runtime_names_no_dataset_and_no_model():
+    """What a dataset or a model knows of itself (its metrics, groups, flags) is registered with
+    it (`DatasetEntry`, `ModelTraits`): `runtime/` imports no module that registers one and
+    holds no registered name as a string (`fmnist_digits20`, `ctran`)."""
+    registered = {**_registered_names("DATASETS"), **_registered_names("MODELS")}
+    assert {"fmnist_digits20", "ctran", "cnn"} <= set(registered)  # the scan finds them
+    runtime = [m for m in MODULES if unit_of(m) == "runtime"]
+    bad = sorted({where(i) for i in INTERNAL if i.source in runtime and i.target in set(registered.values())})
+    for m in runtime:
+        for node in ast.walk(ast.parse(MODULES[m].read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in registered:
+                bad.append(f"{MODULES[m].relative_to(REPO)}:{node.lineno}: names {node.value!r}")
+    assert not bad, "runtime/ knows a dataset or a model by name:\n" + "\n".join(bad)
+
+
 def test_core_and_methods_never_import_ray_or_wandb():
     bad = [
         where(i)

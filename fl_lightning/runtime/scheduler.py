@@ -218,8 +218,8 @@ class Synchronous:
     @property
     def takes_every_update(self) -> bool:
         """Every update of the cohort goes to the server, in client-id order (no deadline,
-        no over-selection, no clock): the driver may sum them as they arrive."""
-        return self.system is None or (self.system.timeless and self.keep is None and self.deadline is None)
+        no over-selection, no clock, virtual or wall): the driver may sum them as they arrive."""
+        return self.timeless and self.keep is None and self.deadline is None
 
     def collect(
         self,

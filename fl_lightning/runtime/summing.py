@@ -19,7 +19,7 @@ the testing kit (`RoundSteps.sum_on_arrival`), whose golden tests read every upd
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..core.aggregation import Aggregator, Summed, summed_away
@@ -74,6 +74,9 @@ class SummingExecutor:
 
     def take(self, handle: Any) -> ClientUpdate:
         return self.executor.take(handle)
+
+    def first(self, handles: Sequence[Any]) -> int:
+        return self.executor.first(handles)
 
     def evaluate(self, plan: RoundPlan) -> Iterator[ClientEval]:
         return self.executor.evaluate(plan)

@@ -21,6 +21,21 @@ goes, its driver's /proc status is sampled every 0.1 s, to split the resident me
 private (RssAnon) and file-backed/shared pages (RssFile, RssShmem: Ray's object store is
 shared memory mapped into the driver).
 
+The round's updates (`--method fedavg`): FedAvg keeps no client state, so what the driver holds
+is the round's updates. A 1,000-client round, every client in it, one round:
+
+    python benchmarks/driver_memory.py --method fedavg --clients 1000 --per-round 1000 --rounds 1
+        --test-fraction 0 --runtime serial --label <which code> --out benchmarks/results/driver_updates.json
+
+The driver sums each update into the aggregation chain's float64 running sum as it arrives and
+drops its params (`runtime/summing.py`): its private memory (`driver_sampled_peak_mb.RssAnon`)
+then holds one sum (`model.sum_bytes`), not `clients_per_round` updates (`model.shared_state_bytes`
+each). Run it with `PYTHONPATH` set to an older checkout to measure that code (`--label`).
+glibc's malloc raises its mmap threshold as large blocks are freed, so the freed updates' pages
+stay in the driver's heap (RssAnon grows ~0.9 MiB a client though no update is alive); with
+`--malloc-mmap-threshold 131072` (a fixed threshold) they go back to the system and RssAnon
+shows what is alive. Both are worth reading: the default is what a run gets.
+
 Run: `python benchmarks/driver_memory.py --clients 20,200,1000`
 (writes `benchmarks/results/driver_memory.json`). The scaling table (fixed data
 and participation, only the number of clients grows):
@@ -67,6 +82,7 @@ def overrides(n: int, args: argparse.Namespace, rounds: int, out: str) -> list[s
         f"fl.rounds={rounds}", f"fl.batch_size={args.batch_size}", f"eval.every={rounds}", "logger=none",
         f"runtime.threads_per_client={args.threads}", f"data.train_subset={train_subset(n, args)}",
         f"seed={args.seed}", f"output_dir={out}", "experiment=driver_memory", f"run_id=n{n}",
+        *([f"runtime={args.runtime}"] if args.runtime != "ray" else []),
     ]  # fmt: skip
 
 
@@ -81,11 +97,14 @@ def personal_state_bytes(args: argparse.Namespace) -> dict[str, int]:
     objective = METHODS.get(args.method).build_objective(model, OptimConfig())
     # LG-FedAvg keeps its personal parameters; Ditto a whole personal model (all parameters)
     personal = objective.personal_params() if args.method != "ditto" else dict(model.named_parameters())
+    shared = objective.shared_params()
     return {
         "params_total": sum(p.numel() for p in model.parameters()),
         "personal_tensors_numel": sum(v.numel() for v in personal.values()),
         "personal_state_bytes": state_nbytes(personal),
-        "shared_state_bytes": state_nbytes(objective.shared_params()),
+        "shared_state_bytes": state_nbytes(shared),
+        # the running sum: one float64 tensor per floating entry uploaded (and integer buffers)
+        "sum_bytes": sum(v.numel() * 8 for v in shared.values()),
     }
 
 
@@ -110,6 +129,8 @@ def run_one(n: int, rounds: int, args: argparse.Namespace, per_client_bytes: int
     with tempfile.TemporaryDirectory(prefix="driver_memory_") as out:
         cmd = [*cli(), "run", *overrides(n, args, rounds, out), "--quiet"]
         env = {**os.environ, "WANDB_MODE": "disabled"}
+        if args.malloc_mmap_threshold is not None:  # glibc: a fixed threshold (see the docstring)
+            env["MALLOC_MMAP_THRESHOLD_"] = str(args.malloc_mmap_threshold)
         t0 = time.perf_counter()
         with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
             proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out_f, stderr=err_f, text=True)
@@ -164,6 +185,12 @@ def run_one(n: int, rounds: int, args: argparse.Namespace, per_client_bytes: int
         return result
 
 
+def package_dir() -> str:
+    import fl_lightning
+
+    return str(Path(fl_lightning.__file__).resolve().parent)
+
+
 def machine() -> dict[str, Any]:
     """CPU, memory and the versions that matter: Lightning's and Ray's from their metadata and
     the CPU from /proc, where importing them (torchmetrics with Lightning) cost each benchmark's
@@ -198,7 +225,7 @@ def machine() -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", default="20,200,1000", help="comma-separated client counts")
-    ap.add_argument("--method", default="lg_fedavg", choices=("lg_fedavg", "ditto"))
+    ap.add_argument("--method", default="lg_fedavg", choices=("lg_fedavg", "ditto", "fedavg"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument(
         "--rounds-for", action="append", default=[], metavar="N=R",
@@ -218,6 +245,12 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--label", default=None, help="what code ran (recorded): e.g. a commit")
+    ap.add_argument("--malloc-mmap-threshold", type=int, default=None, metavar="BYTES",
+                    help="the runs' MALLOC_MMAP_THRESHOLD_ (glibc): 131072 returns freed blocks of "
+                         "128 KiB and more to the system, so RSS shows what is alive")  # fmt: skip
+    ap.add_argument("--runtime", default="ray", choices=("ray", "serial"),
+                    help="serial: every client in the driver process (no Ray beside it)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="default: results/driver_memory[_<method>].json")
     args = ap.parse_args()
     if args.out is None:
@@ -240,6 +273,7 @@ def main() -> None:
         "benchmark": "driver_memory",
         "workload": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "machine": machine(),
+        "package": package_dir(),  # the fl_lightning the runs imported (PYTHONPATH)
         "model": {"name": "cnn", "channels": [32, 64], "hidden": args.hidden, **sizes},
         "runs": runs,
     }

@@ -17,7 +17,6 @@ the layers); this is for methods outside it. It imports torch, never Ray or W&B.
 
 from __future__ import annotations
 
-from .config import RootConfig
 from .core.batched import MaskedStep
 from .core.checks import check_targets, nonnegative, one_of, positive, within
 from .core.errors import ConfigError
@@ -33,6 +32,7 @@ from .core.objective import (
 )
 from .core.optim import OptimConfig
 from .core.params import to_cpu, weighted_mean
+from .core.run_config import RootConfig
 from .core.strategy import FedAvgStrategy, ServerContext, Strategy, TaskInfo
 from .core.types import ClientId, Metrics, StateDict
 

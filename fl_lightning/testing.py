@@ -49,11 +49,12 @@ from .data.federated import FederatedSplit
 from .data.registry import ArrayDataset, load_dataset
 from .methods import METHODS
 from .models import MODELS, build_client_model
-from .runtime.callbacks import Callback, ClientEval, GlobalEval, WallClock
+from .runtime.callbacks import Callback
 from .runtime.executor import SerialExecutor
 from .runtime.host import ClientHost, ClientSpec, build_objective, torch_threads
 from .runtime.record import RoundRecord
 from .runtime.runner import Prepared, RoundSteps, run_rounds
+from .runtime.steps import ClientEval, GlobalEval, WallClock
 
 __all__ = [
     "BS", "EPS32", "LR", "MOM", "SIZES3", "Rounds", "Sampler", "Toy", "cast", "ce", "check", "client_data",
@@ -233,6 +234,7 @@ def serial_rounds(
     evaluate: bool = False,
     unlabeled: torch.Tensor | None = None,
     split: FederatedSplit | None = None,
+    sum_on_arrival: bool = False,
 ) -> Rounds:
     """Rounds 1 to `rounds` of `strategy` through the run's own loop (`run_rounds`) on a
     `SerialExecutor` over `host`, from the weights `init`: the same configure, fit, sort,
@@ -242,7 +244,9 @@ def serial_rounds(
     built from `host.spec`); `evaluate`: each client evaluates its trained model on its own
     test split before it uploads (`eval.timing=trained`); `unlabeled`: the server's images
     (`ServerContext.unlabeled`); `split`: the clients' indices into `dataset` (what `client_*`'s
-    majority-class reference reads; default: none known)."""
+    majority-class reference reads; default: none known); `sum_on_arrival`: the driver sums
+    each update as it arrives and drops its params, as a run does (`runtime/summing.py`);
+    default off, so that `Rounds.updates` holds every update whole for the test to read."""
     from .config import compose
 
     spec = host.spec
@@ -262,7 +266,7 @@ def serial_rounds(
     p = Prepared(cfg, ds, split, strategy, spec, init, objective, strategy.eval_spec())
     clock = WallClock()
     # no run directory: the global evaluation writes to it only with eval.save_predictions (off)
-    steps = RoundSteps(GlobalEval(p, Path(), clock), ClientEval(p))
+    steps = RoundSteps(GlobalEval(p, Path(), clock), ClientEval(p), sum_on_arrival=sum_on_arrival)
     state = strategy.init_state(init)
     out = Rounds(strategy, init or {}, host, objective, state)
 
@@ -299,6 +303,7 @@ def loop(
     evaluate: bool = False,
     unlabeled: torch.Tensor | None = None,
     aggregator: Aggregator | None = None,
+    sum_on_arrival: bool = False,
 ) -> Rounds:
     """`rounds` rounds of method `name` (its config: `method`) through the run's own loop
     (`serial_rounds`), `clients_per_round` of `data`'s clients a round, on `model` (a
@@ -307,7 +312,8 @@ def loop(
     draws each round's clients in place of the strategy's `sample_clients`; `task`: default
     the dataset's classes and names; `optim`: default plain SGD at `LR`; `evaluate`: clients
     evaluate their trained models on their own test splits before they upload; `aggregator`: the
-    run's aggregation chain (default: the example-weighted mean)."""
+    run's aggregation chain (default: the example-weighted mean); `sum_on_arrival`: as a run, the
+    driver sums the updates as they arrive and drops their params (`serial_rounds`)."""
     ds, train = data[0], data[1]
     test = data[2] if len(data) == 3 else None
     cls = METHODS.get(name)
@@ -340,7 +346,9 @@ def loop(
     host = ClientHost(spec, ds, train, test)
     ids = range(len(train))
     split = FederatedSplit([train[c] for c in ids], [test[c] for c in ids] if test is not None else [])
-    return serial_rounds(strategy, host, init, rounds, ds, objective, evaluate, unlabeled, split)
+    return serial_rounds(
+        strategy, host, init, rounds, ds, objective, evaluate, unlabeled, split, sum_on_arrival=sum_on_arrival
+    )
 
 
 def two_rounds(
@@ -355,8 +363,10 @@ def two_rounds(
     < N = 3), 2 a round, through the run's own loop (`loop`), plain SGD: (initial weights,
     each round's plan, the state after each round, the host, which keeps the clients' resident
     state in `.states`). Which clients trained is in the plans: a test asserts the draw it
-    expects. `aggregator`: the run's aggregation chain (default: the example-weighted mean)."""
-    r = loop(name, data, model, sampler, method=method_kwargs, aggregator=aggregator)
+    expects. `aggregator`: the run's aggregation chain (default: the example-weighted mean). The
+    driver sums the updates as they arrive and drops them, as a run does (`runtime/summing.py`):
+    the golden tests built on this check that path against their references."""
+    r = loop(name, data, model, sampler, method=method_kwargs, aggregator=aggregator, sum_on_arrival=True)
     return r.init, r.plans, r.states, r.host
 
 

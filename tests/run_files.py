@@ -2,12 +2,18 @@
 every round (losses, accuracies, bytes, client counts; not timings or memory readings) and the
 final checkpoint's state, the server's and every client's, tensor for tensor. A resumed run
 is compared to an uninterrupted one with these (a lost or stale client state changes a loss or a
-state before it changes an accuracy)."""
+state before it changes an accuracy); `kill_after_checkpoint` makes the interrupted one."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +86,34 @@ def assert_same_run(a: Path, b: Path, stateful: bool = True) -> None:
     assert_equal(sa, sb, "server")
     assert_equal(ca, cb, "clients")
     assert not stateful or any(ca.values()), "no client kept a state: nothing was compared"
+
+
+def kill_after_checkpoint(
+    overrides: Sequence[str],
+    run_dir: Path,
+    rnd: int = 2,
+    wait_s: float = 300.0,
+    while_stopped: Callable[[], Any] | None = None,
+) -> Any:
+    """`fl-lightning run *overrides --quiet` in a process of its own (its run directory
+    `run_dir`), killed with SIGKILL (no chance to clean up) once round `rnd`'s checkpoint is on
+    disk. It is stopped first (SIGSTOP) and `while_stopped` reads what the files hold at the
+    kill (a line not yet written); its value is returned. Waits for the checkpoint, not for a
+    time: `wait_s` only bounds a run that never gets there (a slow machine's is minutes)."""
+    exe = os.path.join(os.path.dirname(sys.executable), "fl-lightning")
+    proc = subprocess.Popen([exe, "run", *overrides, "--quiet"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    marker = Path(run_dir) / "checkpoints" / f"round-{rnd:06d}.json"
+    try:
+        deadline = time.monotonic() + wait_s
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.stderr is not None
+        assert marker.exists(), proc.stderr.read().decode() if proc.poll() is not None else "no checkpoint"
+        proc.send_signal(signal.SIGSTOP)
+        return while_stopped() if while_stopped is not None else None
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()

@@ -11,13 +11,14 @@ tolerances `testing.match`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from fl_lightning.config import compose
-from fl_lightning.core.aggregation import Aggregator, ClipL2, GaussianNoise, Uniform, aggregate_chain
+from fl_lightning.core.aggregation import Aggregator, ClipL2, GaussianNoise, Summed, Uniform, aggregate_chain
 from fl_lightning.core.errors import ConfigError
 from fl_lightning.core.messages import ClientUpdate, ServerState
 from fl_lightning.core.objective import is_weight
@@ -236,6 +237,51 @@ def test_updates_out_of_client_order_are_refused():
     acc = agg.add(agg.start(state), _update(2, {"w": torch.ones(2)}))
     with pytest.raises(ValueError, match="increasing client-id order"):
         agg.add(acc, _update(1, {"w": torch.ones(2)}))
+
+
+def test_the_driver_sums_each_update_as_it_arrives_and_keeps_none(digits3):  # noqa: F811
+    """The run's loop summing each update into the chain as it arrives (`runtime/summing.py`):
+    the updates the round's callbacks see hold no values (their params are meta tensors: the
+    keys, shapes and bytes uploaded, no storage), and the states equal, bit for bit, those of
+    the loop that keeps every update and sums the list (`Strategy.average`). In an order that
+    is not the clients' (Ray's completion order) too. FedNova reads each raw update
+    (`aggregates_through_chain` False): it gets them whole."""
+    from fl_lightning.runtime.executor import SerialExecutor
+    from fl_lightning.runtime.summing import SummingExecutor
+    from fl_lightning.testing import loop
+
+    from .run_files import assert_equal
+
+    def chain():
+        return Aggregator([ClipL2(0.5), Uniform()])
+
+    kept = loop("fedadam", digits3, method=FEDADAM, aggregator=chain())
+    summed = loop("fedadam", digits3, method=FEDADAM, aggregator=chain(), sum_on_arrival=True)
+    assert [p.client_ids for p in summed.plans] == [[0, 1], [0, 2]]
+    for a, b in zip(kept.states, summed.states, strict=True):
+        assert_equal(a.global_params, b.global_params)
+        assert_equal((a.m, a.v, a.aggregation), (b.m, b.v, b.aggregation))
+    assert all(v.is_meta for ups in summed.updates for u in ups for v in (u.params or {}).values())
+    assert not any(v.is_meta for ups in kept.updates for u in ups for v in (u.params or {}).values())
+    assert [r.bytes_up for r in summed.records] == [r.bytes_up for r in kept.records] != [0, 0]
+
+    class Reversed(SerialExecutor):  # the cohort's updates last client first
+        def fit(self, plan):
+            return reversed(list(super().fit(plan)))
+
+    # round 1 again (FedAdam's clients keep no state): arriving 1 then 0, summed as 0 then 1
+    strategy = summed.strategy
+    state, ctx1 = strategy.init_state(summed.init), ctx(strategy, 1)
+    s = Summed(strategy.aggregator, strategy.aggregator.start(state, ctx1))
+    plan = strategy.configure_round(state, 1, round_rng(0, 1))
+    arrived = list(SummingExecutor(Reversed(summed.host), s, ctx1).fit(plan))
+    assert [u.client_id for u in arrived] == [0, 1]
+    again, _ = aggregated(aggregate_with(strategy, state, arrived, dataclasses.replace(ctx1, summed=s)))
+    assert_equal((again.global_params, again.m, again.v), (kept.states[0].global_params, kept.states[0].m,
+                                                          kept.states[0].v))  # fmt: skip
+
+    nova = loop("fednova", digits3, sum_on_arrival=True)
+    assert not any(v.is_meta for ups in nova.updates for u in ups for v in (u.params or {}).values())
 
 
 @pytest.mark.parametrize(

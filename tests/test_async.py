@@ -9,11 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +30,7 @@ from fl_lightning.runtime.system import SystemModel
 from fl_lightning.testing import Toy
 
 from .conftest import small
-from .run_files import assert_equal, assert_same_run, final_state, records
+from .run_files import assert_equal, assert_same_run, final_state, kill_after_checkpoint, records
 from .wandb_files import read_finished_run
 
 
@@ -364,18 +359,9 @@ def test_killed_with_clients_in_flight_resumes_to_the_same_run(tmp_path, data_ro
     args = small(tmp_path, "fl.rounds=4", "runtime=serial", "data.train_subset=600", *extra)
     _, full_dir = start_run(compose([*args, "experiment=full", "run_id=a"]), console=False)
 
-    exe = os.path.join(os.path.dirname(sys.executable), "fl-lightning")
     killed_dir = tmp_path / "killed" / "b"
-    proc = subprocess.Popen([exe, "run", *args, "experiment=killed", "run_id=b", "--quiet"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-    marker = killed_dir / "checkpoints" / "round-000002.json"
-    deadline = time.time() + 300
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert marker.exists(), proc.stderr.read().decode() if proc.poll() is not None else "no checkpoint"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    doc = json.loads(marker.read_text())
+    kill_after_checkpoint([*args, "experiment=killed", "run_id=b"], killed_dir)
+    doc = json.loads((killed_dir / "checkpoints" / "round-000002.json").read_text())
     if mode != "deadline":  # the checkpoint holds the clients in flight
         assert "jobs" in json.dumps(doc["state"])
     assert main(["resume", str(killed_dir), "--quiet"]) == 0

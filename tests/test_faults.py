@@ -18,9 +18,10 @@ from fl_lightning.config import compose
 from fl_lightning.core.errors import ClientFailure
 from fl_lightning.core.messages import Broadcast, ServerState
 from fl_lightning.core.strategy import round_rng
-from fl_lightning.runtime.callbacks import CallbackList, ClientEval, GlobalEval, WallClock
+from fl_lightning.runtime.callbacks import CallbackList
 from fl_lightning.runtime.placement import plan_placement
 from fl_lightning.runtime.runner import RoundSteps, Run, prepare, run_rounds
+from fl_lightning.runtime.steps import ClientEval, GlobalEval, WallClock
 
 from .conftest import small
 

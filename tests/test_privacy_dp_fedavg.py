@@ -9,11 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -30,7 +25,7 @@ from fl_lightning.runtime.runner import start_run
 from fl_lightning.testing import cast, match, train, twin, two_rounds
 
 from .conftest import small
-from .run_files import assert_same_run, records
+from .run_files import assert_same_run, kill_after_checkpoint, records
 from .test_aggregation import (
     FEDADAM,
     FEDAVGM,
@@ -241,17 +236,8 @@ def test_serial_equals_ray_and_epsilon_is_reported(tmp_path, data_root, ray_sess
 def test_killed_run_resumes_to_the_same_epsilon_and_weights(tmp_path, data_root):
     args = small(tmp_path, *DP, *ADAPTIVE, "fl.rounds=3", "runtime=serial", "data.train_subset=1500")
     _, full_dir = start_run(compose([*args, "experiment=full", "run_id=a"]), console=False)
-    exe = os.path.join(os.path.dirname(sys.executable), "fl-lightning")
     killed = tmp_path / "killed" / "b"
-    proc = subprocess.Popen([exe, "run", *args, "experiment=killed", "run_id=b", "--quiet"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-    marker = killed / "checkpoints" / "round-000002.json"
-    deadline = time.time() + 240
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert marker.exists(), proc.stderr.read().decode() if proc.poll() is not None else "no checkpoint"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_checkpoint([*args, "experiment=killed", "run_id=b"], killed)
     assert main(["resume", str(killed), "--quiet"]) == 0
     assert_same_run(killed, full_dir, stateful=False)  # ε, C_t and noise in every line; the weights
     a = json.loads((killed / "summary.json").read_text())["privacy"]

@@ -69,21 +69,24 @@ def test_the_model_holds_only_the_prompt_and_a_phrase_reproduces_the_handwritten
         want = encoder.encode([template.format(c) for c in DIGIT_NAMES])
         torch.testing.assert_close(m.text_features(), want, atol=2e-6, rtol=0, msg=position)
     shared, csc = prompt_model(clip_file), prompt_model(clip_file, class_specific=True)
-    # the image tower is in the module tree, frozen by role: only the context is the federation's
+    # both towers are in the module tree, frozen by role: only the context is the federation's
     obj = PromptObjective(shared)
     roles = {k: obj.role(k) for k in shared.state_dict()}
     assert {k for k, r in roles.items() if r != "frozen"} == {"prompt.ctx"} and shared.prompt.ctx.shape == (
         4,
         64,
     )
-    assert {k for k, r in roles.items() if r == "frozen"} == {
-        "visual." + k for k in shared.visual.state_dict()
-    }
+    text_keys = {"prompt.encoder." + k for k in shared.prompt.encoder.state_dict()}
+    assert (
+        text_keys
+        and {k for k, r in roles.items() if r == "frozen"}
+        == {"visual." + k for k in shared.visual.state_dict()} | text_keys
+    )
     assert set(obj.model_state()) == set(obj.shared_params()) == {"prompt.ctx"} and not obj.personal_params()
     trainable = [n for n, p in csc.named_parameters() if p.requires_grad]
     assert trainable == ["prompt.ctx"] and csc.prompt.ctx.shape == (10, 4, 64)
     shared.train()
-    assert not any(m.training for m in shared.visual.modules())  # the tower stays in eval mode
+    assert not any(m.training for m in (*shared.visual.modules(), *shared.prompt.encoder.modules()))
     assert torch.equal(shared.prompt.ctx, prompt_model(clip_file).prompt.ctx)  # seeded: same everywhere
     assert 0.01 < float(shared.prompt.ctx.detach().std()) < 0.03  # N(0, 0.02^2)
     # logits: scale · cos(image tower on CLIP's view of the image, prompted class text)
@@ -370,8 +373,7 @@ def test_the_global_evaluation_keeps_the_test_images_features(clip_file, tmp_pat
     images; with `model.cache_features=false` it keeps nothing."""
     from fl_lightning.core.objective import evaluate
     from fl_lightning.runtime.build import prepare
-    from fl_lightning.runtime.callbacks.base import WallClock
-    from fl_lightning.runtime.callbacks.evaluation import GlobalEval
+    from fl_lightning.runtime.steps import GlobalEval, WallClock
 
     args = [*TINY, "method=promptfl", f"model.pretrained={clip_file}", "runtime=serial"]
     for cache in (True, False):
@@ -418,8 +420,9 @@ def _resumes_exactly_and_ray_matches_serial(method: str, args: list[str], warm, 
     # the checkpoint holds no tower weight, by role: the global model and each client's state
     server, clients = final_state(full_dir)
     assert "prompt.ctx" in server["fields"]["global_params"]
-    assert not [k for k in server["fields"]["global_params"] if k.startswith("visual.")]
-    assert not [k for c in clients.values() for k in _keys(c) if k.startswith("visual.")]
+    towers = ("visual.", "prompt.encoder.", "local_prompt.encoder.")
+    assert not [k for k in server["fields"]["global_params"] if k.startswith(towers)]
+    assert not [k for c in clients.values() for k in _keys(c) if k.startswith(towers)]
     keys = ("round", "train_loss", "bytes_up", *(["client_accuracy"] if personal else ["accuracy", "loss"]))
     if method == "fedpgp":
         keys = (*keys, "client/loss/con", "client_global/accuracy")

@@ -4,11 +4,6 @@ with 2 of 4 clients a round: both sides keep state, and clients that sat out kee
 training-time augmentation on (its draws are seeded: a repeated round draws them again)."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -17,7 +12,7 @@ from fl_lightning.config import compose
 from fl_lightning.runtime.runner import start_run
 
 from .conftest import small
-from .run_files import assert_same_run
+from .run_files import assert_same_run, kill_after_checkpoint
 
 
 def _accs(run_dir):
@@ -30,21 +25,13 @@ def test_killed_run_resumes_to_the_same_result(tmp_path, data_root):
                  "fl.clients_per_round=2", "data.augment=[random_crop,hflip]")  # fmt: skip
     full, full_dir = start_run(compose([*args, "experiment=full", "run_id=a"]), console=False)
 
-    exe = os.path.join(os.path.dirname(sys.executable), "fl-lightning")
     killed_dir = tmp_path / "killed" / "b"
-    proc = subprocess.Popen([exe, "run", *args, "experiment=killed", "run_id=b", "--quiet"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-    marker = killed_dir / "checkpoints" / "round-000002.json"
-    deadline = time.time() + 240
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert marker.exists(), proc.stderr.read().decode() if proc.poll() is not None else "no checkpoint"
-    proc.send_signal(signal.SIGSTOP)
     # eval.overlap: round 2's checkpoint is committed before its line, which waits for round 3's
     # fit; killed in between, the resume evaluates round 2's state again to write that line
-    lines_at_kill = len((killed_dir / "metrics.jsonl").read_text().splitlines())
-    proc.send_signal(signal.SIGKILL)  # no chance to clean up
-    proc.wait()
+    lines_at_kill = kill_after_checkpoint(
+        [*args, "experiment=killed", "run_id=b"], killed_dir,
+        while_stopped=lambda: len((killed_dir / "metrics.jsonl").read_text().splitlines()),
+    )  # fmt: skip
     assert lines_at_kill == 1, "killed after round 2's line: the backfill path was not reached"
     done = json.loads(
         (

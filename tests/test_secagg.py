@@ -11,11 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -56,7 +51,7 @@ from fl_lightning.runtime.runner import start_run
 from fl_lightning.testing import SIZES3, Toy, cast, f32_tolerances, toy_spec, train, twin
 
 from .conftest import small
-from .run_files import assert_same_run, records
+from .run_files import assert_same_run, kill_after_checkpoint, records
 from .test_methods import digits3  # noqa: F401  (a fixture)
 from .test_prompt import _two_rounds, clip_file  # noqa: F401  (a fixture)
 
@@ -496,17 +491,8 @@ def test_a_killed_secure_run_resumes_to_the_same_result(tmp_path, data_root):
     args = small(tmp_path, *SECURE, "fl.rounds=3", "runtime=serial")
     start_run(compose([*args, "experiment=full", "run_id=a"]), console=False)
     full_dir = tmp_path / "full" / "a"
-    exe = os.path.join(os.path.dirname(sys.executable), "fl-lightning")
     killed_dir = tmp_path / "killed" / "b"
-    proc = subprocess.Popen([exe, "run", *args, "experiment=killed", "run_id=b", "--quiet"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-    marker = killed_dir / "checkpoints" / "round-000002.json"
-    deadline = time.time() + 300
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert marker.exists(), proc.stderr.read().decode() if proc.poll() is not None else "no checkpoint"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_checkpoint([*args, "experiment=killed", "run_id=b"], killed_dir)
     assert main(["resume", str(killed_dir), "--quiet"]) == 0
     assert json.loads((killed_dir / "summary.json").read_text())["rounds_completed"] == 3
     assert_same_run(killed_dir, full_dir, stateful=False)

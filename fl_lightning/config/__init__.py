@@ -3,7 +3,8 @@
 - `composition`: `conf/` and the command line into one tree (groups, presets, a method's own
   defaults, overrides), every key checked against the schema; one-line errors. No torch.
 - `schema`: the typed `RootConfig`, one dataclass per section, each with its own `check()`,
-  and the checks across sections in one place (`cross_check`).
+  and the checks across sections in one place (`cross_check`); defined in
+  `core/run_config.py`, below the methods and datasets that read it, and re-exported here.
 - `typed`: the tree turned into the typed `RootConfig` (`compose` does both), the only form of
   a config that leaves this package, and its plain forms (`tree`, `to_yaml`).
 - `registered`: the typed config's checks against the registries (the method's own checks,
@@ -14,6 +15,20 @@ OmegaConf stays inside: the rest of the package reads and passes `RootConfig`.
 Everything below is importable from `fl_lightning.config`.
 """
 
+from ..core.run_config import (
+    CheckpointConfig,
+    DataConfig,
+    EvalConfig,
+    FLConfig,
+    LoggerConfig,
+    RootConfig,
+    RuntimeConfig,
+    client_tests,
+    clients_per_round,
+    cross_check,
+    participation,
+    variant_of,
+)
 from .composition import (
     GROUPS,
     METHOD_DEFAULT_BLOCKS,
@@ -42,20 +57,6 @@ from .saved import (
     require_consent,
     rerun_config,
     resumable_keys,
-)
-from .schema import (
-    CheckpointConfig,
-    DataConfig,
-    EvalConfig,
-    FLConfig,
-    LoggerConfig,
-    RootConfig,
-    RuntimeConfig,
-    client_tests,
-    clients_per_round,
-    cross_check,
-    participation,
-    variant_of,
 )
 from .typed import compose, to_yaml, tree
 

@@ -43,7 +43,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..core.errors import ConfigError
 from ..core.registry import METHOD_ENTRY_POINTS
-from .schema import RootConfig
+from ..core.run_config import RootConfig
 
 GROUPS = ("method", "data", "model", "text", "runtime", "logger", "privacy")
 

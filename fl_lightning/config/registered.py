@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from ..core.errors import ConfigError
 from ..core.method import MethodConfig
-from .schema import RootConfig, client_tests, variant_of
+from ..core.run_config import RootConfig, client_tests, variant_of
 from .typed import to_node, typed
 
 

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..core.errors import ConfigError
+from ..core.run_config import RootConfig
 from .composition import (
     GROUPS,
     SAFE_NAME,
@@ -24,7 +25,6 @@ from .composition import (
     method_modules,
     validate,
 )
-from .schema import RootConfig
 from .typed import typed
 
 #: what a resume may change: nothing that changes the numbers; a method may name keys of its

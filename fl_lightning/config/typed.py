@@ -14,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..core.errors import ConfigError
 from ..core.method import MethodConfig
+from ..core.run_config import RootConfig
 from .composition import (
     _bool_keys,
     _nonfinite,
@@ -23,7 +24,6 @@ from .composition import (
     method_modules,
     sections,
 )
-from .schema import RootConfig
 
 
 def compose(overrides: list[str]) -> RootConfig:

@@ -16,7 +16,10 @@ How the chain runs, per round:
    every executor): the update becomes a `Contribution` (its weight, by default its example
    count; its floating tensors, as deltas `params − base` when a step needs them (clipping,
    noise), else as params), each step's `one` transforms it in chain order (clip, reweight),
-   and it is added to a float64 running sum. The driver holds one sum, not every update.
+   and it is added to a float64 running sum. The driver holds one sum, not every update: the
+   runner adds each update as it arrives (`runtime/summing.py`, a `Summed` in the round's
+   `ServerContext`) and drops its params; a method whose server step reads each update
+   (`Strategy.reads_each_update`, or `aggregates_through_chain` False) gets the list whole.
 3. `Aggregator.result`: the weighted mean becomes an `Aggregate`; each step's `server` hook
    transforms it in reverse chain order (noise last added, first applied: pfl's order); the new
    global params are `base + mean` (deltas) or `mean` (params). Integer buffers
@@ -50,12 +53,14 @@ __all__ = [
     "AggregationStep",
     "Aggregator",
     "ClipL2",
+    "Summed",
     "Contribution",
     "GaussianNoise",
     "Uniform",
     "l2_norm",
     "make_aggregator",
     "register_step",
+    "summed_away",
 ]
 
 
@@ -387,6 +392,49 @@ class Aggregator:
         return {**base, **out}, acc.memory, {**agg.metrics}
 
 
+def summed_away(update: ClientUpdate) -> ClientUpdate:
+    """`update` once its params are in the round's running sum: the same object, its params
+    now meta tensors (the keys, shapes and dtypes, no storage), so the driver no longer holds
+    them while byte counts (`upload_nbytes`) and `if u.params` read what was uploaded. Reading
+    a value from one fails loudly: a server step that reads each update's params declares
+    `Strategy.reads_each_update`, and the driver then keeps them (`runtime/summing.py`)."""
+    if update.params:
+        update.params = {k: v.to("meta") for k, v in update.params.items()}
+    return update
+
+
+@dataclass
+class Summed:
+    """A round's updates already added to the chain's running sum by the driver as they
+    arrived, in client-id order, each dropped once added (`summed_away`; fedjax's
+    `delta_params_sum`): `Strategy.average` finishes this sum (`aggregate_chain`) instead of
+    adding the updates again. The arithmetic is the same, in the same order, as `average`
+    over the list: the result is bit for bit the same. Taken once (`result` changes the
+    steps' memory in place)."""
+
+    aggregator: Aggregator
+    acc: Accumulator
+    taken: bool = False
+
+    def take(
+        self, aggregator: Aggregator, state: ServerState, updates: Sequence[ClientUpdate]
+    ) -> Accumulator:
+        """The running sum, for `aggregator` over `updates` from `state`; RuntimeError where it
+        is not that sum (another chain, another state, other updates, a second `average`)."""
+        sent = sum(1 for u in updates if u.params)
+        why = (
+            "it was taken already (average runs once a round)" if self.taken
+            else "another aggregator summed it" if aggregator is not self.aggregator
+            else "it started from other global params" if self.acc.base is not state.global_params
+            else f"it holds {self.acc.count} updates, not these {sent}" if self.acc.count != sent
+            else ""
+        )  # fmt: skip
+        if why:
+            raise RuntimeError(f"the round's running sum cannot be used: {why}")
+        self.taken = True
+        return self.acc
+
+
 S = TypeVar("S", bound=ServerState)
 
 
@@ -394,12 +442,17 @@ def aggregate_chain(
     aggregator: Aggregator, state: S, updates: Sequence[ClientUpdate], ctx: ServerContext | None
 ) -> S:
     """`updates` through `aggregator`, in client-id order: the state with the new global params,
-    the steps' memory and the round's metrics (`aggregation["metrics"]`, logged by the runner)."""
+    the steps' memory and the round's metrics (`aggregation["metrics"]`, logged by the runner).
+    Where the driver summed the updates as they arrived (`ctx.summed`), that sum is finished."""
     if state.global_params is None:  # a method that shares no weights: nothing to average
         return state
-    acc = aggregator.start(state, ctx)
-    for u in sorted(updates, key=lambda u: u.client_id):
-        acc = aggregator.add(acc, u, ctx)
+    summed = ctx.summed if ctx is not None else None
+    if summed is not None:
+        acc = summed.take(aggregator, state, updates)
+    else:
+        acc = aggregator.start(state, ctx)
+        for u in sorted(updates, key=lambda u: u.client_id):
+            acc = aggregator.add(acc, u, ctx)
     params, memory, metrics = aggregator.result(acc, state, ctx)
     aggregation = {**state.aggregation, **memory, "metrics": metrics}
     return dataclasses.replace(state, global_params=params, aggregation=aggregation)

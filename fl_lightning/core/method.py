@@ -32,7 +32,7 @@ from .errors import ConfigError
 if TYPE_CHECKING:
     from torch import nn
 
-    from ..config import RootConfig
+    from .run_config import RootConfig
     from .strategy import Strategy, TaskInfo
 
 

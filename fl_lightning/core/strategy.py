@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .aggregation import Aggregator, aggregate_chain
+from .aggregation import Aggregator, Summed, aggregate_chain
 from .errors import ConfigError
 from .messages import Broadcast, ClientPayload, ClientUpdate, RoundPlan, ServerState
 from .method import METHODS, MethodConfig, needs_test_split_error
@@ -87,6 +87,9 @@ class ServerContext:
         staleness: each update's staleness (server versions since the version it started
             from) in an asynchronous server step (`system.mode=fedbuff|fedasync`); empty in
             synchronous rounds, where every update is fresh.
+        summed: the round's updates, already in the aggregation chain's running sum (the
+            driver added each as it arrived and dropped its params: `runtime/summing.py`);
+            `average` finishes it. None: `average` sums the updates it is given.
     """
 
     round: int
@@ -97,6 +100,7 @@ class ServerContext:
     unlabeled: torch.Tensor | None = None
     seed: int = 0
     staleness: Mapping[ClientId, int] = dataclasses.field(default_factory=dict)
+    summed: Summed | None = None
 
     def generator(self, *tag: int) -> torch.Generator:
         """A CPU torch generator seeded by (seed, round, *tag) alone: an aggregation step's
@@ -221,7 +225,9 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
     aggregates_through_chain_why: ClassVar[str] = ""
     #: what the server reads of each client's upload beyond the sum of its params (prototypes,
     #: control variates, logits); secure aggregation, which gives the server only the sum,
-    #: refuses the method naming it. "": nothing (or `aggregates_through_chain_why`)
+    #: refuses the method naming it; the driver keeps such a round's updates whole (others
+    #: it sums as they arrive and drops: `runtime/summing.py`). "": nothing (or
+    #: `aggregates_through_chain_why`)
     reads_each_update: ClassVar[str] = ""
     #: (fewest, most) clients per round for unstable participation (`fl.fraction_range`);
     #: None: always `clients_per_round`

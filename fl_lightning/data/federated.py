@@ -28,7 +28,7 @@ from .protocols import assign_personal
 from .registry import ArrayDataset, load_from_config
 
 if TYPE_CHECKING:
-    from ..config import DataConfig, RootConfig
+    from ..core.run_config import DataConfig, RootConfig
 
 log = logging.getLogger("fl_lightning")
 PARTITION_CACHE_VERSION = 1

@@ -200,5 +200,13 @@ def load(root: str) -> ArrayDataset:
 
 
 DATASETS.register(NAME)(
-    DatasetEntry(load=load, present=present, where=where, download=fetch, class_names=tuple(CLASSES))
+    DatasetEntry(
+        load=load,
+        present=present,
+        where=where,
+        download=fetch,
+        class_names=tuple(CLASSES),
+        coarse_groups=COARSE_GROUPS[NAME],
+        coarse_names=COARSE,
+    )  # fmt: skip
 )

@@ -21,7 +21,7 @@ import numpy as np
 
 from .cache import cached_arrays
 from .fetch import fmnist_dir
-from .fmnist_digits20 import CLASSES, COARSE_GROUPS, LAYOUT, NAME, mnist5k_path, present, where
+from .fmnist_digits20 import CLASSES, COARSE, COARSE_GROUPS, LAYOUT, NAME, mnist5k_path, present, where
 from .fmnist_digits20 import fetch as fetch_images
 from .fmnist_digits20 import load as load_images
 from .registry import DATASETS, ArrayDataset, DatasetEntry
@@ -100,5 +100,7 @@ DATASETS.register(FEATURES)(
         download=fetch_images,
         class_names=tuple(CLASSES),
         image_size=1,  # [N, 1280, 1, 1]: a CNN was refused only after minutes of feature extraction
+        coarse_groups=COARSE_GROUPS[NAME],
+        coarse_names=COARSE,
     )  # fmt: skip
 )

@@ -28,7 +28,7 @@ from ..core.registry import Registry
 if TYPE_CHECKING:
     import torch
 
-    from ..config import DataConfig
+    from ..core.run_config import DataConfig
 
 
 def text_name(raw: str) -> str:
@@ -122,6 +122,10 @@ class ArrayDataset:
         return rest, self.train_x[pick]
 
 
+#: `DatasetEntry.extra_metrics`: (the loaded dataset, test scores [N, C], test targets) -> metrics
+ExtraMetrics = Callable[[ArrayDataset, "torch.Tensor", "torch.Tensor"], dict[str, float]]
+
+
 @dataclass(frozen=True)
 class DatasetEntry:
     """How to find, fetch and load one dataset. `load(root, **options)` receives only the
@@ -138,6 +142,15 @@ class DatasetEntry:
     multilabel: bool = False
     domains: tuple[str, ...] = ()
     standin: str = ""  # non-empty for an offline stand-in: what it stands in for
+    #: the coarse group of each class, `coarse_groups[c]` indexing `coarse_names` (a label space
+    #: with a semantic structure: fmnist_digits20's clothing and digits): a single-label global
+    #: evaluation also reports the share of errors that stay within a group; None: no groups
+    coarse_groups: tuple[int, ...] | None = None
+    coarse_names: tuple[str, ...] = ()
+    #: the global evaluation's metrics beyond the task's own, from the main head's scores on the
+    #: test set, in its order: (dataset, scores, targets) -> {name: value} (the themed mosaics'
+    #: AP on blanked labels). The dataset's own knowledge: the engine only calls it. None: none
+    extra_metrics: ExtraMetrics | None = None
 
 
 DATASETS: Registry[DatasetEntry] = Registry("dataset")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,6 +22,32 @@ from ..core.errors import ConfigError
 from ..core.registry import Registry
 
 MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
+
+
+@dataclass(frozen=True)
+class ModelTraits:
+    """What the generic runtime asks of a registered model beyond building it: the model's own
+    knowledge, registered beside it in `MODEL_TRAITS` (by name), so the engine names no model."""
+
+    #: its `model.*` keyword arguments as config.yaml records what was built (C-Tran:
+    #: `pretrained` true only where its trunk loads ImageNet weights); None: as given
+    recorded_kwargs: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    #: the model's name in an announcement, where its training step is slow enough on a CPU
+    #: (C-Tran: 3.5-14 s at batch 64 on 2 cores) that a run on the CPU times one and says how
+    #: long its clients' training will take (`runtime/plan.py`); "": never announced
+    slow_on_cpu: str = ""
+
+    def recorded(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return self.recorded_kwargs(kwargs) if self.recorded_kwargs is not None else kwargs
+
+
+#: name -> the model's traits (`ModelTraits`); a model without an entry has the defaults
+MODEL_TRAITS: dict[str, ModelTraits] = {}
+
+
+def traits(name: str) -> ModelTraits:
+    """Model `name`'s traits (the defaults where it registered none)."""
+    return MODEL_TRAITS.get(name, ModelTraits())
 
 
 class ModelFamily:

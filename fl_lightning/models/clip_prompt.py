@@ -6,9 +6,9 @@ prompt methods (`method=promptfl`, `zeroshot`, ...; other methods refuse it).
 
 Only the context vectors `prompt.ctx` are parameters (`n_ctx` of them, shared by all classes
 or one set per class, started from the token embeddings of a phrase `ctx_init` or from
-N(0, 0.02²)); both towers are held outside the module tree, frozen and in eval mode, so the
-state dict, the optimiser and every upload hold the prompt alone. `scale` is the model's own
-`exp(logit_scale)` (100 for OpenAI's CLIP).
+N(0, 0.02²)); both towers are submodules, frozen (no gradient, eval mode) and frozen by role
+(`frozen_prefixes`), so the optimiser, every upload and every checkpoint hold the prompt alone.
+`scale` is the model's own `exp(logit_scale)` (100 for OpenAI's CLIP).
 
 The towers are any open_clip architecture (`arch`, a name or an architecture .json) with
 weights from `pretrained`: a local file (as `text=clip` loads them), a tag where the network is
@@ -99,9 +99,10 @@ class CLIPPrompt(nn.Module):
     methods set `class_names` from the dataset)."""
 
     #: state entries under these prefixes are frozen by role (`ClientObjective.role`): the image
-    #: tower is built from `model.pretrained` wherever the model is built, never uploaded,
-    #: broadcast or checkpointed
-    frozen_prefixes: tuple[str, ...] = ("visual.",)
+    #: tower and the text tower inside each set of soft prompts (`ClassSoftPrompts.frozen_prefixes`)
+    #: are built from `model.pretrained` wherever the model is built, never uploaded, broadcast
+    #: or checkpointed
+    frozen_prefixes: tuple[str, ...] = ("visual.", "prompt.encoder.", "local_prompt.encoder.")
 
     #: only a method whose strategy has this flag trains it (config.validate_registered)
     method_flag = "prompt_learner"

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from ..core.errors import ConfigError
-from . import MODELS
+from . import MODEL_TRAITS, MODELS, ModelTraits
 
 UNKNOWN, NEGATIVE, POSITIVE = -1, 0, 1
 
@@ -103,6 +103,14 @@ def pretrained_loaded(kwargs: dict[str, Any]) -> bool:
     """Whether a C-Tran built with `kwargs` loads ImageNet weights: `pretrained` is read by the
     efficientnet_lite0 trunk only (the others start random or from model.weights)."""
     return bool(kwargs.get("pretrained", True)) and kwargs.get("trunk", "cnn") == "efficientnet_lite0"
+
+
+def _recorded(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """config.yaml's `model.pretrained`: whether ImageNet weights were loaded (`pretrained_loaded`)."""
+    return {**kwargs, "pretrained": pretrained_loaded(kwargs)} if "pretrained" in kwargs else kwargs
+
+
+MODEL_TRAITS["ctran"] = ModelTraits(recorded_kwargs=_recorded, slow_on_cpu="C-Tran")
 
 
 class CTran(nn.Module):

@@ -34,11 +34,9 @@ from ..core.sampling import Sampling
 from ..core.staleness import Staleness
 from ..core.strategy import Strategy, TaskInfo
 from ..data.federated import FederatedSplit, split_from_config
-from ..data.fmnist_digits20 import COARSE_GROUPS
-from ..data.registry import ArrayDataset, check_dataset, load_from_config
+from ..data.registry import DATASETS, ArrayDataset, check_dataset, load_from_config
 from ..methods import METHODS
-from ..models import check_image_size, family
-from ..models.ctran import pretrained_loaded
+from ..models import check_image_size, family, traits
 from ..models.weights import MODEL_GENERIC_KEYS, load_trunk
 from .host import ClientSpec, build_objective, precision_of
 from .placement import Placement, local_resources, placement_for
@@ -150,8 +148,9 @@ def prepare(
     eval_spec = strategy.eval_spec(
         ev.per_class, list(ev.longtail) if ev.longtail is not None else None, ev.threshold
     )
-    if cfg.data.name in COARSE_GROUPS and not dataset.multilabel:  # the within-group error share
-        eval_spec = dataclasses.replace(eval_spec, coarse_groups=COARSE_GROUPS[cfg.data.name])
+    coarse = DATASETS.get(cfg.data.name).coarse_groups  # the dataset's own (`DatasetEntry`)
+    if coarse is not None and not dataset.multilabel:  # the within-group error share
+        eval_spec = dataclasses.replace(eval_spec, coarse_groups=coarse)
     spec = ClientSpec(
         method=type(method_cfg).name,
         method_module=strategy_cls.__module__,
@@ -211,9 +210,7 @@ def prepare(
         # architecture has alike (e.g. LG-FedAvg's head) can be global.
         init_params = _family_shared_params(spec, objective) or None
         spec = dataclasses.replace(spec, init_seed=int(cfg.seed))
-    kwargs = dict(spec.model_kwargs)
-    if spec.model == "ctran" and "pretrained" in kwargs:  # a flag only its efficientnet trunk reads
-        kwargs["pretrained"] = pretrained_loaded(kwargs)
+    kwargs = traits(spec.model).recorded(dict(spec.model_kwargs))  # the model's own (C-Tran's `pretrained`)
     resolved = resolved_config(cfg, strategy.resolved(objective.model), spec.model, kwargs)
     prepared = Prepared(
         resolved,
@@ -229,7 +226,7 @@ def prepare(
         placement,
         privacy,
     )
-    if on_cpu(cfg):  # a slow step (C-Tran) says how long the rounds will take, before they start
+    if on_cpu(cfg):  # a model with a slow step says how long the rounds will take, before they start
         from .plan import announce_client_training
 
         announce_client_training(prepared, first_round)

@@ -23,6 +23,7 @@ from ..core.objective import ClientObjective
 from ..core.progress import enabled
 from ..core.strategy import round_rng
 from ..core.types import ClientId
+from ..models import traits
 from .host import fit_batches
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def work_plan(
             for epochs, local_steps in phases:
                 batches = fit_batches(train_sizes[cid], bs, epochs, local_steps)
                 steps, images = steps + len(batches), images + sum(batches)
-        if rnd % int(cfg.eval.every) == 0 or rnd == rounds:  # as callbacks/evaluation.py evaluates
+        if rnd % int(cfg.eval.every) == 0 or rnd == rounds:  # as steps/evaluation.py evaluates
             evaluated += test_images + (sum(test_sizes) if cfg.eval.clients else 0)
     return WorkPlan(fits, steps, images, evaluated)
 
@@ -127,12 +128,14 @@ def step_seconds(prep: Prepared, threads: int, timed: int = 1) -> tuple[float, f
 
 
 def announce_client_training(prep: Prepared, first_round: int = 1) -> None:
-    """C-Tran trained on a CPU (3.5-14 s a step at batch 64 on 2 shared cores): before the
-    first round, how long the clients' training and the evaluations will take, from
-    `plan_of` and a timed step of each, once that passes `ANNOUNCE_ABOVE_S`. Other models'
-    steps are fast enough to go untimed; with progress off (`--quiet`) nothing is timed.
+    """A model whose step is slow on a CPU (its `ModelTraits.slow_on_cpu`: C-Tran, 3.5-14 s a
+    step at batch 64 on 2 shared cores): before the first round, how long the clients' training
+    and the evaluations will take, from `plan_of` and a timed step of each, once that passes
+    `ANNOUNCE_ABOVE_S`. Other models' steps are fast enough to go untimed; with progress off
+    (`--quiet`) nothing is timed.
     `first_round`: a resumed run announces the rounds it has left."""
-    if prep.spec.model != "ctran" or not enabled() or not prep.split.train or not len(prep.split.train[0]):
+    name = traits(prep.spec.model).slow_on_cpu  # the model's own trait: C-Tran's step
+    if not name or not enabled() or not prep.split.train or not len(prep.split.train[0]):
         return
     plan = plan_of(prep, first_round)
     if plan.client_images + plan.eval_images < MIN_TIMED_IMAGES:
@@ -140,7 +143,7 @@ def announce_client_training(prep: Prepared, first_round: int = 1) -> None:
     threads = min(torch.get_num_threads(), cores_given())
     step_s, image_s = step_seconds(prep, threads)
     announce_long(
-        "client training (C-Tran on the CPU)",
+        f"client training ({name} on the CPU)",
         plan.client_steps * step_s + plan.eval_images * image_s,
         f"{plan.client_steps} steps of batch {prep.spec.batch_size} at {step_s:.2f} s and "
         f"{plan.eval_images} images evaluated, timed here on {threads} threads; Ray's actors share them",

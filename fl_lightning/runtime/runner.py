@@ -1,7 +1,8 @@
 """Running a built run: `run_rounds` is the algorithm's loop (pfl-research's
-`FederatedAlgorithm.run`, Flower's `Strategy.start`); evaluation, checkpoints, metrics,
-loggers, the divergence guard and batch-norm statistics are callbacks (`callbacks/`), and
-`Run` wires them up. `start_run` and `resume_run` are the entry points.
+`FederatedAlgorithm.run`, Flower's `Strategy.start`); evaluation, checkpoints, the divergence
+guard and batch-norm statistics are its steps (`steps/`), metrics and loggers observe it as
+callbacks (`callbacks/`), and `Run` wires them up. `start_run` and `resume_run` are the entry
+points.
 
 All randomness is derived from (seed, round, client), and state is only `ServerState`
 plus each client's resident state, so a run resumed from any checkpoint repeats exactly
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from ..config import RootConfig, to_yaml
+from ..core.aggregation import Summed
 from ..core.errors import DivergedError, StoppedAfterCompletion
 from ..core.files import open_new
 from ..core.messages import RoundPlan, ServerState
@@ -46,30 +48,27 @@ from ..models.weights import keep_weights, kept_weights
 from ..tracking.chance import chance_level
 from . import checkpoint, outcome, signals
 from .build import Prepared, prepare
-from .callbacks import (
-    Callback,
-    CallbackList,
-    Checkpointer,
-    ClientEval,
-    GlobalEval,
-    Line,
-    Loggers,
-    MetricsWriter,
-    RunContext,
-    WallClock,
-    finite_losses,
-    finite_weights,
-    recompute_bn_stats,
-)  # fmt: skip
-from .callbacks.checkpointing import unwritten_line
-from .callbacks.evaluation import driver_device
+from .callbacks import Callback, CallbackList, Loggers, MetricsWriter, RunContext
 from .callbacks.metrics import wandb_loggers
 from .executor import Executor
 from .placement import Placement
 from .record import RoundRecord
 from .scheduler import Scheduler, Synchronous, scheduler_for, virtual_time
 from .session import Session, Workers
+from .steps import (
+    Checkpointer,
+    ClientEval,
+    GlobalEval,
+    Line,
+    WallClock,
+    driver_device,
+    finite_losses,
+    finite_weights,
+    recompute_bn_stats,
+    unwritten_line,
+)
 from .summary import run_summary
+from .summing import SummingExecutor, sums_on_arrival
 
 log = logging.getLogger("fl_lightning")
 
@@ -87,6 +86,10 @@ class RoundSteps:
     #: privacy=dp_fedavg: the budget stop before each round and ε after it (the noise is the
     #: aggregation chain's); None: no privacy
     privacy: PrivacyPlan | None = None
+    #: add each update to the aggregation chain's running sum as it arrives and drop its params
+    #: where the method allows it (`summing.py`): the driver holds one sum, not the round's
+    #: updates. False: every update kept whole (the testing kit's golden tests read them).
+    sum_on_arrival: bool = True
 
 
 def run_rounds(
@@ -123,15 +126,21 @@ def run_rounds(
                 steps.privacy.check_budget(rnd, privacy_memory(state))  # (and σ is the rounds' so far)
             t0 = time.perf_counter()
             # 1. configure, 2. fit: the scheduler's updates for this step, in client-id order
+            # (each added to the chain's running sum as it arrives, where the method allows it)
             failed, retried = len(executor.failures), len(executor.retries)
-            got = scheduler.collect(state, rnd, executor, configure)
+            ctx = context(rnd)
+            if steps.sum_on_arrival and sums_on_arrival(strategy, scheduler, state):
+                summed = Summed(strategy.aggregator, strategy.aggregator.start(state, ctx))
+                got = scheduler.collect(state, rnd, SummingExecutor(executor, summed, ctx), configure)
+                ctx = dataclasses.replace(ctx, summed=summed)
+            else:
+                got = scheduler.collect(state, rnd, executor, configure)
             plan, updates = got.plan, got.updates
             if rnd not in started:  # an asynchronous step: the clients it took, once they are known
                 callbacks.on_round_start(plan)
             tf = time.perf_counter()
             # the clients' last act before anything of the server's reads their updates
             # (secure aggregation masks them here: core/secagg.py)
-            ctx = context(rnd)
             if got.staleness:
                 ctx = dataclasses.replace(ctx, staleness=got.staleness)
             updates = strategy.aggregator.upload(state, updates, ctx)

@@ -215,6 +215,12 @@ class Synchronous:
         """Today's loop: no clock (every update takes no time, none recorded or measured)."""
         return self.arrivals is None or (self.arrivals.system.timeless and not self.arrivals.wall)
 
+    @property
+    def takes_every_update(self) -> bool:
+        """Every update of the cohort goes to the server, in client-id order (no deadline,
+        no over-selection, no clock, virtual or wall): the driver may sum them as they arrive."""
+        return self.timeless and self.keep is None and self.deadline is None
+
     def collect(
         self,
         state: ServerState,

@@ -10,14 +10,15 @@ Each class owns `m` trainable vectors (`sp.ctx`, [C, m, h]; m = the number of to
 name's tokens as CoOp does: `end` "<ctx> {class}.", `front` "{class} <ctx>.", `middle`
 "<ctx[:m//2]> {class} <ctx[m//2:]>.". They start as the token embeddings of
 `ctx_init`, so an untrained module reproduces the handcrafted prompts' features. The encoder is
-held outside the module tree: `parameters()` and `state_dict()` hold only `ctx`, and no encoder
-weight can receive a gradient. Move the encoder with the module: `sp.to(dev)` moves both.
+a frozen submodule (`sp.encoder`): `sp.to(dev)` moves it as any submodule, none of its weights
+takes a gradient (`TextEncoder` freezes them and stays in eval mode), and its state entries
+(`encoder.*`) are frozen by role (`frozen_prefixes`, read by `ClientObjective.role` through the
+model holding the prompts): never trained, uploaded, broadcast or checkpointed. Only `ctx` trains.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,11 @@ POSITIONS = ("end", "middle", "front")
 
 
 class ClassSoftPrompts(nn.Module):
-    encoder: TextEncoder  # held outside the module tree (see the module docstring)
+    #: the state entries frozen by role, below this module (a model holding it at `prompt.`
+    #: names them `prompt.encoder.`)
+    frozen_prefixes: tuple[str, ...] = ("encoder.",)
+
+    encoder: TextEncoder  # a frozen submodule (see the module docstring)
     token_embeds: Tensor  # buffers, set in __init__
     attention_mask: Tensor
     class_index: Tensor
@@ -56,7 +61,7 @@ class ClassSoftPrompts(nn.Module):
             raise ValueError(
                 f"class_token_position={class_token_position!r}: expected one of {', '.join(POSITIONS)}"
             )
-        object.__setattr__(self, "encoder", encoder)  # not a submodule: never trained, never saved
+        self.encoder = encoder  # a submodule, frozen by role (`frozen_prefixes`)
         if ctx_init is not None:
             ctx_text = ctx_init
         elif n_ctx:
@@ -107,11 +112,6 @@ class ClassSoftPrompts(nn.Module):
         self.register_buffer("token_embeds", embeds, persistent=False)  # [C*k, L, h], frozen
         self.register_buffer("attention_mask", mask, persistent=False)
         self.register_buffer("class_index", torch.arange(C).repeat_interleave(self.k), persistent=False)
-
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> ClassSoftPrompts:
-        super()._apply(fn, *args, **kwargs)
-        self.encoder._apply(fn, *args, **kwargs)  # .to(device) moves the frozen encoder too
-        return self
 
     def embeddings(self, classes: Tensor | None = None, ctx: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The prompts' embedding sequences [n, L, h] with the class vectors spliced in, and masks;

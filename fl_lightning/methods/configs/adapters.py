@@ -11,7 +11,7 @@ from ...core.errors import ConfigError
 from .prompting import PromptConfig
 
 if TYPE_CHECKING:
-    from ...config import RootConfig
+    from ...core.run_config import RootConfig
 
 ADAPTER_MODEL = "clip_lora"
 #: the language tasks' model (models/hf_lora.py: LoRA on a Hugging Face encoder, a classifier head)

@@ -10,7 +10,7 @@ from ...core.errors import ConfigError
 from ...core.method import METHODS, MethodConfig
 
 if TYPE_CHECKING:
-    from ...config import RootConfig
+    from ...core.run_config import RootConfig
 
 
 @METHODS.register("ccvr")

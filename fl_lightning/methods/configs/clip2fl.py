@@ -13,7 +13,7 @@ from ...core.method import METHODS
 from .creff import CReFFConfig
 
 if TYPE_CHECKING:
-    from ...config import RootConfig
+    from ...core.run_config import RootConfig
 
 
 #: the teachers: `aligned` (a stand-in trained here, MiniLM text) or `clip` (CLIP weights)

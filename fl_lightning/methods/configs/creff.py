@@ -11,7 +11,7 @@ from ...core.method import METHODS, MethodConfig
 if TYPE_CHECKING:
     from torch import nn
 
-    from ...config import RootConfig
+    from ...core.run_config import RootConfig
     from ...core.strategy import TaskInfo
 
 

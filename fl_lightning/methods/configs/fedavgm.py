@@ -9,7 +9,7 @@ from ...core.checks import positive, within
 from ...core.method import METHODS, MethodConfig
 
 if TYPE_CHECKING:
-    from ...config import RootConfig
+    from ...core.run_config import RootConfig
 
 
 @METHODS.register("fedavgm")

@@ -11,7 +11,7 @@ from ...core.method import METHODS, MethodConfig
 from . import multilabel
 
 if TYPE_CHECKING:
-    from ...config import RootConfig
+    from ...core.run_config import RootConfig
 
 
 @METHODS.register("feddtr")

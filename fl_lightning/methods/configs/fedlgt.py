@@ -13,7 +13,7 @@ from . import multilabel
 if TYPE_CHECKING:
     from torch import nn
 
-    from ...config import RootConfig
+    from ...core.run_config import RootConfig
     from ...core.strategy import TaskInfo
 
 

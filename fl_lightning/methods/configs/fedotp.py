@@ -9,7 +9,7 @@ from ...core.errors import ConfigError
 from ...core.method import METHODS
 
 if TYPE_CHECKING:
-    from ...config import RootConfig
+    from ...core.run_config import RootConfig
 from .prompting import PromptConfig
 
 

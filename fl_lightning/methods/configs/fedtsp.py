@@ -11,7 +11,7 @@ from ...core.errors import ConfigError
 from ...core.method import METHODS, MethodConfig
 
 if TYPE_CHECKING:
-    from ...config import RootConfig
+    from ...core.run_config import RootConfig
 
 
 LN_100, LN_1000 = math.log(100.0), math.log(1000.0)  # as server_steps/prompt_tuning.py

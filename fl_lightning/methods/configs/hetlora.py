@@ -10,7 +10,7 @@ from ...core.method import METHODS
 from .adapters import AdapterConfig
 
 if TYPE_CHECKING:
-    from ...config import RootConfig
+    from ...core.run_config import RootConfig
 
 
 @METHODS.register("hetlora")

@@ -1,12 +1,20 @@
-"""What a run does beside the strategy, each where `runner.run_rounds` names it (evaluation,
-checkpoints, divergence checks, batch-norm statistics), and the callbacks that observe it
-(`base.py` for their hooks): metrics.jsonl and summary.json, W&B and the progress bar."""
+"""The callbacks that observe a run (`base.py` for their hooks): metrics.jsonl and
+summary.json, W&B and the progress bar (`metrics.py`). They never change the plan or the state.
 
-from .base import Callback, CallbackList, RunContext, WallClock
-from .bn import recompute_bn_stats
-from .checkpointing import Checkpointer
-from .evaluation import ClientEval, GlobalEval, Line
-from .guards import finite_losses, finite_weights
+The loop's own steps (evaluation, checkpoints, divergence checks, batch-norm statistics) are
+`runtime/steps/`; their names are importable from here too, as they were before the split."""
+
+from ..steps import (
+    Checkpointer,
+    ClientEval,
+    GlobalEval,
+    Line,
+    WallClock,
+    finite_losses,
+    finite_weights,
+    recompute_bn_stats,
+)
+from .base import Callback, CallbackList, RunContext
 from .metrics import Loggers, MetricsWriter
 
 __all__ = [

@@ -7,6 +7,8 @@ Per round, in this order:
 
     on_round_start(plan)                the round's plan, before any client trains
     on_updates(record, updates)         the updates, sorted by client id, before aggregation
+                                        (their params already in the running sum, as meta
+                                        tensors, where the driver sums them on arrival)
     on_round_end(state, record)         the round's own work is done and it is checkpointed
     on_line(record)                     the round's line is complete (at once, or after the
                                         next round's fit when its evaluation overlapped it)
@@ -18,7 +20,6 @@ to `on_line`), `on_exception(error)` when the run stops on an error (Ctrl-C incl
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,23 +27,9 @@ from typing import Any
 from ...core.messages import ClientUpdate, RoundPlan, ServerState
 from ..executor import Executor
 from ..record import RoundRecord
+from ..steps.clock import WallClock  # (its home is the loop's steps; here too for callbacks)
 
-
-class WallClock:
-    """A run's wall time: what earlier processes ran (`offset`, from its last line) plus the
-    time since this process began its rounds (`start`)."""
-
-    def __init__(self, offset: float = 0.0) -> None:
-        self.offset = offset
-        self.started = time.perf_counter()
-
-    def start(self) -> float:
-        self.started = time.perf_counter()
-        return self.started
-
-    def wall(self, t: float) -> float:
-        """The run's wall time at `time.perf_counter()` value `t`."""
-        return self.offset + t - self.started
+__all__ = ["Callback", "CallbackList", "RunContext", "WallClock"]
 
 
 @dataclass

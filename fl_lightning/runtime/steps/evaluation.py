@@ -17,15 +17,15 @@ import torch
 from ...core.centralized import torch_threads
 from ...core.files import open_new
 from ...core.messages import ClientUpdate, RoundPlan, ServerState
-from ...core.metrics import blanked_ap, domain_accuracy
+from ...core.metrics import domain_accuracy
 from ...core.objective import evaluate
 from ...core.types import ClientId
-from ...data.fmnist_digits20 import COARSE, COARSE_GROUPS
+from ...data.registry import DATASETS
 from ..build import Prepared
 from ..executor import Executor
 from ..host import frozen_tower
 from ..record import RoundRecord, client_metrics, majority_accuracies
-from .base import WallClock
+from .clock import WallClock
 
 #: a global evaluation's metrics, its own duration and when it ended (perf_counter)
 EvalResult = tuple[dict[str, float], float, float]
@@ -111,13 +111,9 @@ class GlobalEval:
         self.device = driver_device(str(ev.device))
         self.test = p.dataset.tensors(p.dataset.test_x, p.dataset.test_y)
         self.test_features: torch.Tensor | None = None  # a frozen image tower's, once (`_inputs`)
-        #: the test set's blanked (image, label) pairs (`ArrayDataset.test_blank`; none where a
-        #: protocol changed the test set's rows), and the coarse groups their AP is split by
-        blank = p.dataset.test_blank
-        rows = blank is not None and len(blank) == len(p.dataset.test_y)
-        self.blank = torch.from_numpy(np.asarray(blank, dtype=bool)) if rows else None
-        groups = COARSE_GROUPS.get(p.cfg.data.name)
-        self.blank_groups = (groups, COARSE) if groups is not None else (None, ())
+        #: the dataset's own metrics from the test scores (`DatasetEntry.extra_metrics`: the
+        #: themed mosaics' AP on blanked labels); None: none
+        self.extra_metrics = DATASETS.get(p.cfg.data.name).extra_metrics
         #: each test image's domain (feature skew, single-label), for the per-domain accuracies
         #: and their mean (`core.metrics.domain_accuracy`); None: no domains
         doms = p.dataset.test_domains
@@ -149,7 +145,7 @@ class GlobalEval:
 
         def job() -> EvalResult:
             t = time.perf_counter()
-            wanted = keep or self.blank is not None or self.domains is not None
+            wanted = keep or self.extra_metrics is not None or self.domains is not None
             scores: list[torch.Tensor] | None = [] if wanted else None
             out = evaluate(
                 obj,
@@ -160,8 +156,8 @@ class GlobalEval:
                 scores_out=scores,
             )
             every = torch.cat(scores) if scores else None  # the main head's, in test-set order
-            if every is not None and self.blank is not None:  # the AP on labels whose object was cut out
-                out.update(blanked_ap(every, self.test[1], self.blank, *self.blank_groups))
+            if every is not None and self.extra_metrics is not None:  # the dataset's own
+                out.update(self.extra_metrics(self.p.dataset, every, self.test[1]))
             if every is not None and self.domains is not None:
                 out.update(domain_accuracy(every, self.test[1], self.domains, self.p.dataset.domain_names))
             if every is not None and keep:

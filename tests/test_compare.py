@@ -160,8 +160,10 @@ def test_wandb_run_has_partition_statistics_and_seed_tag(tmp_path):
     # every history row carries `round`, and every chart's x-axis is it
     assert [h["round"] for h in logged["history"]] == [h["_step"] for h in logged["history"]] == [0, 1, 2]
     sections = ("train", "eval", "server", "privacy", "system", "partition")
+    # (and the evaluation over virtual time, `time/*`, for runs whose clock runs: docs/async.md)
     assert {(m.glob_name, m.step_metric) for m in logged["metrics"] if m.glob_name} == {
-        (f"{s}/*", "round") for s in sections
+        *((f"{s}/*", "round") for s in sections),
+        ("time/*", "system/virtual_time"),
     }
     step0 = next(h for h in logged["history"] if "partition/class_histogram/_type" in h)
     assert step0["_step"] == 0 and step0["partition/class_histogram/_type"] == "table-file"

@@ -193,7 +193,10 @@ def test_soft_prompts_init_reproduces_handcrafted(minilm, tmp_path):
     descs = P.descriptions("fmnist", names)
     sp = ClassSoftPrompts(minilm, names, descs, ctx_init="a photo of a")
     assert sp.n_ctx == 4 and sp.k == 3 and sp.ctx.shape == (4, 4, 384)
-    assert [n for n, _ in sp.named_parameters()] == ["ctx"] and list(sp.state_dict()) == ["ctx"]
+    # the encoder is a submodule frozen by role (`frozen_prefixes`): ctx is all that trains or is kept
+    assert [n for n, p in sp.named_parameters() if p.requires_grad] == ["ctx"]
+    assert sp.frozen_prefixes == ("encoder.",)
+    assert [k for k in sp.state_dict() if not k.startswith(sp.frozen_prefixes)] == ["ctx"]
     feats = sp()
     handcrafted = minilm.encode([t for ts in sp.prompts for t in ts]).view(4, 3, -1)
     assert feats.shape == (4, 3, 384) and torch.allclose(feats, handcrafted, atol=1e-5)

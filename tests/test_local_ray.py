@@ -208,6 +208,10 @@ class DefaultPortsHead(Head):
         self.url = f"http://127.0.0.1:{DASHBOARD}"
 
 
+#: what a head just started answers for a while, more so on a loaded machine
+TRANSIENT = ("No available agent", "Connection aborted", "Connection refused")
+
+
 @pytest.mark.slow
 def test_a_users_ray_head_and_job_work_beside_a_private_run(tmp_path, data_root):
     """A private run's Ray bound the dashboard agent's default port 52365 (and, where its
@@ -239,8 +243,9 @@ def test_a_users_ray_head_and_job_work_beside_a_private_run(tmp_path, data_root)
         head = DefaultPortsHead()
         head.wait_ready(timeout=240)
         # the head's agent registers some seconds after its job API answers (more on a loaded
-        # machine): "No available agent" is tried again for 3 minutes; an agent that cannot bind
-        # its port (the failure here) never comes
+        # machine): "No available agent" is tried again for 3 minutes, as is a head whose
+        # dashboard dropped the connection under load (seen in the suite beside two busy
+        # workers); an agent that cannot bind its port (the failure here) never comes
         submit = [
             str(BIN / "ray"),
             "job",
@@ -255,7 +260,8 @@ def test_a_users_ray_head_and_job_work_beside_a_private_run(tmp_path, data_root)
         while True:
             job = subprocess.run(submit, env=head.env, capture_output=True, text=True, timeout=300)
             said = job.stdout + job.stderr
-            if job.returncode == 0 or "No available agent" not in said or time.monotonic() > deadline:
+            transient = any(t in said for t in TRANSIENT)
+            if job.returncode == 0 or not transient or time.monotonic() > deadline:
                 break
             time.sleep(3)
         assert job.returncode == 0 and "job-ran-on-the-head" in job.stdout, said[-4000:]

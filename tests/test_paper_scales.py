@@ -44,6 +44,9 @@ def small(paper: str, root: Path) -> list[str]:
         "adapters": ["fl.batch_size=16", "model.max_length=32"],
         # 3 clients, 2 a round: δ below 1/3, Poisson cohorts of 2 expected
         "dp_fedavg": ["fl.num_clients=3", "fl.clients_per_round=2", "data.min_size=2", "privacy.delta=0.01"],
+        # the real Fashion-MNIST cut to 40 images over 3 clients, Poisson cohorts of 2 expected
+        "dp_fedavg_frozen": ["fl.num_clients=3", "fl.clients_per_round=2", "data.train_subset=40",
+                             "data.test_subset=20", "privacy.delta=0.01"],
         **dict.fromkeys(("fedotp", "fedpgp"), [f"model.arch={root / 'weights' / (TINY_CLIP_ARCH + '.json')}",
                                                "fl.num_clients=3", "data.min_size=2"]),
         # 48 images (8 shots of 6 classes) over the scale's 10 clients (Dirichlet 0.1)
@@ -120,6 +123,7 @@ SUITE_ROWS = {
     "dp_fedavg": ["eps2", "eps2_adaptive", "no_dp"],
     "fedbuff": ["fedavg", "fedbuff", "fedasync"],
     "adapters": ["fedit", "ffa_lora", "flora"],
+    "dp_fedavg_frozen": ["eps4", "eps4_adaptive"],
 }
 #: what makes two rows different settings rather than one setting with other method keys
 SETTING_KEYS = ("method", "model", "data", "+experiment", "text", "text.arch", "data.partition")
@@ -235,6 +239,7 @@ DATASETS = {
     "dp_fedavg": ["CIFAR-10 not found"],
     "fedbuff": ["CIFAR-10 not found"],
     "adapters": ["SST-2 (GLUE) not found"],
+    "dp_fedavg_frozen": ["Fashion-MNIST not found"],
 }
 
 

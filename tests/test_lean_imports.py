@@ -98,6 +98,21 @@ print("never")
     assert out.stdout.split() == ["thread", "ran", "atexit", "ran"]
 
 
+def test_cli_exit_does_not_wait_for_an_idle_evaluation_thread() -> None:
+    """A run stopped by a signal on its way out left its evaluation pool's thread waiting for
+    work; the exit joined it and the process hung for good after `terminated (SIGTERM)` (seen
+    in the killed-sweep test: summary.json written, the process in a futex wait 8 min later)."""
+    code = """
+from concurrent.futures import ThreadPoolExecutor
+from fl_lightning.cli.main import exit_now
+pool = ThreadPoolExecutor(1, thread_name_prefix="fl-eval")
+pool.submit(print, "evaluated", flush=True).result()
+exit_now(143)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 143 and out.stdout.split() == ["evaluated"], out.stderr
+
+
 # --- contained: only the tested versions, and it steps aside on any exception ----------------
 def _fake(tmp_path: Path, name: str, body: str) -> None:
     pkg = tmp_path / name

@@ -378,7 +378,9 @@ def exit_now(code: int | None) -> None:
     import threading
 
     for t in threading.enumerate():
-        if t is not threading.current_thread() and not t.daemon:
+        # the run's evaluation thread is done with by now (summary.json is written): one left
+        # waiting for work (its run stopped by a signal on the way out) must not hold the exit
+        if t is not threading.current_thread() and not t.daemon and not t.name.startswith("fl-eval"):
             t.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

@@ -318,6 +318,9 @@ class Run:
                 if status != "completed":  # a quick way out: no picture to wait for
                     self._end_callbacks(global_eval, callbacks, status, summary)
             finally:  # the run's workers end (or stay warm) whatever happened on the way out
+                # and the evaluation thread with them: a second signal raised out of the block
+                # above left it waiting for work, and the exit (which joins it) hung for good
+                global_eval.close()
                 self.session.end_run(workers.executor, completed=status == "completed")
         if self.console:
             print_table(writer.records(), summary, run_dir)

@@ -201,7 +201,8 @@ class GlobalEval:
         return Line(record)
 
     def close(self) -> None:
-        """Stop the evaluation thread (after summary.json: it may wait for an evaluation)."""
+        """Stop the evaluation thread (after summary.json: it may wait for an evaluation).
+        Called again on the way out whatever happened (a second call does nothing)."""
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
 

@@ -2,8 +2,9 @@
 
 Probes (each its own process, `--reps` times, alternating the order; seconds from the
 probe's own first line, plus the process's wall time from the parent, its own CPU seconds
-(`cpu_s`: what load on the machine disturbs least; Ray's processes not counted) and how many
-modules it had imported):
+(`cpu_s`: what load on the machine disturbs least; Ray's processes apart, by kind, as
+`cpu_s.<kind>` and `cpu_s.ray_total`, read before Ray's shutdown) and how many modules it had
+imported):
 
   python          the interpreter alone (`pass`)
   torch           `import torch`
@@ -44,6 +45,30 @@ PROBES = ("python", "torch", "driver_imports", "worker_imports", "ray_init", "ac
 
 def load_average() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def ray_processes_cpu() -> dict[str, float]:
+    """CPU seconds so far of every process Ray started under this one (GCS, raylet, its agents,
+    the dashboard, the monitors, the workers), by kind: on 2 cores these compete with the
+    driver's and the workers' imports, so what each costs says what a cut could save."""
+    import psutil  # Ray's own dependency
+
+    kinds: dict[str, float] = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(child.cmdline())
+            times = child.cpu_times()
+        except psutil.Error:
+            continue
+        kind = next(
+            (k for k in ("gcs_server", "raylet", "dashboard_agent", "runtime_env", "log_monitor",
+                         "monitor.py", "dashboard.py", "reaper", "default_worker") if k in cmd),
+            child.name(),
+        )  # fmt: skip
+        key = f"cpu_s.{kind}"
+        kinds[key] = kinds.get(key, 0.0) + times.user + times.system
+    kinds["cpu_s.ray_total"] = sum(kinds.values())
+    return kinds
 
 
 def probe(name: str) -> dict[str, float]:
@@ -98,6 +123,7 @@ def probe(name: str) -> dict[str, float]:
             actors = [remote_actor().options(num_cpus=1).remote("cpu") for _ in range(os.cpu_count() or 1)]
         ray.get([a.__ray_ready__.remote() for a in actors])
         out["actors_ready"] = time.perf_counter() - t2
+    out.update(ray_processes_cpu())
     t3 = time.perf_counter()
     assert conn is not None
     conn.shutdown()
@@ -163,8 +189,8 @@ def main() -> int:
             if not ok:
                 continue
             med[name] = {"process_wall_s": statistics.median(r["process_wall_s"] for r in ok)}
-            for k in ok[0]["steps_s"]:
-                med[name][k] = statistics.median(r["steps_s"][k] for r in ok)
+            for k in dict.fromkeys(k for r in ok for k in r["steps_s"]):  # a kind may be missing
+                med[name][k] = statistics.median(r["steps_s"][k] for r in ok if k in r["steps_s"])
         if "actors_fl" in med and "actors_bare" in med:
             derived[tree]["worker_imports_in_actors_s"] = (
                 med["actors_fl"]["actors_ready"] - med["actors_bare"]["actors_ready"]

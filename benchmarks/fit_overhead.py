@@ -85,14 +85,21 @@ def main() -> int:
     model = build_model(spec.model, spec.num_classes, spec.in_channels, spec.image_size, **spec.model_kwargs)
     digest = hashlib.sha256()
     fit_no = {"engine": 0, "plain": 0}  # engine_new_trainer counts as engine: one stream of seeds
+    pending: list[Any] = []  # the engine's updates not yet in the fingerprint
 
     def engine() -> None:
         k = fit_no["engine"]
         fit_no["engine"] += 1
         c = k % args.clients
-        update = host.fit(Broadcast(1, glob), ClientPayload(c, 1, seed=1000 + k))
-        for name in sorted(update.params):
-            digest.update(update.params[name].numpy().tobytes())
+        pending.append(host.fit(Broadcast(1, glob), ClientPayload(c, 1, seed=1000 + k)))
+
+    def fingerprint() -> None:
+        # outside the timed region: SHA-256 over a CNN's 1.7 M weights is ~3 ms of CPU a fit,
+        # which an earlier version of this script counted as the engine's fixed cost
+        for update in pending:
+            for name in sorted(update.params):
+                digest.update(update.params[name].numpy().tobytes())
+        pending.clear()
 
     def engine_new_trainer() -> None:
         getattr(host, "_trainers", {}).clear()  # a host without kept Trainers (older): as it is
@@ -119,6 +126,7 @@ def main() -> int:
     for fn in ways.values():  # warm-up: first-call costs (allocator, Lightning's first fit)
         for _ in range(5):
             fn()
+            fingerprint()
     wall: dict[str, list[float]] = {w: [] for w in ways}
     cpu: dict[str, list[float]] = {w: [] for w in ways}
     for k in range(args.fits):  # paired: fit k of each way back to back, in alternating order
@@ -127,6 +135,7 @@ def main() -> int:
             ways[w]()
             wall[w].append((time.perf_counter() - t0) * 1e6)
             cpu[w].append((time.process_time() - c0) * 1e6)
+            fingerprint()
 
     def overhead(t: dict[str, list[float]], way: str = "engine", base: str = "plain") -> float:
         return statistics.median(e - q for e, q in zip(t[way], t[base], strict=True))

@@ -13,13 +13,14 @@ import pytest
 
 from fl_lightning import lean_imports
 
-HEAVY = ("transformers", "scipy.signal", "matplotlib", "torchvision", "rich")
+HEAVY = ("transformers", "scipy.signal", "matplotlib", "torchvision", "rich", "dp_accounting")
 
 PROBE = f"""
 import json, sys
 from fl_lightning.lean_imports import install
 install()
 import lightning.pytorch  # imports torchmetrics, as every worker and driver does
+import fl_lightning.runtime.host  # what a client worker imports (actor.py): no accountant, no scipy
 import torch
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.utilities.imports import _TRANSFORMERS_GREATER_EQUAL_4_4

@@ -276,24 +276,35 @@ def _private_cwd(folder: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _free_agent_port() -> Iterator[None]:
-    """Ray's dashboard agent listens on 52365 unless told otherwise, and `ray.init` cannot tell
-    it: for the block, Ray's parameters default it to 0 (a free port; Ray reads the bound one
-    back). The dashboard's own port is `ray.init(dashboard_port=0)`."""
-    from ray._private import parameter
+def _private_head_params() -> Iterator[None]:
+    """What `ray.init(address="local")` cannot be told, for the block (Ray's parameters default
+    them). The dashboard agent listens on a free port (0; Ray reads the bound one back), not
+    52365, which another user's Ray may hold (the dashboard's own port is
+    `ray.init(dashboard_port=0)`). And a private head starts neither the autoscaler monitor nor
+    the API server (the "minimal dashboard" `include_dashboard=False` still starts): it is one
+    fixed node that nothing scales, and nothing submits jobs to it or reads its state API, while
+    each is a Python process importing Ray on the cores a cold start waits for (0.3 and 0.6
+    CPU-s of Ray's ~2.3 on 2 cores: `benchmarks/cold_phases.py`, `cpu_s.<kind>`). The log
+    monitor stays: it carries the workers' output to the driver."""
+    from ray._private import parameter, services
 
-    original = parameter.RayParams
+    original, api_server = parameter.RayParams, services.start_api_server
 
-    class FreeAgentPort(original):  # type: ignore[misc, valid-type]
+    class PrivateHead(original):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("dashboard_agent_listen_port", 0)
+            kwargs.setdefault("no_monitor", True)
             super().__init__(*args, **kwargs)
 
-    parameter.RayParams = FreeAgentPort  # type: ignore[misc]
+    def no_api_server(*args: Any, **kwargs: Any) -> tuple[None, None]:
+        return None, None  # (url, process): Node records no dashboard process
+
+    parameter.RayParams = PrivateHead  # type: ignore[misc]
+    services.start_api_server = no_api_server
     try:
         yield
     finally:
-        parameter.RayParams = original  # type: ignore[misc]
+        parameter.RayParams, services.start_api_server = original, api_server  # type: ignore[misc]
 
 
 def cluster_address(address: str | None) -> str | None:
@@ -380,7 +391,7 @@ def init_ray(
         if mark:
             os.environ[OWNER_ENV] = mark  # inherited by every process of this Ray
         # held: a signal during `ray.init` raises after it returns, never half-way through
-        with signals.held(), _home(ray_home()), _private_cwd(folder), _free_agent_port():
+        with signals.held(), _home(ray_home()), _private_cwd(folder), _private_head_params():
             ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, dashboard_port=0, **kwargs)
             signals.restore_after_ray_init(sigterm)
             dog.watch(_session_dir())

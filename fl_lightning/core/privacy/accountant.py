@@ -24,12 +24,12 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import dp_accounting as dpa
-from dp_accounting import pld, rdp
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    import dp_accounting as dpa
 
 __all__ = [
     "OPACUS_RDP_ORDERS",
@@ -88,20 +88,33 @@ class Sampling:
         )
 
 
+def _dpa() -> Any:
+    """dp-accounting, imported where an ε is computed: it brings scipy.signal (~0.5 s on 2
+    cores), which every client worker and a run without DP would otherwise import (this module
+    is on the path of `runtime/host.py` through DP-SGD's plan)."""
+    import dp_accounting
+
+    return dp_accounting
+
+
 def _round_event(sampling: Sampling, noise_multiplier: float) -> dpa.DpEvent:
     """One round of DP-FedAvg: a subsampled Gaussian, as the sampling model says."""
+    lib = _dpa()
     if sampling.kind == "poisson":
-        return dpa.PoissonSampledDpEvent(sampling.rate, dpa.GaussianDpEvent(noise_multiplier))
+        return lib.PoissonSampledDpEvent(sampling.rate, lib.GaussianDpEvent(noise_multiplier))
     # replace-one: the sum's l2-sensitivity is 2C, so the multiplier per unit of sensitivity halves
-    gaussian = dpa.GaussianDpEvent(noise_multiplier / 2)
-    return dpa.SampledWithoutReplacementDpEvent(sampling.population, sampling.cohort, gaussian)
+    gaussian = lib.GaussianDpEvent(noise_multiplier / 2)
+    return lib.SampledWithoutReplacementDpEvent(sampling.population, sampling.cohort, gaussian)
 
 
 def _fresh(method: Method, sampling: Sampling, orders: tuple[float, ...] | None) -> dpa.PrivacyAccountant:
+    lib = _dpa()
+    from dp_accounting import pld, rdp
+
     relation = (
-        dpa.NeighboringRelation.REPLACE_ONE
+        lib.NeighboringRelation.REPLACE_ONE
         if sampling.kind == "without_replacement"
-        else dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
+        else lib.NeighboringRelation.ADD_OR_REMOVE_ONE
     )
     if method == "pld":
         if sampling.kind == "without_replacement":
@@ -154,7 +167,7 @@ class UserLevelAccountant:
 
     def event(self, rounds: int | None = None) -> dpa.DpEvent:
         n = self.rounds if rounds is None else rounds
-        return dpa.SelfComposedDpEvent(_round_event(self.sampling, self.noise_multiplier), n)
+        return _dpa().SelfComposedDpEvent(_round_event(self.sampling, self.noise_multiplier), n)
 
     def _accountant(self, rounds: int | None) -> dpa.PrivacyAccountant:
         acc = _fresh(self.method, self.sampling, self.orders)
@@ -220,9 +233,10 @@ def calibrate_noise_multiplier(
     Opacus' `get_noise_multiplier` does: never overshooting)."""
     if target_epsilon <= 0:
         raise ConfigError(f"privacy.target_epsilon must be > 0 (got {target_epsilon})")
+    lib = _dpa()
 
     def account(sigma: float) -> dpa.DpEvent:
-        return dpa.SelfComposedDpEvent(_round_event(sampling, sigma), rounds)
+        return lib.SelfComposedDpEvent(_round_event(sampling, sigma), rounds)
 
     # the search starts above σ where the PLD's discretised loss range would not fit in memory
     # (dp-accounting sizes it ~1/σ²: 38 GB at σ = 1e-3); a target met below it is refused
@@ -234,12 +248,12 @@ def calibrate_noise_multiplier(
                 f"privacy.target_epsilon={target_epsilon:g} is met already at noise multiplier {lowest:g} "
                 f"(ε {at_lowest:.3g}): set privacy.noise_multiplier instead"
             )
-        sigma = dpa.calibrate_dp_mechanism(
+        sigma = lib.calibrate_dp_mechanism(
             lambda: _fresh(method, sampling, None),
             account,
             target_epsilon,
             delta,
-            dpa.LowerEndpointAndGuess(lowest, max(1.0, 2 * lowest)),
+            lib.LowerEndpointAndGuess(lowest, max(1.0, 2 * lowest)),
             tol=tol,
         )
     return float(sigma)

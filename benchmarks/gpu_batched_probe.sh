@@ -4,9 +4,11 @@
 # without, in one process (`runtime=serial` on the GPU: no Ray between the rounds and the
 # numbers), sampled by py-spy (100 Hz, raw stacks). Needs what gpu_prepare.py wrote into .gpu/
 # and py-spy's wheel in .gpu/prof/.  usage: bash benchmarks/gpu_batched_probe.sh OUT
-# ALT=<folder of `<path>.alt` files>: first an A/B of the batched run, this tree against one with
-# those files swapped in, alternating twice (e.g. the cut tried on 2026-11-27:
-# ALT=benchmarks/results/gpu/h100_2026-11-27/probe_attempt/alt MODES= COLD=0).
+# ALT=<a patch (.diff) or a folder of `<path>.alt` files>: first an A/B of the batched run, this
+# tree against a copy with the patch applied (or those files swapped in), alternating twice. The
+# batched path's host-side cut (issue 57 item 4), as a patch against this tree's runtime/:
+# ALT=benchmarks/results/gpu/batched_host_on_cpu.diff MODES= COLD=0 (whole `.alt` files go stale
+# once runtime/ changes: 2026-11-27's are in h100_2026-11-27/probe_attempt/alt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash benchmarks/gpu_batched_probe.sh OUT}
@@ -22,7 +24,12 @@ if [ -n "${ALT:-}" ]; then
     # A/B in one call (timings from two machines do not compare): a copy of the repository with
     # ALT's `<path>.alt` files in place of `<path>`, run alternately with this one, no py-spy
     alt=$work/alt_repo && mkdir -p "$alt" && cp -r fl_lightning conf "$alt/"
-    (cd "$ALT" && find . -name '*.alt') | while read -r f; do cp "$ALT/$f" "$alt/${f%.alt}"; done
+    if [ -f "$ALT" ]; then
+        diff=$(cd "$(dirname "$ALT")" && pwd)/$(basename "$ALT")
+        (cd "$alt" && { git apply "$diff" 2>/dev/null || patch -p1 -s < "$diff"; }) || { echo "ALT: $ALT does not apply"; exit 1; }
+    else
+        (cd "$ALT" && find . -name '*.alt') | while read -r f; do cp "$ALT/$f" "$alt/${f%.alt}"; done
+    fi
     for rep in 1 2; do
         for variant in base alt; do
             root=$PWD; [ "$variant" = alt ] && root=$alt

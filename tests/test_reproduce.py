@@ -420,6 +420,9 @@ def test_an_estimate_times_a_prompt_learner_and_projects_its_scale(capsys):
     assert scored_classes(compose([*mini[:-3], "method=promptfl", "data.base_new=false"])) == 10
     assert train_images(compose([*mini, "method=fedtpg"])) == 32 * 5
     assert train_images(compose(["data=caltech101", "data.shots=8", "method=promptfl"])) == 8 * 100
+    # FedTPG's nine in one run: 8 shots of each one's base half, 50 + 51 + 50 + 51 + 19 + 51 +
+    # 24 + 98 + 199 = 593 classes
+    assert train_images(compose(["data=coop_multi", "method=fedtpg"])) == 8 * 593
 
 
 #: a billion laughs: `i` stands for 9**9 strings (expanded, 112 s and a MemoryError)

@@ -15,7 +15,8 @@ Formats written (what `fl_lightning/data/` reads):
   flair/flair_federated.hdf5 (ml-flair's prepare_dataset.py layout: /<split>/<user>/{images,
   labels, fine_grained_labels, image_ids}, /metadata/label_counter);
   caltech-101/101_ObjectCategories/<class>/*.jpg with CoOp's split_zhou_Caltech101.json (6
-  classes, 3 training and 2 test images each).
+  classes, 3 training and 2 test images each), and FedTPG's eight other cross-class datasets
+  in CoOp's layout too (split_zhou_*.json, FGVCAircraft's variant lists; 4 classes each).
 Training sets hold each image and its mirror image (and a 2-pixel shift for CIFAR); test
 sets the originals. Office, DomainNet, VOC, COCO and FLAIR labels are assigned (ImageNet photos, not
 those datasets' classes): the format is what is tested, not the labels' meaning.
@@ -196,19 +197,64 @@ def _flair(root: Path, photos: list[np.ndarray], users: int = 6) -> None:
         f["metadata/fine_grained_label_counter"] = json.dumps({c: 1 for c in fine})
 
 
-def _caltech101(root: Path, photos: list[np.ndarray]) -> None:
-    """CoOp's layout: the split JSON of [relative path, label, class name] rows."""
-    base = root / "caltech-101" / "101_ObjectCategories"
+def _split_file_set(root: Path, name: str, names: list[str], photos: list[np.ndarray]) -> None:
+    """CoOp's layout of dataset `name` (`coop.SPLIT_FILE_SETS`): the split JSON of [relative
+    path, label, class name] rows, 3 training and 2 test images a class."""
+    from fl_lightning.data.coop import SPLIT_FILE_SETS
+
+    folder, split_file, image_dir = next((f, s, i) for n, _, f, s, i, _ in SPLIT_FILE_SETS if n == name)
+    base = root / folder / image_dir if image_dir else root / folder
     split: dict[str, list[list[object]]] = {"train": [], "val": [], "test": []}
     k = 0
-    for label, name in enumerate(["accordion", "airplanes", "anchor", "ant", "barrel", "bass"]):
+    for label, cls in enumerate(names):
         for part, n in (("train", 3), ("test", 2)):
             for _ in range(n):
-                rel = f"{name}/image_{k:04d}.jpg"
+                rel = f"{cls.replace(' ', '_')}/image_{k:04d}.jpg"
                 _jpeg(base / rel, photos[k % len(photos)])
-                split[part].append([rel, label, name])
+                split[part].append([rel, label, cls])
                 k += 1
-    (root / "caltech-101" / "split_zhou_Caltech101.json").write_text(json.dumps(split))
+    (root / folder / split_file).write_text(json.dumps(split))
+
+
+def _caltech101(root: Path, photos: list[np.ndarray]) -> None:
+    _split_file_set(root, "caltech101", ["accordion", "airplanes", "anchor", "ant", "barrel", "bass"], photos)
+
+
+#: FedTPG's other eight cross-class datasets, four classes each (two base, two new)
+COOP_NAMES = {
+    "oxford_flowers": ["pink primrose", "globe thistle", "blanket flower", "trumpet creeper"],
+    "ucf101": ["Apply_Eye_Makeup", "Archery", "Baby_Crawling", "Balance_Beam"],
+    "oxford_pets": ["abyssinian", "american bulldog", "beagle", "bengal"],
+    "food101": ["apple pie", "baby back ribs", "baklava", "beef carpaccio"],
+    "dtd": ["banded", "blotchy", "braided", "bubbly"],
+    "stanford_cars": [
+        "AM General Hummer SUV 2000",
+        "Acura RL Sedan 2012",
+        "Audi R8 Coupe 2012",
+        "BMW M3 Coupe 2012",
+    ],
+    "sun397": ["abbey", "airplane cabin", "airport terminal", "alley"],
+}
+
+
+def _coop_suite(root: Path, photos: list[np.ndarray]) -> None:
+    """The cross-class nine (data=coop_multi): Caltech101's six classes, four for each other."""
+    _caltech101(root, photos)
+    for name, names in COOP_NAMES.items():
+        _split_file_set(root, name, names, photos)
+    d = root / "fgvc_aircraft"  # FGVCAircraft: variants.txt and its image lists, no split file
+    variants = ["707-320", "727-200", "737-200", "737-300"]
+    (d / "images").mkdir(parents=True)
+    (d / "variants.txt").write_text("".join(f"{v}\n" for v in variants))
+    k = 0
+    for part, n in (("train", 3), ("test", 2)):
+        lines = []
+        for v in variants:
+            for _ in range(n):
+                _jpeg(d / "images" / f"{1000000 + k}.jpg", photos[k % len(photos)])
+                lines.append(f"{1000000 + k} {v}\n")
+                k += 1
+        (d / f"images_variant_{part}.txt").write_text("".join(lines))
 
 
 def _weights(root: Path) -> None:
@@ -312,7 +358,7 @@ def build_root(root: Path, fmnist_root: str | Path) -> Path:
     _voc(root, photos)
     _coco(root, photos)
     _flair(root, photos)
-    _caltech101(root, photos)
+    _coop_suite(root, photos)
     sst2(root)
     _weights(root)
     fmnist = Path(fmnist_root).expanduser() / "fashion-mnist"

@@ -125,6 +125,13 @@ def test_fedtpg_golden_two_rounds_and_prompts_for_classes_no_client_held(clip_fi
         assert (model(z)[:, 5:] - together).abs().max() > 1e-3  # the grouping is what scores new
         before = Written(clip_file, init, torch.float32).text(new)
         assert (written.text(new) - before).abs().max() > 1e-4  # the generator's training moved them
+        # a composite of two 5-class datasets (data=coop_multi): each dataset's base (3 classes)
+        # and new (2) halves scored apart, each with the context generated from its own names
+        two = CLIPPrompt(10, 1, 8, **kw, generator={"cuts": [0, 3, 5, 8, 10]})
+        two.load_state_dict(states[-1].global_params, strict=False)
+        groups = [torch.arange(a, b) for a, b in ((0, 3), (3, 5), (5, 8), (8, 10))]
+        want = scale * z @ torch.cat([written.text(g) for g in groups]).T
+        torch.testing.assert_close(two(z), want, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.slow

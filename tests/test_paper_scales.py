@@ -56,9 +56,10 @@ def small(paper: str, root: Path) -> list[str]:
         # at its one step
         "fedbuff": ["fl.num_clients=3", "fl.clients_per_round=2", "system.concurrency=2", "system.buffer=1",
                     "data.min_size=2", "eval.every=1"],
-        # 6 classes: 3 base in blocks of 2 (round(3/2) = 2 clients, the scale's)
+        # the nine datasets in one run: Caltech101's 3 base classes in blocks of 2 (round(3/2) = 2
+        # clients) and the other eight's 2 in one block each: 10 clients
         "fedtpg": [f"model.arch={root / 'weights' / (TINY_CLIP_ARCH + '.json')}", "data.classes_per_client=2",
-                   "data.image_size=32"],
+                   "data.image_size=32", "fl.num_clients=10"],
     }[paper]  # fmt: skip
 
 
@@ -234,7 +235,17 @@ DATASETS = {
     "fedtsp": ["CIFAR-100 not found"],
     "fedotp": ["CIFAR-100 not found"],
     "fedpgp": ["CIFAR-100 not found"],
-    "fedtpg": ["Caltech101 not found"],
+    "fedtpg": [
+        "Caltech101 not found",
+        "Flowers102 not found",
+        "FGVCAircraft not found",
+        "UCF101 not found",
+        "OxfordPets not found",
+        "Food101 not found",
+        "DTD not found",
+        "StanfordCars not found",
+        "SUN397 not found",
+    ],
     "promptfl": ["Caltech101 not found"],
     "dp_fedavg": ["CIFAR-10 not found"],
     "fedbuff": ["CIFAR-10 not found"],

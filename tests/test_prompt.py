@@ -352,7 +352,7 @@ def test_fedpgp_golden_two_rounds_global_averaged_low_rank_kept(clip_file):
         obj.model.lowrank_v.zero_()
     torch.testing.assert_close(heads[""](z), heads["global"](z))
     # data.base_new: both terms over the first k classes only (their SUBSAMPLE_CLASSES base)
-    obj.trained_classes, obj.mu = 5, 0.0
+    obj.trained_classes, obj.mu = tuple(range(5)), 0.0
     yb = torch.tensor([0, 4, 2, 1, 3])
     want = F.cross_entropy(obj.model.logit_scale * z @ obj.model.text_features()[:5].T, yb)
     torch.testing.assert_close(obj.loss_terms((z, yb))["ce"], want)

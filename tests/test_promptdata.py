@@ -17,9 +17,10 @@ import pytest
 import torch
 from PIL import Image
 
+from fl_lightning.cli.main import main
 from fl_lightning.config import compose
 from fl_lightning.core.errors import ConfigError
-from fl_lightning.core.metrics import EvalSpec, TaskMetrics, dual_metrics, harmonic_mean
+from fl_lightning.core.metrics import EvalSpec, TaskMetrics, base_new_sets, dual_metrics, harmonic_mean
 from fl_lightning.core.strategy import TaskInfo
 from fl_lightning.data.coop import SPLIT_FILE_SETS
 from fl_lightning.data.federated import make_split
@@ -248,6 +249,104 @@ def test_class_blocks_is_fedtpgs_assignment(classes, per, blocks):
         PARTITIONERS.get("class_blocks")(
             labels, len(blocks) + 1, np.random.default_rng(0), classes_per_client=per
         )
+
+
+def test_class_blocks_cut_each_dataset_of_a_composite_on_its_own():
+    """data=coop_multi: members of 5, 3 and 7 classes (labels 0-4, 5-7, 8-14) in blocks of 2:
+    round(5/2) + round(3/2) + round(7/2) = 2 + 2 + 4 clients, no block across two members (over
+    the 15 classes at once, block [4, 5] would hold two datasets' classes)."""
+    labels = np.random.default_rng(0).permutation(np.repeat(np.arange(15), 2))
+    blocks = [[0, 1], [2, 3, 4], [5, 6], [7], [8, 9], [10, 11], [12, 13], [14]]
+    fn = PARTITIONERS.get("class_blocks")
+    parts = fn(labels, 8, np.random.default_rng(0), classes_per_client=2, class_sets=(5, 3, 7))
+    assert [sorted(set(labels[p].tolist())) for p in parts] == blocks
+    assert sorted(np.concatenate(parts).tolist()) == list(range(30))
+    whole = fn(labels, 8, np.random.default_rng(0), classes_per_client=2)  # one dataset: crosses
+    assert sorted(set(labels[whole[2]].tolist())) == [4, 5]
+    counts = "round(5/2) + round(3/2) + round(7/2)); set fl.num_clients=8"
+    with pytest.raises(ConfigError, match=re.escape(counts)):
+        fn(labels, 7, np.random.default_rng(0), classes_per_client=2, class_sets=(5, 3, 7))
+
+
+def test_a_composite_scores_each_dataset_on_its_own_classes():
+    """Datasets a (classes 0-3: base 0-1, new 2-3) and b (4-6: base 4-5, new 6), logits chosen so
+    that an argmax over every class, or over a dataset's classes, would pick another's: each
+    half is scored among its own dataset's half only. Worked out by hand: a base 1/2, a new 2/3,
+    b base 1/2, b new 1/1; averages base 1/2, new 5/6, HM of the two 5/8; pooled accuracy 0."""
+    rows = [  # (target, scores over the 7 classes)
+        (0, [2, 1, 9, 0, 10, 0.5, 0.2]),  # right among {0, 1}; 4 (b) over all, 2 (a new) over a
+        (1, [3, 1, 0, 0.5, 0.2, 0.1, 0.3]),  # wrong: 0
+        (2, [9, 8.5, 1, 2, 0, 0, 8]),  # wrong among {2, 3}: 3
+        (3, [9, 0, 1, 2, 0.5, 0.3, 0.1]),  # right
+        (3, [0, 0, 5, 6, 9, 8.5, 8]),  # right among {2, 3}; 4 (b) over all
+        (4, [9, 8, 7, 6, 1, 0, 5]),  # right among {4, 5}
+        (5, [0, 0.1, 0.2, 0.3, 5, 1, 9]),  # wrong: 4
+        (6, [9, 8, 7, 6, 5, 4, 0]),  # b's one new class: right whatever its score
+    ]
+    target = torch.tensor([t for t, _ in rows])
+    scores = torch.tensor([s for _, s in rows], dtype=torch.float64)
+    sets = base_new_sets(7, (("a", 4), ("b", 3)))
+    assert sets == (("a", 0, 2, 4), ("b", 4, 6, 7))
+    m = TaskMetrics(EvalSpec(num_classes=7, base_new_sets=sets))
+    m.update(scores[:3], target[:3])  # two batches: counts, not per-batch means
+    m.update(scores[3:], target[3:])
+    out = m.compute()
+    want = {"base_accuracy_a": 1 / 2, "new_accuracy_a": 2 / 3, "base_new_hm_a": 4 / 7,
+            "base_accuracy_b": 1 / 2, "new_accuracy_b": 1.0, "base_new_hm_b": 2 / 3,
+            "base_accuracy": 1 / 2, "new_accuracy": 5 / 6, "base_new_hm": 5 / 8, "accuracy": 0.0}  # fmt: skip
+    assert {k: out[k] for k in want} == pytest.approx(want, abs=1e-12)
+    with pytest.raises(ConfigError, match="base_new_sets"):  # sets that leave a class out
+        EvalSpec(num_classes=8, base_new_sets=sets)
+    # a strategy reads the members from the task: its evaluation, the clients' softmax (each
+    # member's base half), FedTPG's generator groups (each member's base and new apart)
+    task = TaskInfo(num_classes=7, class_sets=(("a", 4), ("b", 3)), data={"base_new": True})
+    fedtpg = METHODS.get("fedtpg")
+    strategy = fedtpg(fedtpg.config_cls(), 2, 2, 0, task)
+    assert strategy.eval_spec().base_new_sets == sets and strategy.eval_spec().base_classes is None
+    assert strategy.trained_classes() == (0, 1, 4, 5)
+    assert strategy.model_kwargs("clip_prompt", {})["generator"]["cuts"] == [0, 2, 4, 6, 7]
+
+
+def test_coop_multi_federates_datasets_in_one_label_space(images, tmp_path, capsys):
+    """DTD and OxfordPets (3 classes each) as one: labels 0-2 and 3-5, each member's k-shot draw
+    its own and its own base half trained on (classes 0-1 and 3-4); FedTPG's blocks of 3 make
+    one client a member (over the 4 base classes at once: one client of both). Bad input: one
+    line, exit 2, nothing written."""
+    root = tmp_path / "data"
+    a = split_tree(root, "dtd", "split_zhou_DescribableTextures.json", "images", images)
+    b = split_tree(root, "oxford_pets", "split_zhou_OxfordPets.json", "images", images)
+    given = ["data=coop_multi", "data.datasets=[dtd,oxford_pets]", f"data.root={root}", "data.image_size=16",
+             "data.shots=2", "data.classes_per_client=3", "fl.num_clients=2"]  # fmt: skip
+    cfg = compose(given)
+    ds = load_from_config(cfg.data)
+    assert ds.class_names == NAMES + NAMES and ds.class_sets == (("dtd", 3), ("oxford_pets", 3))
+    picked = []
+    for items, offset in ((a, 0), (b, 3)):
+        labels = [y for _, y in items["train"]]
+        kept = [i for i in few_shot_indices(labels, 2, 1) if labels[i] < 2]  # the base half: 0-1
+        picked += [(items["train"][i][0], labels[i] + offset) for i in kept]
+    assert ds.train_y.tolist() == [y for _, y in picked]
+    assert np.array_equal(ds.train_x, expected([p for p, _ in picked]))
+    assert ds.test_y.tolist() == [y for _, y in a["test"]] + [y + 3 for _, y in b["test"]]
+    assert np.array_equal(ds.test_x, expected([p for p, _ in a["test"] + b["test"]]))
+    split = make_split(ds, "class_blocks", 2, seed=0, classes_per_client=3)  # the members from ds
+    assert [sorted(set(ds.train_y[p].tolist())) for p in split.train] == [[0, 1], [3, 4]]
+    out = tmp_path / "runs"
+    bad = {
+        "data.datasets=[dtd,oxford_pet]": "unknown CoOp dataset 'oxford_pet'; valid: ",
+        "data.datasets=[dtd,dtd]": "each once",
+        "data.datasets=[dtd,caltech101]": f"Caltech101 not found: expected {root / 'caltech-101'}",
+        "data.classes_per_client=5": "is more than twice dtd's 2 base classes: round(2/5) = 0",
+    }
+    for override, message in bad.items():
+        args = [g for g in given if g.split("=")[0] != override.split("=")[0]] + [override]
+        rc = main(["run", *args, "runtime=serial", "logger=none", f"output_dir={out}"])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and "\n" not in err and err.startswith("fl-lightning: error: "), (override, err)
+        assert message in err and "DTD not found" not in err, (override, err)
+        assert not out.exists(), override
+    with pytest.raises(ConfigError, match="data.datasets names a composite's datasets"):
+        check_dataset("dtd", str(root), False, ["dtd"])
 
 
 def test_base_new_and_dual_metrics():

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from fl_lightning.cli.estimate import SHAPES
+from fl_lightning.cli.estimate import train_images
 from fl_lightning.cli.main import main
 from fl_lightning.cli.reproduce import plan, provenance
 from fl_lightning.cli.sweep import own_wandb_service
@@ -352,7 +352,8 @@ def test_every_claims_file_composes_at_every_scale(paper, tmp_path):
                     torch.save(resnet18(weights=None).state_dict(), trunk)
                 given.append(f"model.weights={trunk}")
             validate_registered(compose([*args, *given]) if given else cfg)
-            assert str(cfg.data.name) in SHAPES, f"{paper}: --estimate cannot time {cfg.data.name}"
+            # the shape of every dataset it reads known (a composite's members': data=coop_multi)
+            assert train_images(cfg) is not None, f"{paper}: --estimate cannot time {cfg.data.name}"
 
 
 def test_runs_go_seed_by_seed_so_a_cut_reproduction_holds_whole_seeds(conf, tmp_path):
@@ -384,7 +385,7 @@ def test_an_estimate_times_a_prompt_learner_and_projects_its_scale(capsys):
     5 base classes (160 images) over 2 clients, batch 16, one epoch: 2 x ceil(80 / 16) = 10
     steps a round, 100 rounds, plus the 160 images once through the image tower; its clients
     score their own block of 2 classes, PromptFL's every trained one; zero-shot fits nothing."""
-    from fl_lightning.cli.estimate import estimate_lines, scored_classes, train_images
+    from fl_lightning.cli.estimate import estimate_lines, scored_classes
 
     assert main(["reproduce", "fedtpg", "--estimate"]) == 0
     text = capsys.readouterr().out
@@ -420,6 +421,9 @@ def test_an_estimate_times_a_prompt_learner_and_projects_its_scale(capsys):
     assert scored_classes(compose([*mini[:-3], "method=promptfl", "data.base_new=false"])) == 10
     assert train_images(compose([*mini, "method=fedtpg"])) == 32 * 5
     assert train_images(compose(["data=caltech101", "data.shots=8", "method=promptfl"])) == 8 * 100
+    # FedTPG's nine in one run: 8 shots of each one's base half, 50 + 51 + 50 + 51 + 19 + 51 +
+    # 24 + 98 + 199 = 593 classes
+    assert train_images(compose(["data=coop_multi", "method=fedtpg"])) == 8 * 593
 
 
 #: a billion laughs: `i` stands for 9**9 strings (expanded, 112 s and a MemoryError)

@@ -79,11 +79,20 @@ SLOW_STEP_S = 2.0  # a warm-up step slower than this is timed once more, not REP
 IMAGES_TIMED = {"cuda": 64, "cpu": 4}
 
 
+def _members(cfg: RootConfig) -> list[str]:
+    """The datasets of the run: a composite's members (`data=coop_multi`), else the one."""
+    if str(cfg.data.name) != "coop_multi":
+        return [str(cfg.data.name)]
+    from ..data.coop_multi import members
+
+    return list(members(cfg.data.datasets))
+
+
 def train_images(cfg: RootConfig) -> int | None:
-    name = str(cfg.data.name)
-    if name not in SHAPES:
+    names = _members(cfg)
+    if any(m not in SHAPES for m in names):
         return None
-    n = SHAPES[name][2]
+    name, n = names[0], sum(SHAPES[m][2] for m in names)
     factor = float(cfg.data.imbalance_factor or 1.0)
     if factor > 1 and name.startswith("cifar"):  # the long-tailed profile n_c = n_max * IF^(-c/(K-1))
         k = 100 if name.startswith("cifar100") else 10
@@ -95,20 +104,23 @@ def train_images(cfg: RootConfig) -> int | None:
     return n
 
 
-def num_classes(cfg: RootConfig) -> int:
+def _classes(name: str) -> int:
     from ..data.registry import DATASETS
 
-    name = str(cfg.data.name)
     entry = DATASETS.get(name)
     return len(entry.class_names) if entry.class_names else CLASSES.get(name, 10)
 
 
+def num_classes(cfg: RootConfig) -> int:
+    return sum(_classes(m) for m in _members(cfg))
+
+
 def trained_classes(cfg: RootConfig) -> int:
-    """The classes the clients train on: the base half under `data.base_new`, else all."""
+    """The classes the clients train on: the base half under `data.base_new` (each member's,
+    of a composite), else all."""
     from ..core.metrics import base_class_count
 
-    c = num_classes(cfg)
-    return base_class_count(c) if cfg.data.base_new else c
+    return sum(base_class_count(_classes(m)) if cfg.data.base_new else _classes(m) for m in _members(cfg))
 
 
 def scored_classes(cfg: RootConfig) -> int:
@@ -150,7 +162,7 @@ def seconds_per_step(
     from ..models import build_client_model
     from .pretrain import model_kwargs
 
-    name = str(cfg.data.name)
+    name = _members(cfg)[0]  # a composite's members share the shape (CLIP's 224 px)
     if name not in SHAPES:
         raise ConfigError(f"no shape known for dataset {name!r} (estimate knows {', '.join(SHAPES)})")
     channels, size, _ = SHAPES[name]

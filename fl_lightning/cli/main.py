@@ -232,12 +232,12 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()  # the run's start-up is measured from here
             # fast: before torch, Ray or data are touched
             cfg = rerun_config(args.from_, args.overrides) if args.from_ else compose(args.overrides)
-            from ..data.registry import check_dataset
+            from ..data.registry import check_data
             from ..runtime.lock import new_run_path
             from ..runtime.session import Session
 
             run_dir = new_run_path(cfg)  # bad paths and missing data: one line before any work
-            check_dataset(cfg.data.name, cfg.data.root, cfg.data.download)
+            check_data(cfg.data)
             check_weights_file(cfg)
             check_method(cfg)  # the method's keys, values and own `check`: no torch, before Ray
             # a local Ray and its workers start while the driver imports

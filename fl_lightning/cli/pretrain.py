@@ -107,7 +107,7 @@ def pretrain(cfg: RootConfig, pc: PretrainConfig) -> tuple[torch.nn.Module, dict
 
 def pretrain_command(overrides: list[str], out: str | None, pc: PretrainConfig) -> int:
     from ..config import compose, validate_registered
-    from ..data.registry import check_dataset
+    from ..data.registry import check_data
     from ..models.weights import save_weights
     from ..runtime.lock import check_output_dir
 
@@ -120,7 +120,7 @@ def pretrain_command(overrides: list[str], out: str | None, pc: PretrainConfig) 
     pc.check()
     cfg = compose(overrides)
     validate_registered(cfg)  # model keys, data names: one line before any training
-    check_dataset(cfg.data.name, cfg.data.root, cfg.data.download)
+    check_data(cfg.data)
     model, info = pretrain(cfg, pc)
     save_weights(path, model, info["arch"], model_kwargs(cfg), info)
     lo, hi = info["train_range"]

@@ -249,11 +249,11 @@ def missing_inputs(scale: Scale, cfg: RootConfig) -> list[str]:
     """What a run of `scale` lacks on disk: its dataset (unless it may be downloaded) and the
     files the scale `requires` (the paper's weights), each as what to get and where."""
     from .. import data  # noqa: F401  (registers every loader)
-    from ..data.registry import check_dataset
+    from ..data.registry import check_data
 
     found: list[str] = []
     try:
-        check_dataset(str(cfg.data.name), str(Path(str(cfg.data.root)).expanduser()), bool(cfg.data.download))
+        check_data(cfg.data)
     except ConfigError as e:
         found.append(str(e))
     given = _flat(tree(cfg))
@@ -301,7 +301,7 @@ def needs_lines(spec: Spec, scale: str, folder: Path, runs: Sequence[SweepRun] |
     their data root) and each weights file they name (`model.weights`, `text.pretrained`,
     `text.path`; one a prepare step makes counts as made). `runs`: the planned runs (None:
     compose the first row's here)."""
-    from ..data.registry import DATASETS
+    from ..data.registry import missing
 
     sc = spec.scales[scale]
     lines = [f"needs: {sc.needs or '-'}"]
@@ -316,11 +316,13 @@ def needs_lines(spec: Spec, scale: str, folder: Path, runs: Sequence[SweepRun] |
     for run in runs:
         data = run.cfg.data
         root = str(Path(str(data.root)).expanduser())
-        key = f"dataset {data.name} under {root}"
+        members = None if data.datasets is None else [str(m) for m in data.datasets]
+        named = "" if members is None else f" ({', '.join(members)})"  # a composite's members
+        key = f"dataset {data.name}{named} under {root}"
         if key not in checked:
             try:
-                entry = DATASETS.get(str(data.name))
-                checked[key] = "present" if entry.present(root) else f"MISSING: {entry.where(root)}"
+                where = missing(str(data.name), root, members)
+                checked[key] = "present" if where is None else f"MISSING: {where}"
             except ConfigError as e:
                 checked[key] = f"MISSING: {e}"
         for name, value in (("model.weights", run.cfg.model.get("weights")),

@@ -56,6 +56,16 @@ class EvalSpec:
     #: depend on which other classes are scored (CoOp's); one whose does (FedTPG's generator)
     #: scores the base columns with the base names only and the new ones with the new names
     base_classes: int | None = None
+    #: base-to-new over a composite of datasets (`data=coop_multi`, FedTPG's cross-class
+    #: protocol): each member's (name, first class, first new class, end), in label order
+    #: (`base_new_sets`); instead of `base_classes`. Each dataset is scored on its own:
+    #: `base_accuracy_<name>` over its base classes' scores only, `new_accuracy_<name>` over its
+    #: new ones', `base_new_hm_<name>`; and the averages over the datasets, unweighted (each
+    #: dataset counts once, whatever its test-set size: the authors' `Server.test`,
+    #: `np.mean(acc_list)`): `base_accuracy`, `new_accuracy`, and `base_new_hm` the harmonic
+    #: mean of those two (the tables' "Average" column, as CoCoOp's: not the mean of the
+    #: datasets' own harmonic means)
+    base_new_sets: tuple[tuple[str, int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_classes < 1:
@@ -77,6 +87,19 @@ class EvalSpec:
             raise ConfigError(
                 f"base_classes needs single-label data and 0 < base_classes < {self.num_classes} classes"
             )
+        if self.base_new_sets:
+            ends = [0] + [hi for _, _, _, hi in self.base_new_sets]
+            sets = zip(self.base_new_sets, ends[:-1], strict=True)  # each set starts where one ends
+            if (
+                self.multilabel
+                or self.base_classes is not None
+                or any(lo != end or not lo < mid < hi for (_, lo, mid, hi), end in sets)
+                or ends[-1] != self.num_classes
+            ):
+                raise ConfigError(
+                    "base_new_sets needs single-label data, no base_classes, and consecutive sets "
+                    f"(start < first new < end) covering the {self.num_classes} classes"
+                )
 
 
 def harmonic_mean(a: float, b: float) -> float:
@@ -88,6 +111,28 @@ def base_class_count(num_classes: int) -> int:
     """How many classes are base: ceil(C/2) (CoOp's `subsample_classes`, FedTPG's
     `TestDataManager`); labels [0, m) are base, [m, C) new."""
     return (int(num_classes) + 1) // 2
+
+
+def base_new_sets(
+    num_classes: int, class_sets: Sequence[tuple[str, int]]
+) -> tuple[tuple[str, int, int, int], ...]:
+    """A composite's member datasets (name, class count; labels consecutive in this order) as
+    (name, first class, first new class, end): each member's own base half, ceil(C_i/2)."""
+    out, lo = [], 0
+    for name, n in class_sets:
+        out.append((str(name), lo, lo + base_class_count(n), lo + int(n)))
+        lo += int(n)
+    if lo != num_classes:
+        raise ConfigError(f"the class sets hold {lo} classes, the dataset {num_classes}")
+    return tuple(out)
+
+
+def base_class_ids(num_classes: int, class_sets: Sequence[tuple[str, int]] = ()) -> tuple[int, ...]:
+    """The base classes' labels: the first ceil(C/2), or each member's own first half for a
+    composite (`class_sets`)."""
+    if not class_sets:
+        return tuple(range(base_class_count(num_classes)))
+    return tuple(c for _, lo, mid, _ in base_new_sets(num_classes, class_sets) for c in range(lo, mid))
 
 
 def dual_metrics(line: dict[str, float]) -> dict[str, float]:
@@ -217,9 +262,12 @@ class TaskMetrics:
         self._logit_threshold = math.log(spec.threshold / (1.0 - spec.threshold))
         self._samples = 0
         m = spec.base_classes
-        #: base-to-new: [correct, total] of base-class images among the base scores, and of new
-        #: ones among the new scores (integer counts: independent of batching)
-        self._halves = None if m is None else torch.zeros(2, 2, dtype=torch.int64)
+        #: base-to-new, per class set (one for a plain dataset, unnamed): (name, first class,
+        #: first new class, end)
+        self._sets = spec.base_new_sets or ((("", 0, m, c),) if m is not None else ())
+        #: [set, half, (correct, total)]: base-class images among their set's base scores, new
+        #: ones among its new scores (integer counts: independent of batching)
+        self._halves = torch.zeros(len(self._sets), 2, 2, dtype=torch.int64) if self._sets else None
 
     def update(self, scores: torch.Tensor, target: torch.Tensor) -> None:
         """scores: logits [B, C]; target: class indices long [B], or float multi-hot [B, C]."""
@@ -250,13 +298,13 @@ class TaskMetrics:
         self._ranking.update(squashed, hard)
 
     def _update_halves(self, scores: torch.Tensor, target: torch.Tensor) -> None:
-        assert self._halves is not None and self.spec.base_classes is not None
-        m = self.spec.base_classes
-        base = target < m
-        for half, rows, cols, offset in ((0, base, slice(0, m), 0), (1, ~base, slice(m, None), m)):
-            pred = scores[rows][:, cols].argmax(dim=1) + offset
-            self._halves[half, 0] += int((pred == target[rows]).sum())
-            self._halves[half, 1] += int(rows.sum())
+        assert self._halves is not None
+        for s, (_, lo, mid, hi) in enumerate(self._sets):
+            for half, a, b in ((0, lo, mid), (1, mid, hi)):
+                rows = (target >= a) & (target < b)
+                pred = scores[rows][:, a:b].argmax(dim=1) + a  # argmax over the half's own classes
+                self._halves[s, half, 0] += int((pred == target[rows]).sum())
+                self._halves[s, half, 1] += int(rows.sum())
 
     def compute(self) -> dict[str, float]:
         if self._samples == 0:
@@ -271,15 +319,32 @@ class TaskMetrics:
             return self._multilabel(res)
         out = self._single_label(res["stats"])
         if self._halves is not None:
-            (bc, bn), (nc, nn) = self._halves.tolist()
-            if bn:
-                out["base_accuracy"] = bc / bn
-            if nn:
-                out["new_accuracy"] = nc / nn
-            if bn and nn:
-                out["base_new_hm"] = harmonic_mean(bc / bn, nc / nn)
+            out.update(self._base_new())
         if "confusion" in res:
             out.update(within_group_errors(res["confusion"], self.spec.coarse_groups or ()))
+        return out
+
+    def _base_new(self) -> dict[str, float]:
+        """base_accuracy, new_accuracy, base_new_hm: of the one dataset, or per member of a
+        composite (suffixed `_<name>`) and, unsuffixed, their unweighted averages (EvalSpec)."""
+        assert self._halves is not None
+        each: list[dict[str, float]] = []
+        for (name, *_), ((bc, bn), (nc, nn)) in zip(self._sets, self._halves.tolist(), strict=True):
+            one = {"base_accuracy": bc / bn} if bn else {}
+            one |= {"new_accuracy": nc / nn} if nn else {}
+            if bn and nn:
+                one["base_new_hm"] = harmonic_mean(bc / bn, nc / nn)
+            each.append({f"{k}_{name}": v for k, v in one.items()} if name else one)
+        if not self.spec.base_new_sets:
+            return each[0]
+        out = {k: v for one in each for k, v in one.items()}
+        names = [name for name, *_ in self._sets]
+        for key in ("base_accuracy", "new_accuracy"):  # over the datasets with such test images
+            vals = [one[f"{key}_{n}"] for n, one in zip(names, each, strict=True) if f"{key}_{n}" in one]
+            if vals:
+                out[key] = sum(vals) / len(vals)
+        if "base_accuracy" in out and "new_accuracy" in out:
+            out["base_new_hm"] = harmonic_mean(out["base_accuracy"], out["new_accuracy"])
         return out
 
     def _single_label(self, stats: torch.Tensor) -> dict[str, float]:

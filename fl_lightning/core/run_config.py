@@ -108,6 +108,9 @@ class DataConfig:
     augment_padding: int = 4
     augment_degrees: float = 15.0
     domains: list[str] | None = None  # domain datasets: which domains to load (default: all)
+    #: data=coop_multi: the CoOp datasets federated in one run, in label order (null: FedTPG's
+    #: nine, `data/coop_multi.py`)
+    datasets: list[str] | None = None
     fine_grained: bool = False  # flair: the 1,628 fine-grained labels instead of the 17 coarse ones
     max_users: int | None = None  # flair: read only the first N training users
     #: flair's coarse labels named, for the text encoders, by their fine labels (FedLGT's "Concat.

@@ -54,6 +54,8 @@ class TaskInfo:
             the run (FedPHP's inheritance weight).
         image_mean, image_std: the images' normalisation, per channel (empty when unknown),
             for a model that re-normalises them (CLIP's towers).
+        class_sets: a composite's member datasets (`data=coop_multi`), (name, class count) in
+            label order, each member's labels after the previous one's; empty: one dataset.
     """
 
     num_classes: int
@@ -67,6 +69,7 @@ class TaskInfo:
     rounds: int = 0
     image_mean: tuple[float, ...] = ()
     image_std: tuple[float, ...] = ()
+    class_sets: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -302,16 +305,23 @@ class Strategy(Generic[ConfigT, StateT, BroadcastT]):
         self, per_class: bool = False, longtail: Sequence[int] | None = None, threshold: float = 0.5
     ) -> EvalSpec:
         """What evaluations measure for this task (the `eval.*` options applied)."""
-        from .metrics import base_class_count, longtail_groups
+        from .metrics import base_class_count, base_new_sets, longtail_groups
 
         groups = None
         if longtail is not None and self.task.train_class_counts:
             groups = longtail_groups(self.task.train_class_counts, int(longtail[0]), int(longtail[1]))
-        # data.base_new: trained on the base half, scored on base, new and their harmonic mean
-        base = base_class_count(self.task.num_classes) if self.task.data.get("base_new") else None
+        # data.base_new: trained on the base half, scored on base, new and their harmonic mean;
+        # a composite's members each on their own halves
+        base: int | None = None
+        sets: tuple[tuple[str, int, int, int], ...] = ()
+        if self.task.data.get("base_new"):
+            if self.task.class_sets:
+                sets = base_new_sets(self.task.num_classes, self.task.class_sets)
+            else:
+                base = base_class_count(self.task.num_classes)
         return EvalSpec(
             num_classes=self.task.num_classes, multilabel=self.task.multilabel, threshold=threshold,
-            per_class=per_class, class_groups=groups, base_classes=base,
+            per_class=per_class, class_groups=groups, base_classes=base, base_new_sets=sets,
         )  # fmt: skip
 
     def primary_metric(self) -> str:

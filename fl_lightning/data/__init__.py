@@ -8,6 +8,7 @@ when a dataset is loaded).
 
 from . import (  # noqa: F401  (register)
     coop,
+    coop_multi,
     datasets,
     fmnist_digits20,
     folders,

@@ -154,9 +154,15 @@ def _read_split_set(s: Suite, split_file: str, image_dir: str, root: str) -> Lis
     return train, test, names
 
 
+#: each registered dataset of the suite and what lists its items (no image read): the
+#: composite of several (`coop_multi.py`) reads the class names from it before any work
+LISTINGS: dict[str, tuple[Suite, Callable[[str], Listing]]] = {}
+
+
 def _register(s: Suite, read: Callable[[str], Listing]) -> None:
     """One registry entry: `read` lists the items; the protocol's draw, decoding and assembly
     are the same for every dataset of the suite."""
+    LISTINGS[s.name] = (s, read)
 
     def load(
         root: str,

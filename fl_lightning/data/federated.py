@@ -191,6 +191,8 @@ def make_split(
         opts.setdefault("domains", dataset.train_domains[pick])
     if dataset.train_groups is not None:
         opts.setdefault("groups", dataset.train_groups[pick])
+    if dataset.class_sets:  # a composite's members: a class partition cuts each on its own
+        opts.setdefault("class_sets", tuple(n for _, n in dataset.class_sets))
     named = inspect.signature(fn).parameters
     scalars = {k: v for k, v in sorted(options.items()) if k in named and not isinstance(v, np.ndarray)}
     keyed = opts if personal is None else {**opts, "personal": personal.astype(np.uint8)}

@@ -236,26 +236,42 @@ def class_block_clients(num_classes: int, classes_per_client: int) -> int:
 
 @PARTITIONERS.register("class_blocks")
 def class_blocks(
-    labels: np.ndarray, num_clients: int, rng: np.random.Generator, classes_per_client: int = 20, **_: object
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    classes_per_client: int = 20,
+    class_sets: tuple[int, ...] | None = None,
+    **_: object,
 ) -> list[np.ndarray]:
     """FedTPG's classes-per-client split (`federated/server.py:init_server`): the m classes
     present, in label order, cut into consecutive blocks of C = `classes_per_client`; client k
     holds every training image of block k, and the last client also the classes left over, so
     there are round(m / C) clients (half to even, at least 1: 50 classes at C=20 make 2 clients,
     of 20 and 30). With `data.base_new` the classes are the base half, as FedTPG's cross-class
-    protocol; `fl.num_clients` must be that count."""
+    protocol; `fl.num_clients` must be that count. `class_sets`: a composite's member datasets'
+    class counts, in label order (`data=coop_multi`, passed by `make_split`): each member is cut
+    on its own, in turn (no block spans two datasets), and the clients are the members' counts
+    added up, as the authors' loop over their datasets."""
     labels = _single_label(labels, "class_blocks")
-    classes = np.unique(labels)
     c = int(classes_per_client)
     if c < 1:
         raise ConfigError(f"data.classes_per_client must be >= 1 (got {classes_per_client})")
-    want = class_block_clients(len(classes), c)
-    if num_clients != want:
+    present = np.unique(labels)
+    ends = np.cumsum([0, *class_sets]) if class_sets else np.asarray([0, int(present.max(initial=-1)) + 1])
+    per_set = [present[(present >= a) & (present < b)] for a, b in zip(ends[:-1], ends[1:], strict=True)]
+    per_set = [classes for classes in per_set if len(classes)]  # a member without training classes: none
+    wants = [class_block_clients(len(classes), c) for classes in per_set]
+    if num_clients != sum(wants):
+        count = " + ".join(f"round({len(classes)}/{c})" for classes in per_set)
         raise ConfigError(
-            f"data.partition=class_blocks with data.classes_per_client={c} over {len(classes)} classes "
-            f"makes {want} clients (FedTPG: round({len(classes)}/{c})); set fl.num_clients={want}"
+            f"data.partition=class_blocks with data.classes_per_client={c} over {len(present)} classes "
+            f"makes {sum(wants)} clients (FedTPG: {count}); set fl.num_clients={sum(wants)}"
         )
-    blocks = [classes[k * c : (k + 1) * c] for k in range(want - 1)] + [classes[(want - 1) * c :]]
+    blocks = [
+        block
+        for classes, want in zip(per_set, wants, strict=True)
+        for block in [classes[k * c : (k + 1) * c] for k in range(want - 1)] + [classes[(want - 1) * c :]]
+    ]
     return [np.flatnonzero(np.isin(labels, b)) for b in blocks]
 
 

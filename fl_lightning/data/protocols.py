@@ -8,8 +8,9 @@ on them: PromptFL, FedOTP, FedPGP, FedTPG, FLiP), on any single-label dataset:
 * `data.personal_from_test=true`: instead, the test split's images of each client's own classes
   (PromptFL / FedOTP's `federated_test_x`, by class);
 * `data.base_new=true`: training on the base half of the classes only (CoOp's
-  `subsample_classes`: the first ceil(C/2) labels), testing on all, with base, new and
-  harmonic-mean accuracy (`core.metrics.EvalSpec.base_classes`).
+  `subsample_classes`: the first ceil(C/2) labels; of a composite, `data=coop_multi`, each
+  member's own first half), testing on all, with base, new and harmonic-mean accuracy
+  (`core.metrics.EvalSpec.base_classes`, `base_new_sets`).
 
 They act on label lists, so a loader can apply them before decoding a single image (the CoOp
 loaders do: ImageNet's 1.28M training images are never read for a 16-shot run); `apply`
@@ -75,9 +76,11 @@ def select(
     seed: int = 1,
     personal_shots: int | None = None,
     base_new: bool = False,
+    class_sets: Sequence[tuple[str, int]] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """The training positions to keep and, among them (as a boolean mask over the kept), the
-    ones held out as the clients' personal test pool."""
+    ones held out as the clients' personal test pool. `class_sets`: a composite's members
+    (`ArrayDataset.class_sets`), whose base halves are their own."""
     y = np.asarray(labels)
     if personal_shots and not shots:
         raise ConfigError("data.personal_shots needs data.shots (the held-out images follow the k-shot draw)")
@@ -85,9 +88,9 @@ def select(
     pool = personal_indices(y, keep, personal_shots, seed) if personal_shots else np.zeros(0, np.int64)
     both = np.union1d(keep, pool)
     if base_new:  # (core.metrics imports torch: here, where a dataset is being loaded anyway)
-        from ..core.metrics import base_class_count
+        from ..core.metrics import base_class_ids
 
-        both = both[y[both] < base_class_count(num_classes)]
+        both = both[np.isin(y[both], base_class_ids(num_classes, class_sets))]
     return both, np.isin(both, pool)
 
 
@@ -106,7 +109,9 @@ def apply(
         return ds
     if ds.multilabel:
         raise ConfigError("data.shots, data.personal_* and data.base_new need single-label data")
-    keep, pool = select(ds.train_y, ds.num_classes, shots, shots_seed, personal_shots, base_new)
+    keep, pool = select(
+        ds.train_y, ds.num_classes, shots, shots_seed, personal_shots, base_new, ds.class_sets
+    )
     if ds.train_personal is not None:  # a loader's own pool, selected along
         pool = pool | ds.train_personal[keep]
 

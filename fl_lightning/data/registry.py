@@ -15,7 +15,7 @@ all of them, so every name is registered whichever data module is imported first
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +60,9 @@ class ArrayDataset:
     #: out of the image but still labelled (`themed_mosaics.py`); the global evaluation reads
     #: out the AP on them (`core.metrics.blanked_ap`). None: none
     test_blank: np.ndarray | None = None
+    #: a composite of datasets (`data=coop_multi`): its members' (name, class count) in label
+    #: order, each member's labels following the previous one's; empty: one dataset
+    class_sets: tuple[tuple[str, int], ...] = ()
 
     @property
     def num_classes(self) -> int:
@@ -151,6 +154,10 @@ class DatasetEntry:
     #: test set, in its order: (dataset, scores, targets) -> {name: value} (the themed mosaics'
     #: AP on blanked labels). The dataset's own knowledge: the engine only calls it. None: none
     extra_metrics: ExtraMetrics | None = None
+    #: the `data` section's checks that need the dataset's listing files but no image (a
+    #: composite's block size against each member's classes), run by `check_data` before any
+    #: work: (the section as a mapping, its root expanded) -> None, or a ConfigError
+    check: Callable[[Mapping[str, Any]], None] | None = None
 
 
 DATASETS: Registry[DatasetEntry] = Registry("dataset")
@@ -163,23 +170,52 @@ def _accepted(fn: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]
     return {k: v for k, v in options.items() if k in params}
 
 
-def check_dataset(name: str, root: str, download: bool) -> None:
-    """Fail before any work starts when a dataset is missing and may not be downloaded."""
+def _members(fn: Callable[..., Any], datasets: Sequence[str] | None) -> dict[str, Any]:
+    """A composite's `present`/`where` take its member list (`data.datasets`); others do not."""
+    return {"datasets": datasets} if "datasets" in inspect.signature(fn).parameters else {}
+
+
+def missing(name: str, root: str, datasets: Sequence[str] | None = None) -> str | None:
+    """Which files of the dataset are expected where, when they are not all there; else None.
+    `datasets`: a composite's members (`data.datasets`)."""
     entry = DATASETS.get(name)
-    if entry.present(root):
+    if datasets is not None and not _members(entry.present, datasets):
+        raise ConfigError(f"data.datasets names a composite's datasets (data=coop_multi), not {name!r}'s")
+    if entry.present(root, **_members(entry.present, datasets)):
+        return None
+    return entry.where(root, **_members(entry.where, datasets))
+
+
+def check_dataset(name: str, root: str, download: bool, datasets: Sequence[str] | None = None) -> None:
+    """Fail before any work starts when a dataset is missing and may not be downloaded."""
+    where = missing(name, root, datasets)
+    if where is None:
         return
     if not download:
-        raise ConfigError(entry.where(root))
-    if entry.download is None:
-        raise ConfigError(f"{entry.where(root)}; {name} cannot be downloaded automatically")
+        raise ConfigError(where)
+    if DATASETS.get(name).download is None:
+        raise ConfigError(f"{where}; {name} cannot be downloaded automatically")
+
+
+def check_data(section: DataConfig | Mapping[str, Any]) -> None:
+    """`check_dataset` for a `data` config section, and the dataset's own checks of it
+    (`DatasetEntry.check`): every refusal before an image is read."""
+    data = dict(section) if isinstance(section, Mapping) else asdict(section)
+    data["root"] = str(Path(str(data["root"])).expanduser())
+    datasets = data.get("datasets")
+    members = None if datasets is None else [str(m) for m in datasets]
+    check_dataset(str(data["name"]), data["root"], bool(data.get("download")), members)
+    own = DATASETS.get(str(data["name"])).check
+    if own is not None:
+        own(data)
 
 
 def load_dataset(name: str, root: str, download: bool = False, **options: Any) -> ArrayDataset:
     """Load a registered dataset from `root` (downloading first when allowed and possible)."""
     entry = DATASETS.get(name)
     root = str(Path(root).expanduser())
-    check_dataset(name, root, download)
-    if not entry.present(root) and entry.download is not None:  # (check_dataset: allowed, possible)
+    check_dataset(name, root, download, options.get("datasets"))
+    if entry.download is not None and not entry.present(root):  # (check_dataset: allowed, possible)
         try:
             entry.download(root)
         except Exception as e:  # network, disk, checksum: one clear line, no traceback
@@ -216,6 +252,7 @@ def dataset_options(data: Mapping[str, Any]) -> dict[str, Any]:
         "max_users": data.get("max_users"),
         "coarse_prompts": bool(data.get("coarse_prompts", False)),
         "source_subset": data.get("source_subset"),
+        "datasets": list(data["datasets"]) if data.get("datasets") is not None else None,
     }
 
 

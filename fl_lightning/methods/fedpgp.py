@@ -83,11 +83,12 @@ class FedPGPObjective(PromptObjective[Broadcast]):
         m: Any = self.model
         z = self.represent(x)
         k = self.trained_classes
-        held = None if k is None else torch.arange(k, device=y.device)
+        held = None if k is None else torch.tensor(k, dtype=torch.long, device=y.device)
         personal, glob = m.text_features(held), m.text_features(held, low_rank=False)
-        terms = {"ce": F.cross_entropy(m.logit_scale * z @ personal.T, y)}  # base labels are < k
+        target = y if held is None else torch.searchsorted(held, y)  # the labels among the held
+        terms = {"ce": F.cross_entropy(m.logit_scale * z @ personal.T, target)}
         if self.mu:
-            written = self.written() if k is None else self.written()[:k]
+            written = self.written() if held is None else self.written()[held]
             terms["con"] = self.mu * contrastive(written, glob, personal, self.temp)
         return terms
 

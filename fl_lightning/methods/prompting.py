@@ -45,13 +45,18 @@ class PromptObjective(ClientObjective[BroadcastT]):
     model's only parameters). Not batched: the text tower runs inside the step. `own_classes`:
     a client scores only the classes it holds, its labels relabelled among them (FedTPG's
     clients, its FedCoOp's too: `available_classes`), not every class of the task.
-    `trained_classes`: else the first that many classes (`data.base_new`: the base half, as
-    CoOp's `subsample_classes` leaves the training softmax; the new names stay unseen)."""
+    `trained_classes`: else those classes, sorted (`data.base_new`: the base half, as CoOp's
+    `subsample_classes` leaves the training softmax, of each member of a composite; the new
+    names stay unseen)."""
 
     batched_step = False
 
     def __init__(
-        self, model: nn.Module, own_classes: bool = False, trained_classes: int | None = None, **kwargs: Any
+        self,
+        model: nn.Module,
+        own_classes: bool = False,
+        trained_classes: tuple[int, ...] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(model, **kwargs)
         self.own_classes = own_classes
@@ -62,7 +67,7 @@ class PromptObjective(ClientObjective[BroadcastT]):
         if self.own_classes and self.class_counts is not None:
             held = torch.nonzero(self.class_counts > 0).flatten().to(y.device)  # sorted
         elif self.trained_classes is not None:
-            held = torch.arange(self.trained_classes, device=y.device)
+            held = torch.tensor(self.trained_classes, dtype=torch.long, device=y.device)
         else:
             return super().loss_terms(batch)
         z = self.represent(x)
@@ -79,12 +84,14 @@ class PromptStrategy(Strategy[ConfigT, StateT, BroadcastT]):
     prompt_learner: ClassVar[bool] = True  # models/clip_prompt.py accepts only such methods
     aligned_info: dict[str, Any] | None = None
 
-    def trained_classes(self) -> int | None:
-        """How many classes (the first) the clients' softmax holds: under `data.base_new` the
-        base half, else None (all)."""
-        from ..core.metrics import base_class_count
+    def trained_classes(self) -> tuple[int, ...] | None:
+        """The classes the clients' softmax holds, sorted: under `data.base_new` the base half
+        (each member's own, of a composite), else None (all)."""
+        from ..core.metrics import base_class_ids
 
-        return base_class_count(self.task.num_classes) if self.task.data.get("base_new") else None
+        if not self.task.data.get("base_new"):
+            return None
+        return base_class_ids(self.task.num_classes, self.task.class_sets)
 
     def model_kwargs(self, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         out = dict(kwargs, class_names=list(self.task.class_names))

@@ -134,6 +134,7 @@ class CLIPPrompt(nn.Module):
     data_std: Tensor
     name_features: Tensor  # with a generator: the class names' frozen text features [C, d]
     base_classes: int | None = None
+    cuts: list[int] | None = None  # with a generator: the class groups scored together, as cut points
 
     def __init__(
         self,
@@ -172,7 +173,9 @@ class CLIPPrompt(nn.Module):
         (`methods/fedtpg.py`): the shared context is no parameter but generated from the class
         names' text features (`models/prompt_generator.py`); keys `depth`, `heads`, `template`
         (the text of a class name) and `base_classes` (base and new classes are scored with
-        contexts generated from their own names only)."""
+        contexts generated from their own names only), or `cuts` (0 < ... < C: the groups of
+        classes scored together, each with the context from its own names: a composite's
+        datasets, `data=coop_multi`, each base and new half apart)."""
         super().__init__()
         from ..text.encoders import OpenCLIPTextEncoder
         from ..text.soft_prompt import ClassSoftPrompts
@@ -229,6 +232,7 @@ class CLIPPrompt(nn.Module):
         names = [str(g.get("template", "{}")).format(clean_class_name(c)) for c in class_names]
         self.register_buffer("name_features", text.encode(names), persistent=False)  # [C, d], frozen
         self.base_classes = g.get("base_classes")
+        self.cuts = [int(b) for b in g["cuts"]] if g.get("cuts") else None
         width = self.prompt.token_embeds.shape[-1]
         return PromptGenerator(
             self.prompt.n_ctx, width, text.embed_dim, int(g.get("depth", 0)), int(g.get("heads", 4))
@@ -267,14 +271,15 @@ class CLIPPrompt(nn.Module):
         """The prompted classes' normalised text features [C, d] (`classes`: those, sorted).
         With a low-rank term (FedPGP), of the context ctx + U V (`low_rank=False`: ctx alone).
         With a generator, the classes scored together get the context generated from their
-        names: `classes`, else all of them (base and new apart under `base_classes`)."""
+        names: `classes`, else all of them (base and new apart under `base_classes`, in the
+        groups of `cuts`)."""
         if self.generator is None:
             ctx = None
             if low_rank and self.lowrank_u is not None and self.lowrank_v is not None:
                 ctx = self.prompt.ctx + self.lowrank_u @ self.lowrank_v
             return self.prompt(classes=classes, ctx=ctx)[:, 0]
         c, dev = len(self.prompt.class_names), self.name_features.device
-        cuts = [0, self.base_classes, c] if self.base_classes else [0, c]
+        cuts = self.cuts or ([0, self.base_classes, c] if self.base_classes else [0, c])
         groups = (
             [classes] if classes is not None else [torch.arange(a, b, device=dev) for a, b in pairwise(cuts)]
         )

@@ -34,7 +34,7 @@ from ..core.sampling import Sampling
 from ..core.staleness import Staleness
 from ..core.strategy import Strategy, TaskInfo
 from ..data.federated import FederatedSplit, split_from_config
-from ..data.registry import DATASETS, ArrayDataset, check_dataset, load_from_config
+from ..data.registry import DATASETS, ArrayDataset, check_data, load_from_config
 from ..methods import METHODS
 from ..models import check_image_size, family, traits
 from ..models.weights import MODEL_GENERIC_KEYS, load_trunk
@@ -82,7 +82,7 @@ def prepare(
 
         private_ray_tmpdir()  # a Ray temp folder that is not this user's alone: one line now
     d, model = cfg.data, str(cfg.model["name"])
-    check_dataset(d.name, d.root, d.download)
+    check_data(d)
     dataset = load_from_config(d)  # with data.image_size, domains, ... and train/test subsets
     server_x = None
     if d.server_subset:  # the server's unlabeled images: out of the training set, before the split
@@ -111,6 +111,7 @@ def prepare(
         rounds=int(cfg.fl.rounds),
         image_mean=tuple(np.atleast_1d(np.asarray(dataset.mean, np.float64)).tolist()),
         image_std=tuple(np.atleast_1d(np.asarray(dataset.std, np.float64)).tolist()),
+        class_sets=dataset.class_sets,
     )
     weights = None
     if cfg.fl.sampling == "size":  # a client is drawn with probability its share of the examples

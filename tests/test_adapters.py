@@ -417,6 +417,9 @@ def test_adapter_model_and_methods_refuse_each_other_and_batched_in_one_line(cap
         (["method=ffa_lora", "model=hf_lora"], "model=hf_lora classifies sentences: use a text dataset"),
         (["method=fedit", *sst2], "method=fedit on data=sst2 (sentences) trains model=hf_lora"),
         (["method=fedit", "model=hf_lora", *sst2, *sgd], "runtime.batched=2: the model has dropout"),
+        # any method: an image model would read the sentences' bytes as 1-pixel images, and train
+        (["method=fedavg", *sst2], "data=sst2 holds sentences, and model=cnn classifies images: use a model"),
+        (["method=fedprox", "model=resnet18", *sst2], "(model=hf_lora)"),
         (["method=flora", "aggregator.steps=[clip_l2,uniform,gaussian]"], "flora"),
         # the asynchronous modes weigh stale updates in the chain, which FLoRA and HetLoRA skip
         (

@@ -88,6 +88,15 @@ def validate_registered(cfg: RootConfig, trunk: str | None = None) -> MethodConf
     if flag and not getattr(strategy, flag, False):
         trainers = ", ".join(n for n in METHODS.names() if getattr(METHODS.get(n), flag, False))
         raise ConfigError(f"model={model} is trained by method={trainers} only (got method={name})")
+    from ..models import traits
+
+    takes = traits(model).inputs
+    if takes != entry.inputs:  # an image model reads sentences' bytes as 1-pixel images, and trains
+        fits = sorted(n for n in MODELS.names() if traits(n).inputs == entry.inputs)
+        raise ConfigError(
+            f"data={cfg.data.name} holds {entry.inputs}, and model={model} classifies {takes}: "
+            f"use a model for {entry.inputs} ({' | '.join(f'model={n}' for n in fits) or 'none registered'})"
+        )
     size = cfg.data.image_size if cfg.data.image_size is not None else entry.image_size
     if size is not None:  # (the channel count is not known yet; sizes do not depend on it)
         from ..models import check_image_size

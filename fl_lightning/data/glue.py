@@ -104,5 +104,6 @@ DATASETS.register("sst2")(
         where=_sst2_where,
         download=fetch_sst2,
         class_names=SST2_CLASSES,
+        inputs="sentences",
     )
 )

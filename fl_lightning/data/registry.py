@@ -158,6 +158,9 @@ class DatasetEntry:
     #: composite's block size against each member's classes), run by `check_data` before any
     #: work: (the section as a mapping, its root expanded) -> None, or a ConfigError
     check: Callable[[Mapping[str, Any]], None] | None = None
+    #: what its samples are: "images" (pixels or feature vectors), or "sentences" (SST-2); a
+    #: model for other inputs (`models.ModelTraits.inputs`) is refused before any data is read
+    inputs: str = "images"
 
 
 DATASETS: Registry[DatasetEntry] = Registry("dataset")

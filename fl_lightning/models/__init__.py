@@ -36,6 +36,10 @@ class ModelTraits:
     #: (C-Tran: 3.5-14 s at batch 64 on 2 cores) that a run on the CPU times one and says how
     #: long its clients' training will take (`runtime/plan.py`); "": never announced
     slow_on_cpu: str = ""
+    #: what it classifies, matched against the dataset's `DatasetEntry.inputs` before any data
+    #: is read: "images" (pixels or feature vectors), or "sentences" (`hf_lora`: text encoded
+    #: as bytes, which an image model would take for 1-pixel images and train on)
+    inputs: str = "images"
 
     def recorded(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return self.recorded_kwargs(kwargs) if self.recorded_kwargs is not None else kwargs

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from ..core.errors import ConfigError
 from ..core.sentences import BYTE_MEAN, BYTE_STD, decode_bytes
-from . import MODELS
+from . import MODEL_TRAITS, MODELS, ModelTraits
 
 
 def _first(v: float | Sequence[float]) -> float:
@@ -130,3 +130,4 @@ class HFLoRA(nn.Module):
 
 
 MODELS.register("hf_lora")(HFLoRA)
+MODEL_TRAITS["hf_lora"] = ModelTraits(inputs="sentences")

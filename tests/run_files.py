@@ -19,6 +19,10 @@ from typing import Any
 
 import torch
 
+from fl_lightning.cli.main import main
+from fl_lightning.config import compose
+from fl_lightning.runtime.runner import start_run
+
 #: metrics that measure the machine, not the run
 MACHINE = re.compile(r"time|_s$|_mb$|rss|anon")
 
@@ -117,3 +121,29 @@ def kill_after_checkpoint(
         proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+#: clients in two pooled Ray actors (in the suite, `ray_session`'s Ray): an actor fits whichever
+#: client it is handed, so randomness drawn per process, not per (seed, round, client), differs
+#: from the serial run's
+POOL = ["runtime=ray", "runtime.placement=pool", "runtime.num_actors=2"]
+
+
+def assert_serial_is_ray_and_resume_is_exact(overrides: Sequence[str]) -> Path:
+    """One config (`overrides`) run serially, on pooled Ray actors
+    (`POOL`), and killed (-9) after its next-to-last round's checkpoint then resumed: all three
+    agree on every metric and on the final server and client state, bit for bit. The serial
+    run's directory is returned. Needs the `ray_session` fixture."""
+    cfg = compose(list(overrides))
+    rounds = int(cfg.fl.rounds)
+    _, serial = start_run(compose([*overrides, "runtime=serial", "experiment=full", "run_id=serial"]),
+                          console=False)  # fmt: skip
+    _, ray = start_run(compose([*overrides, *POOL, "experiment=full", "run_id=ray"]), console=False)
+    assert_same_run(ray, serial)
+    killed = Path(cfg.output_dir) / "killed" / "b"
+    kill_after_checkpoint([*overrides, "runtime=serial", "experiment=killed", "run_id=b"], killed, rounds - 1)
+    # a run that got to its last checkpoint before the kill would test nothing
+    assert not (killed / "checkpoints" / f"round-{rounds:06d}.json").exists(), "finished before the kill"
+    assert main(["resume", str(killed), "--quiet"]) == 0
+    assert_same_run(killed, serial)
+    return serial

@@ -268,17 +268,9 @@ METHOD_ARGS = {
     "fedadam": [],
     "fedglcl": [],
     "promptfl": ["model.arch=clip-tiny-random"],
-    # the prototypes clipped and noised, composed in the same accountant (test_privacy_prototypes)
-    "fedproto": ["data.client_test_fraction=0.25"],
+    # the prototypes clipped and noised, composed in the same accountant (test_privacy_prototypes,
+    # whose serial == Ray run is FedProto's run at its defaults, and DP-FPL's in test_privacy_dpfpl)
     "fedtsp": ["data.client_test_fraction=0.25", "method.weighting=uniform", "method.server_epochs=2"],
-    # DP-FPL: the global prompt through the chain, the local one noised on the client
-    "dpfpl": [
-        "model.arch=clip-tiny-random",
-        "model.n_ctx=4",
-        "method.rank=2",
-        "method.noise=0.4",
-        "data.client_test_fraction=0.25",
-    ],
 }
 
 

@@ -1,7 +1,8 @@
 """DP-FPL (methods/dpfpl.py) against its arithmetic written out by hand: two golden rounds with
 partial participation under `privacy=dp_fedavg` (the local prompt factorised every step, the
 per-batch clip and local noise, the full gradient, the global prompt's clipped uniform mean and
-the chain's noise), and the refusals; a real run reports the global prompt's user-level ε."""
+the chain's noise), and the refusals; real runs: serial == Ray and kill -9 + resume, bit for bit
+(the local noise drawn from (seed, round, client), the local prompts in the checkpoint)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from fl_lightning.runtime.host import ClientHost, ClientSpec
 from fl_lightning.testing import BS, LR, client_data, match, rounds_1_and_2, three_clients, twin
 
 from .conftest import small
+from .run_files import assert_serial_is_ray_and_resume_is_exact, records
 from .test_prompt import ARCH, TINY, clip_file, prompt_model  # noqa: F401  (clip_file: a fixture)
 
 RANK, NOISE, ROUNDS = 2, 0.5, 2
@@ -161,3 +163,18 @@ def test_dpfpl_refuses_in_one_line(extra, says, tmp_path, capsys, data_root):
     assert code == 2 and err.count("\n") == 1 and err.startswith("fl-lightning: error: "), err
     assert says in err
     assert not (tmp_path / "default").exists()
+
+
+@pytest.mark.slow
+def test_dpfpl_serial_equals_ray_and_a_killed_run_resumes_exact(tmp_path, data_root, ray_session):
+    """The local noise and V₀ come from a generator seeded by the client's round seed, and the
+    local prompt is client state: pooled Ray actors give the serial run's metrics, global prompt
+    and every client's local prompt bit for bit, and so does a run killed after round 1's
+    checkpoint and resumed (round 2's noise is drawn as the uninterrupted run draws it)."""
+    args = small(tmp_path, *TINY, *DPFPL, "method.rank=2", "method.noise=0.4", "privacy=dp_fedavg",
+                 "privacy.clip=0.01", "privacy.delta=1e-3", "fl.rounds=2")  # fmt: skip
+    serial = assert_serial_is_ray_and_resume_is_exact(args)
+    lines = records(serial)
+    assert [line["clients"] for line in lines] == [2, 2]  # 2 of 3 a round: one sits out, keeps its prompt
+    assert 0 < lines[0]["privacy/epsilon"] < lines[1]["privacy/epsilon"]
+    assert all(line["server/dp_fedavg/std"] > 0 for line in lines)  # the global prompt was noised

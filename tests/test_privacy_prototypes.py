@@ -2,7 +2,9 @@
 arithmetic written out by hand: two golden rounds of FedProto with partial participation (each
 client's prototypes clipped as one matrix, noise on their sum and on the count of holders, the
 mean over the noised holders; round 2 trains toward round 1's noised prototypes), and the
-accountant composing the round's two releases as one Gaussian of multiplier σ/√2."""
+accountant composing the round's two releases as one Gaussian of multiplier σ/√2; real runs:
+serial == Ray and kill -9 + resume, bit for bit (the release's noise drawn from (seed, round,
+its tag), the accountant's count in the checkpoint)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import zlib
 
 import dp_accounting as dpa
 import numpy as np
+import pytest
 import torch
 from dp_accounting import rdp
 
@@ -23,6 +26,8 @@ from fl_lightning.core.strategy import TaskInfo
 from fl_lightning.methods import METHODS
 from fl_lightning.testing import loop
 
+from .conftest import small
+from .run_files import assert_serial_is_ray_and_resume_is_exact, records
 from .test_methods import digits3  # noqa: F401  (a fixture)
 
 SIGMA, CLIP, DELTA = 0.5, 1.0, 1e-3
@@ -83,3 +88,19 @@ def test_fedproto_private_prototypes_golden_two_rounds(digits3):  # noqa: F811
     acc.compose(dpa.SampledWithoutReplacementDpEvent(3, 2, dpa.GaussianDpEvent(SIGMA / math.sqrt(2) / 2)), 2)
     assert plan.epsilon(2) == acc.get_epsilon(DELTA)
     assert plan.epsilon(2) > dataclasses.replace(plan, releases=1).epsilon(2)  # two releases cost more
+
+
+@pytest.mark.slow
+def test_private_prototypes_serial_equals_ray_and_killed_resumes_exact(tmp_path, data_root, ray_session):
+    """FedProto at its defaults (personal models, prototypes the only upload) under
+    `privacy=dp_fedavg`, 2 of 3 clients a round: pooled Ray actors give the serial run's metrics,
+    noised prototypes, accountant state and every client's model bit for bit, and so does a run
+    killed after round 1's checkpoint and resumed."""
+    args = small(tmp_path, "method=fedproto", "data.client_test_fraction=0.25", "privacy=dp_fedavg",
+                 "privacy.delta=1e-3", "fl.num_clients=3", "fl.clients_per_round=2", "fl.rounds=2",
+                 "fl.local_epochs=1", "data.train_subset=200", "data.test_subset=100",
+                 "runtime.threads_per_client=1")  # fmt: skip
+    serial = assert_serial_is_ray_and_resume_is_exact(args)
+    lines = records(serial)
+    assert all(line["server/dp_fedavg/prototype_sum_std"] > 0 for line in lines)  # the release was noised
+    assert 0 < lines[0]["privacy/epsilon"] < lines[1]["privacy/epsilon"]

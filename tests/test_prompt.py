@@ -7,6 +7,7 @@ participation; the cached image features give the numbers of the uncached path.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -392,6 +393,47 @@ def test_the_global_evaluation_keeps_the_test_images_features(clip_file, tmp_pat
         images = evaluate(obj, *ev.test, spec=p.eval_spec, batch_size=ev.batch_size)
         assert images["accuracy"] == (again if cache else first)["accuracy"]
         assert images["loss"] == pytest.approx((again if cache else first)["loss"], rel=1e-5)
+
+
+def test_evaluation_on_stored_images_is_the_float_copys_bit_for_bit(clip_file, tmp_path, data_root):
+    """The global and the clients' evaluations keep the test images uint8 and normalise each
+    batch as it is scored (`StoredImages`; a frozen tower's features a batch at a time): every
+    metric equals, exactly, `evaluate` on the whole float copy (`ArrayDataset.tensors`, the tower
+    given all of it at once) under the same weights. A CNN (images into every batch) and the
+    prompt learner (its features kept); 300 test images: past the tower's 256-image batch."""
+    from fl_lightning.core.metrics import EvalSpec
+    from fl_lightning.core.objective import evaluate
+    from fl_lightning.runtime.build import prepare
+    from fl_lightning.runtime.host import frozen_tower, torch_threads
+    from fl_lightning.runtime.steps import GlobalEval, WallClock
+
+    def float_copy(obj, x, y, batch_size, spec):  # the path before: all of x as float, at once
+        x, y = p.dataset.tensors(x, y)
+        tower = frozen_tower(obj.model)
+        with torch_threads(1):  # as both evaluations run (EVAL_THREADS, threads_per_client=1)
+            return evaluate(obj, tower.encode_images(x) if tower else x, y, spec, batch_size)
+
+    base = [*(a for a in TINY if not a.startswith("model.")), "data.test_subset=300",
+            "data.client_test_fraction=0.25", "eval.batch_size=64", "runtime=serial"]  # fmt: skip
+    prompt = ["method=promptfl", f"model.arch={ARCH}", "model.n_ctx=4", f"model.pretrained={clip_file}"]
+    for args in (["method=fedavg", "model=cnn"], prompt):
+        p = prepare(compose([*base, *args]))
+        ev = GlobalEval(p, tmp_path, WallClock())
+        state = p.strategy.init_state(p.init_params)
+        state.global_params = {k: v + 0.01 for k, v in state.global_params.items()}  # not the init's
+        got = ev.now(state)
+        assert (ev.test_features is not None) is (args[0] == "method=promptfl")
+        assert got == float_copy(p.objective, p.dataset.test_x, p.dataset.test_y, 64, p.eval_spec)
+        spec1 = dataclasses.replace(p.spec, threads=1)  # as a placement gives it (threads_per_client=1)
+        host = ClientHost(spec1, p.dataset, dict(enumerate(p.split.train)), dict(enumerate(p.split.test)))
+        plan = p.strategy.configure_evaluate(state, range(3))
+        for payload, rows in zip(plan.payloads, p.split.test, strict=True):
+            mine = host.evaluate(plan.broadcast, payload)  # leaves the client's weights in its objective
+            obj = host.objective(payload.client_id)
+            spec = obj.eval_spec or EvalSpec(num_classes=p.spec.num_classes)
+            x, y = p.dataset.train_x[rows], p.dataset.train_y[rows]
+            want = float_copy(obj, x, y, p.spec.eval_batch_size, spec)
+            assert mine.num_examples == len(rows) > 0 and mine.metrics == want
 
 
 def _keys(tree) -> list[str]:

@@ -434,10 +434,19 @@ class OwnModelObjective(ClientObjective[BroadcastT]):
         return {"": self.forward, "global": with_params(self.model, self.global_params)}
 
 
+class Rows(Protocol):
+    """What `evaluate` scores: a tensor, or images normalised a slice at a time as they are
+    scored (`data.registry.StoredImages`: no float copy of a whole test set)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, rows: slice, /) -> torch.Tensor: ...
+
+
 @torch.no_grad()
 def evaluate(
     objective: ClientObjective[BroadcastT],
-    x: torch.Tensor,
+    x: Rows,
     y: torch.Tensor,
     spec: EvalSpec,
     batch_size: int = 1000,

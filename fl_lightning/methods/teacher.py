@@ -239,7 +239,7 @@ def train_aligned_teacher(
         cosine_ce, x, y, epochs=cfg.epochs, lr=cfg.lr, momentum=cfg.momentum, batch_size=cfg.batch_size,
         seed=cfg.seed, what=f"teacher build ({cfg.arch}, {len(y)} images)", shorten=TEACHER_SHORTER,
     )  # fmt: skip
-    tx, ty = ds.tensors(ds.test_x, ds.test_y)
+    tx, ty = ds.stored(ds.test_x, ds.test_y)  # normalised 1,000 at a time: no float copy of the set
     with torch.no_grad():
         sims = torch.cat(
             [F.normalize(cast(Backbone, tower).forward_features(tx[i : i + 1000]), dim=-1) @ t.T

@@ -20,7 +20,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import lightning as L
 import numpy as np
@@ -35,13 +35,13 @@ from ..core.centralized import torch_threads as torch_threads  # here since the 
 from ..core.errors import ConfigError
 from ..core.messages import Broadcast, ClientEval, ClientPayload, ClientUpdate
 from ..core.metrics import EvalSpec
-from ..core.objective import ClientObjective, Phase, evaluate, trainable_only
+from ..core.objective import ClientObjective, Phase, Rows, evaluate, trainable_only
 from ..core.optim import OptimConfig
 from ..core.params import to_cpu
 from ..core.privacy.dp_sgd import attach_per_sample_hooks, dp_optimizer
 from ..core.strategy import client_seed
 from ..core.types import ClientId, ClientState, StateDict
-from ..data.registry import ArrayDataset
+from ..data.registry import ArrayDataset, StoredImages
 from ..methods import METHODS, import_methods
 from ..models import MODELS, architecture, build_client_model
 from .batched import Shard, train_stacked
@@ -54,6 +54,10 @@ _PRECISIONS: dict[str, Precision] = {"32": "32", "bf16-mixed": "bf16-mixed", "16
 def precision_of(value: object) -> Precision:
     """`runtime.precision` (already checked by config.py) as Lightning's literal type."""
     return _PRECISIONS[str(value)]
+
+
+#: a shard's images: a float tensor (training) or `StoredImages` (test splits)
+R = TypeVar("R", bound=Rows)
 
 
 @runtime_checkable
@@ -71,6 +75,21 @@ def frozen_tower(model: object) -> FrozenImageTower | None:
     if isinstance(model, FrozenImageTower) and model.frozen_image_features:
         return model
     return None
+
+
+#: images per `encode_images` call in `encode_batches`: the towers' own batch (their
+#: `encode_images(batch_size=256)`), so every image is encoded in the same batch as when the
+#: whole set went in at once: the same features, bit for bit
+ENCODE_BATCH = 256
+
+
+def encode_batches(tower: FrozenImageTower, x: Rows, device: torch.device) -> torch.Tensor:
+    """The tower's features of `x` (CPU), `ENCODE_BATCH` images at a time: each batch is
+    normalised (`StoredImages`), moved to `device` alone and its features brought back, so
+    neither the host nor the device ever holds more than one batch of float images."""
+    n = len(x)
+    parts = [tower.encode_images(x[i : i + ENCODE_BATCH].to(device)).cpu() for i in range(0, n, ENCODE_BATCH)]
+    return torch.cat(parts) if parts else tower.encode_images(x[0:0].to(device)).cpu()
 
 
 @dataclass(frozen=True)
@@ -316,9 +335,10 @@ class ClientHost:
             for c, (_, y) in self.train.items()
             if y.dim() == 1
         }
-        self.test = {
-            c: dataset.tensors(dataset.train_x[i], dataset.train_y[i])
-            for c, i in (test_indices or {}).items()
+        # Test splits stay uint8 and are normalised a batch at a time as they are scored
+        # (`StoredImages`): a quarter of the float copy's memory, the same numbers.
+        self.test: dict[ClientId, tuple[StoredImages, torch.Tensor]] = {
+            c: dataset.stored(dataset.train_x[i], dataset.train_y[i]) for c, i in (test_indices or {}).items()
         }
         self._objectives: dict[Any, ClientObjective[Any]] = {}
         #: ("train" | "test", client) -> image features of a frozen tower (`_frozen_features`)
@@ -518,8 +538,8 @@ class ClientHost:
             return self._evaluate(self._begin(broadcast, payload, self._state_copy(cid)), cid)
 
     def _frozen_features(
-        self, obj: ClientObjective[Any], key: tuple[str, ClientId], x: torch.Tensor
-    ) -> torch.Tensor:
+        self, obj: ClientObjective[Any], key: tuple[str, ClientId], x: R
+    ) -> R | torch.Tensor:
         """`x` as the model's frozen image tower sees it, computed once per run and kept with
         the shard, for a model that declares `frozen_image_features` (the CLIP prompt learner:
         it takes 2-d inputs as its own features) and un-augmented data; else `x`."""
@@ -528,14 +548,14 @@ class ClientHost:
             return x
         if key not in self.features:
             obj.to(self._device())
-            self.features[key] = tower.encode_images(x.to(self._device())).cpu()
+            self.features[key] = encode_batches(tower, x, self._device())
         return self.features[key]
 
     def _evaluate(self, obj: ClientObjective[Any], cid: ClientId) -> ClientEval:
-        x, y = self.test[cid]
+        images, y = self.test[cid]
         if len(y) == 0:  # no test images of its own: no metrics (`client_*` leaves it out)
             return ClientEval(cid, 0)
-        x = self._frozen_features(obj, ("test", cid), x)
+        x = self._frozen_features(obj, ("test", cid), images)
         spec = obj.eval_spec or EvalSpec(num_classes=self.spec.num_classes)
         return ClientEval(cid, len(y), evaluate(obj, x, y, spec, self.spec.eval_batch_size))
 

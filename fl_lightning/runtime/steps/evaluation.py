@@ -18,12 +18,12 @@ from ...core.centralized import torch_threads
 from ...core.files import open_new
 from ...core.messages import ClientUpdate, RoundPlan, ServerState
 from ...core.metrics import domain_accuracy
-from ...core.objective import evaluate
+from ...core.objective import Rows, evaluate
 from ...core.types import ClientId
 from ...data.registry import DATASETS
 from ..build import Prepared
 from ..executor import Executor
-from ..host import frozen_tower
+from ..host import encode_batches, frozen_tower
 from ..record import RoundRecord, client_metrics, majority_accuracies
 from .clock import WallClock
 
@@ -109,7 +109,9 @@ class GlobalEval:
         self.every, self.last_round = int(ev.every), int(p.cfg.fl.rounds)
         self.batch_size, self.save_predictions = int(ev.batch_size), bool(ev.save_predictions)
         self.device = driver_device(str(ev.device))
-        self.test = p.dataset.tensors(p.dataset.test_x, p.dataset.test_y)
+        # the test images as stored (uint8), normalised a batch at a time as they are scored:
+        # a float copy of the whole set is 4x the images (~45 GB for data=coop_multi at 224 px)
+        self.test = p.dataset.stored(p.dataset.test_x, p.dataset.test_y)
         self.test_features: torch.Tensor | None = None  # a frozen image tower's, once (`_inputs`)
         #: the dataset's own metrics from the test scores (`DatasetEntry.extra_metrics`: the
         #: themed mosaics' AP on blanked labels); None: none
@@ -167,18 +169,19 @@ class GlobalEval:
 
         return job
 
-    def _inputs(self, obj: Any) -> torch.Tensor:
+    def _inputs(self, obj: Any) -> Rows:
         """The test images, or, for a model with a frozen image tower (`frozen_image_features`:
         the CLIP prompt learner, which takes its own features as input), their pooled features,
-        computed at the first evaluation and kept: each later evaluation runs the text side
-        only, as the clients' own test splits do (`ClientHost._frozen_features`). Patch tokens
-        (`image_tokens`: ~200x the pooled size) are computed each time instead."""
+        computed at the first evaluation, a batch at a time on the device (`encode_batches`),
+        and kept: each later evaluation runs the text side only, as the clients' own test
+        splits do (`ClientHost._frozen_features`). Patch tokens (`image_tokens`: ~200x the
+        pooled size) are computed each time instead."""
         tower = frozen_tower(obj.model)
         if tower is None or getattr(tower, "image_tokens", False):
             return self.test[0]
         if self.test_features is None:
             with torch.no_grad():
-                self.test_features = tower.encode_images(self.test[0].to(self.device)).cpu()
+                self.test_features = encode_batches(tower, self.test[0], self.device)
         return self.test_features
 
     def now(self, state: ServerState) -> dict[str, float]:

@@ -127,10 +127,10 @@ def test_bad_run_configs_refused_before_any_work(tmp_path, capsys, data_root, ex
 
 
 def test_a_fedglcl_run_on_oracle_targets_permuted_within_the_coarse_groups(tmp_path, digits20, data_root):
-    args = ["run", "--quiet", "data=fmnist_digits20", "method=fedglcl", "method.targets=oracle_permuted_within",
-            "data.train_subset=300", "data.test_subset=200", "fl.num_clients=3", "fl.rounds=1",
-            "runtime=serial", "logger=none", f"data.root={data_root}", f"output_dir={tmp_path}",
-            "run_id=r"]  # fmt: skip
+    args = ["run", "--quiet", "data=fmnist_digits20", "method=fedglcl",
+            "method.targets=oracle_permuted_within", "data.train_subset=300", "data.test_subset=200",
+            "fl.num_clients=3", "fl.rounds=1", "runtime=serial", "logger=none", f"data.root={data_root}",
+            f"output_dir={tmp_path}", "run_id=r"]  # fmt: skip
     assert main(args) == 0
     summary = json.loads((tmp_path / "default" / "r" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds_completed"] == 1

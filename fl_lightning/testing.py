@@ -46,7 +46,7 @@ from .core.params import to_cpu
 from .core.strategy import ServerContext, Strategy, TaskInfo, server_rng
 from .core.types import ClientId
 from .data.federated import FederatedSplit
-from .data.registry import ArrayDataset, load_dataset
+from .data.registry import DATASETS, ArrayDataset, load_dataset
 from .methods import METHODS
 from .models import MODELS, build_client_model
 from .runtime.callbacks import Callback
@@ -328,6 +328,7 @@ def loop(
         task = TaskInfo(
             num_classes=ds.num_classes, class_names=tuple(ds.class_names), dataset=ds.name,
             has_client_test_split=test is not None, rounds=rounds,
+            coarse_groups=DATASETS.get(ds.name).coarse_groups if ds.name in DATASETS else None,
         )  # fmt: skip
     config = cls.config_cls(**dict(method or {}))
     strategy = cls(config, len(train), clients_per_round, seed=0, task=task, aggregator=aggregator)

@@ -7,8 +7,12 @@ loopback, real W&B offline files and the real dataset (small subsets for speed).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import re
+import time
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,17 +64,58 @@ def no_shared_wandb_service():
 
 
 @pytest.fixture(scope="session")
-def ray_session():
-    """One private local Ray (2 CPUs, loopback) shared by the tests that need it; runs
-    started inside reuse it instead of paying ~3 s for their own."""
+def _shared_ray() -> Iterator[dict[str, Any]]:
+    from fl_lightning.runtime.local_ray import init_ray
+
+    held = {"conn": init_ray(None, num_cpus=2)}  # None: a Ray was up already, left as it is
+    yield held
+    if held["conn"] is not None:
+        held["conn"].shutdown()
+
+
+def _cpus_free(ray: Any, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while ray.available_resources().get("CPU") != ray.cluster_resources().get("CPU"):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.fixture
+def ray_session(_shared_ray: dict[str, Any], request: pytest.FixtureRequest) -> Iterator[Any]:
+    """One private local Ray (2 CPUs, loopback) shared by a pytest worker's tests that need
+    it; runs started inside reuse it instead of paying ~3 s for their own. A test starts with
+    all of its CPUs free: where an earlier test's run, interrupted while its workers started,
+    left one taken (Ray's lease of an actor killed as it was granted; that test checks its own
+    clean-up), the next per-client run waited for it for good (10 min, then failed: seen at
+    load 9-11), so this test gets a new Ray instead, with a warning in the summary."""
     import ray
 
     from fl_lightning.runtime.local_ray import init_ray
 
-    conn = init_ray(None, num_cpus=2)  # None: a Ray was up already, left as it is
-    yield ray
-    if conn is not None:
+    conn = _shared_ray["conn"]
+    if conn is not None and not _cpus_free(ray, wait_s=20):
+        warnings.warn(f"{request.node.nodeid}: the shared Ray's CPUs were held at its start; Ray restarted",
+                      stacklevel=1)  # fmt: skip
         conn.shutdown()
+        _shared_ray["conn"] = init_ray(None, num_cpus=2)
+    yield ray
+
+
+#: a line of Ray's own processes (GCS, raylet, ...), which Ray forwards to the driver of the
+#: suite's shared local Ray (`ray_session`) whenever it comes: an in-process test's captured
+#: stderr may catch one that an earlier test caused ("(pid=gcs_server) ... Failed to kill
+#: actor": a worker that test killed). Never a line of the command under test; a worker's own
+#: lines (`(pid=1234)`, `(ClientWorker pid=...)`) are kept.
+_RAY_SYSTEM_LINE = re.compile(
+    r"^(\x1b\[\d+m)?\((pid=)?(gcs_server|raylet|autoscaler|monitor|log_monitor|dashboard\w*)\)"
+)
+
+
+def stderr_lines(err: str) -> list[str]:
+    """The non-blank lines of a captured stderr, without Ray's own processes' lines."""
+    return [ln for ln in err.splitlines() if ln.strip() and not _RAY_SYSTEM_LINE.match(ln)]
 
 
 def once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:

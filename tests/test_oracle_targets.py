@@ -126,15 +126,15 @@ def test_bad_run_configs_refused_before_any_work(tmp_path, capsys, data_root, ex
     assert not (tmp_path / "o").exists()
 
 
-def test_a_fedglcl_run_on_oracle_targets(tmp_path, digits20, data_root):
-    args = ["run", "--quiet", "data=fmnist_digits20", "method=fedglcl", "method.targets=oracle_half",
-            "data.train_subset=300", "data.test_subset=200", "fl.num_clients=3", "fl.rounds=1",
-            "runtime=serial", "logger=none", f"data.root={data_root}", f"output_dir={tmp_path}",
-            "run_id=r"]  # fmt: skip
+def test_a_fedglcl_run_on_oracle_targets_permuted_within_the_coarse_groups(tmp_path, digits20, data_root):
+    args = ["run", "--quiet", "data=fmnist_digits20", "method=fedglcl",
+            "method.targets=oracle_permuted_within", "data.train_subset=300", "data.test_subset=200",
+            "fl.num_clients=3", "fl.rounds=1", "runtime=serial", "logger=none", f"data.root={data_root}",
+            f"output_dir={tmp_path}", "run_id=r"]  # fmt: skip
     assert main(args) == 0
     summary = json.loads((tmp_path / "default" / "r" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds_completed"] == 1
     # the clients' images stop at 300; the oracle averages every training image from there on
     assert summary["oracle_holdout_from"] == 300 and summary["oracle_images"] == len(digits20.train_y) - 300
     assert summary["started_at"] <= summary["finished_at"]  # ISO 8601 UTC: ordered as text
-    assert "targets: oracle_half" in (tmp_path / "default" / "r" / "config.yaml").read_text()
+    assert "targets: oracle_permuted_within" in (tmp_path / "default" / "r" / "config.yaml").read_text()

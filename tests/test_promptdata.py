@@ -331,6 +331,9 @@ def test_coop_multi_federates_datasets_in_one_label_space(images, tmp_path, caps
     assert np.array_equal(ds.test_x, expected([p for p, _ in a["test"] + b["test"]]))
     split = make_split(ds, "class_blocks", 2, seed=0, classes_per_client=3)  # the members from ds
     assert [sorted(set(ds.train_y[p].tolist())) for p in split.train] == [[0, 1], [3, 4]]
+    stats = split.stats(ds)  # partition.json: each client's images per member dataset
+    assert stats["class_sets"] == [["dtd", 3], ["oxford_pets", 3]]
+    assert stats["train_sizes_per_dataset"] == [[len(split.train[0]), 0], [0, len(split.train[1])]]
     out = tmp_path / "runs"
     bad = {
         "data.datasets=[dtd,oxford_pet]": "unknown CoOp dataset 'oxford_pet'; valid: ",

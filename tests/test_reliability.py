@@ -34,7 +34,7 @@ from fl_lightning.data.registry import load_from_config
 from fl_lightning.runtime.callbacks.base import Callback
 from fl_lightning.runtime.runner import start_run
 
-from .conftest import WIDE, small
+from .conftest import WIDE, small, stderr_lines
 
 EXE = os.path.join(os.path.dirname(sys.executable), "fl-lightning")
 # Tiny and quick: 2 clients of 200 images, 3 local steps each round, one thread per client.
@@ -51,7 +51,7 @@ def _records(run_dir: Path) -> list[dict]:
 
 
 def _one_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
+    lines = stderr_lines(err)
     assert len(lines) == 1, err
     assert "Traceback" not in err
     return lines[0]

@@ -27,7 +27,7 @@ from fl_lightning.core.messages import Broadcast, ServerState
 from fl_lightning.core.strategy import MethodConfig, Strategy
 from fl_lightning.data.registry import DATASETS
 
-from .conftest import WIDE, small
+from .conftest import WIDE, small, stderr_lines
 
 # tiny, so that code which wrongly accepts a value (the old code) ends soon
 QUICK = [
@@ -41,9 +41,10 @@ TINY = ["data.train_subset=400", "data.test_subset=100", "fl.num_clients=2"]
 
 def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("fl-lightning: error: "), err
+    lines = stderr_lines(err)
+    assert len(lines) == 1 and lines[0].startswith("fl-lightning: error: "), err
     assert "Traceback" not in err
-    return err
+    return lines[0] + "\n"
 
 
 def _written(root: Path) -> list[str]:

@@ -14,12 +14,12 @@ import pytest
 
 from fl_lightning.cli.main import main
 
-from .conftest import small
+from .conftest import small, stderr_lines
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
+    lines = stderr_lines(err)
     assert len(lines) == 1 and lines[0].startswith("fl-lightning: error: "), err
     assert "Traceback" not in err
     return lines[0]

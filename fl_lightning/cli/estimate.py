@@ -81,11 +81,10 @@ IMAGES_TIMED = {"cuda": 64, "cpu": 4}
 
 def _members(cfg: RootConfig) -> list[str]:
     """The datasets of the run: a composite's members (`data=coop_multi`), else the one."""
-    if str(cfg.data.name) != "coop_multi":
-        return [str(cfg.data.name)]
-    from ..data.coop_multi import members
+    from ..data.registry import DATASETS
 
-    return list(members(cfg.data.datasets))
+    members = DATASETS.get(str(cfg.data.name)).members
+    return [str(cfg.data.name)] if members is None else list(members(cfg.data.datasets))
 
 
 def train_images(cfg: RootConfig) -> int | None:

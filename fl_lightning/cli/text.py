@@ -158,8 +158,7 @@ def print_rsa(cfg, text, names: Sequence[str]) -> None:
     neighbour lies. Run before an experiment: about 0 predicts text = permuted."""
     import torch
 
-    from ..data.fmnist_digits20 import COARSE_GROUPS
-    from ..data.registry import load_from_config
+    from ..data.registry import DATASETS, load_from_config
     from ..text.targets import class_similarity_rsa
 
     ds = load_from_config(cfg.data)
@@ -167,7 +166,7 @@ def print_rsa(cfg, text, names: Sequence[str]) -> None:
     feats = x.flatten(1)
     rho, n = class_similarity_rsa(text, feats, y)
     print(f"rank correlation (Spearman) text vs mean {ds.name} features: {rho:+.3f} over {n} class pairs")
-    groups = COARSE_GROUPS.get(cfg.data.name)
+    groups = DATASETS.get(cfg.data.name).coarse_groups
     if not groups:
         return
     for group in sorted(set(groups)):

@@ -56,6 +56,9 @@ class TaskInfo:
             for a model that re-normalises them (CLIP's towers).
         class_sets: a composite's member datasets (`data=coop_multi`), (name, class count) in
             label order, each member's labels after the previous one's; empty: one dataset.
+        coarse_groups: the dataset's coarse group of each class (`DatasetEntry.coarse_groups`:
+            fmnist_digits20's clothing and digits), for the controls that keep or break them;
+            None: the dataset has none.
     """
 
     num_classes: int
@@ -70,6 +73,7 @@ class TaskInfo:
     image_mean: tuple[float, ...] = ()
     image_std: tuple[float, ...] = ()
     class_sets: tuple[tuple[str, int], ...] = ()
+    coarse_groups: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -127,4 +127,6 @@ def load(
     )
 
 
-DATASETS.register(NAME)(DatasetEntry(load=load, present=_present, where=_where, check=_check))
+DATASETS.register(NAME)(
+    DatasetEntry(load=load, present=_present, where=_where, check=_check, members=members)
+)

@@ -83,6 +83,12 @@ class FederatedSplit:
             out["train_domain_histogram"] = [
                 np.bincount(dataset.train_domains[p], minlength=n_dom).tolist() for p in self.train
             ]
+        if dataset.class_sets:  # a composite (`data=coop_multi`): each client's images per member
+            out["class_sets"] = [[name, int(c)] for name, c in dataset.class_sets]
+            ends = np.cumsum([c for _, c in dataset.class_sets])
+            out["train_sizes_per_dataset"] = [
+                [int(n) for n in np.add.reduceat(row, np.r_[0, ends[:-1]])] for row in hist
+            ]
         if dataset.standin:
             out["standin"] = dataset.standin
         return out

@@ -196,6 +196,10 @@ class DatasetEntry:
     #: what its samples are: "images" (pixels or feature vectors), or "sentences" (SST-2); a
     #: model for other inputs (`models.ModelTraits.inputs`) is refused before any data is read
     inputs: str = "images"
+    #: a composite's member datasets from `data.datasets` (checked; None: its default list),
+    #: for what is known of each member without loading (`estimate`'s image counts); None:
+    #: one dataset, itself
+    members: Callable[[Sequence[str] | None], tuple[str, ...]] | None = None
 
 
 DATASETS: Registry[DatasetEntry] = Registry("dataset")

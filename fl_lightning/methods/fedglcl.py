@@ -201,7 +201,6 @@ class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
 
     def oracle(self, config: FedGLCLConfig, dim: int) -> torch.Tensor:
         """The oracle targets (`text/oracle.py`): the held-out class means in `dim` dimensions."""
-        from ..data.fmnist_digits20 import COARSE_GROUPS
         from ..data.registry import load_from_config
         from ..text.oracle import held_out_class_means, oracle_targets, pca_keep_gram
 
@@ -211,7 +210,7 @@ class FedGLCL(Strategy[FedGLCLConfig, ServerState, GLCLBroadcast]):
         means, counts = held_out_class_means(ds, start)
         vectors = pca_keep_gram(means, dim)
         self.oracle_info = {"oracle_holdout_from": start, "oracle_images": int(sum(counts))}
-        return oracle_targets(config.targets, vectors, self.seed, COARSE_GROUPS.get(self.task.dataset))
+        return oracle_targets(config.targets, vectors, self.seed, self.task.coarse_groups)
 
     def objective_kwargs(self) -> dict[str, Any]:
         out = super().objective_kwargs() | {"text_dim": int(self.class_features.shape[1])}

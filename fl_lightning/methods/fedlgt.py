@@ -135,9 +135,7 @@ class FedLGT(Strategy[FedLGTConfig, ServerState, Broadcast]):
             g = torch.Generator().manual_seed(self.seed)
             labels = F.normalize(torch.randn(labels.shape, generator=g), dim=-1)
             states = F.normalize(torch.randn(states.shape, generator=g), dim=-1)
-        from ..data.fmnist_digits20 import COARSE_GROUPS
-
-        labels = class_targets(config.targets, labels, self.seed, COARSE_GROUPS.get(self.task.dataset))
+        labels = class_targets(config.targets, labels, self.seed, self.task.coarse_groups)
         # another draw than the labels' (the same seed would make the uniform states the first label rows)
         states = class_targets(config.state_targets, states, self.seed + 7919)
         # learned tables stay parameters of the model (None); FedC-Tran next to FedLGT: the same width

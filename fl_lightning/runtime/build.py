@@ -112,6 +112,7 @@ def prepare(
         image_mean=tuple(np.atleast_1d(np.asarray(dataset.mean, np.float64)).tolist()),
         image_std=tuple(np.atleast_1d(np.asarray(dataset.std, np.float64)).tolist()),
         class_sets=dataset.class_sets,
+        coarse_groups=DATASETS.get(cfg.data.name).coarse_groups,
     )
     weights = None
     if cfg.fl.sampling == "size":  # a client is drawn with probability its share of the examples

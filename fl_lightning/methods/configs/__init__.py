@@ -15,3 +15,16 @@ def multilabel(run: RootConfig) -> bool:
     from ...data.registry import DATASETS
 
     return bool(DATASETS.get(run.data.name).multilabel)
+
+
+def require_coarse_groups(run: RootConfig, key: str) -> None:
+    """Refuse `key` (a control that keeps or breaks the classes' coarse groups) on a dataset
+    whose registry entry has none, naming those that do."""
+    from ...core.errors import ConfigError
+    from ...data.registry import DATASETS
+
+    if DATASETS.get(run.data.name).coarse_groups is None:
+        have = sorted(n for n in DATASETS.names() if DATASETS.get(n).coarse_groups is not None)
+        raise ConfigError(
+            f"{key} needs coarse groups; data={run.data.name} has none (those with: {', '.join(have)})"
+        )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from ...core.checks import ORACLE_TARGETS, check_targets, nonnegative, one_of, positive
 from ...core.errors import ConfigError
 from ...core.method import METHODS, MethodConfig
+from . import require_coarse_groups
 
 if TYPE_CHECKING:
     from ...core.run_config import RootConfig
@@ -105,8 +106,6 @@ class FedGLCLConfig(MethodConfig):
     def check_oracle(self, run: RootConfig) -> None:
         """The oracle's images must be ones no client holds: from `oracle_holdout_from` (or
         `data.train_subset`) on, with the clients' images stopping at or before it."""
-        from ...data.fmnist_digits20 import COARSE_GROUPS
-
         sub = run.data.train_subset
         start = self.oracle_holdout_from if self.oracle_holdout_from is not None else sub
         if start is None:
@@ -119,8 +118,5 @@ class FedGLCLConfig(MethodConfig):
                 f"method.oracle_holdout_from={start}: clients would hold the oracle's images too; "
                 f"set data.train_subset<={start} (got {sub})"
             )
-        if self.targets == "oracle_permuted_within" and run.data.name not in COARSE_GROUPS:
-            raise ConfigError(
-                f"method.targets=oracle_permuted_within needs coarse groups; data={run.data.name} has none "
-                f"(those with: {', '.join(sorted(COARSE_GROUPS))})"
-            )
+        if self.targets == "oracle_permuted_within":
+            require_coarse_groups(run, "method.targets=oracle_permuted_within")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from ...core.checks import GROUP_TARGETS, check_targets, one_of, within
 from ...core.errors import ConfigError
 from ...core.method import METHODS, MethodConfig
-from . import multilabel
+from . import multilabel, require_coarse_groups
 
 if TYPE_CHECKING:
     from torch import nn
@@ -58,13 +58,7 @@ class FedLGTConfig(MethodConfig):
         check_targets(self.targets, extra=GROUP_TARGETS)
         check_targets(self.state_targets, "method.state_targets")
         if self.targets in GROUP_TARGETS:
-            from ...data.fmnist_digits20 import COARSE_GROUPS
-
-            if run.data.name not in COARSE_GROUPS:
-                raise ConfigError(
-                    f"method.targets={self.targets} needs coarse groups; data={run.data.name} has none "
-                    f"(those with: {', '.join(sorted(COARSE_GROUPS))})"
-                )
+            require_coarse_groups(run, f"method.targets={self.targets}")
         for table, targets, embedding in (("", self.targets, self.label_embedding),
                                           ("state_", self.state_targets, self.state_embedding)):  # fmt: skip
             if targets != "text" and embedding != "text":

@@ -89,7 +89,8 @@ def ray_session(_shared_ray: dict[str, Any], request: pytest.FixtureRequest) -> 
     all of its CPUs free: where an earlier test's run, interrupted while its workers started,
     left one taken (Ray's lease of an actor killed as it was granted; that test checks its own
     clean-up), the next per-client run waited for it for good (10 min, then failed: seen at
-    load 9-11), so this test gets a new Ray instead, with a warning in the summary."""
+    load 9-11), so this test gets a new Ray instead, with a warning in the summary. A test
+    marked `fresh_ray_after` (it interrupts workers as Ray grants them) leaves a new one."""
     import ray
 
     from fl_lightning.runtime.local_ray import init_ray
@@ -101,6 +102,9 @@ def ray_session(_shared_ray: dict[str, Any], request: pytest.FixtureRequest) -> 
         conn.shutdown()
         _shared_ray["conn"] = init_ray(None, num_cpus=2)
     yield ray
+    if _shared_ray["conn"] is not None and request.node.get_closest_marker("fresh_ray_after") is not None:
+        _shared_ray["conn"].shutdown()
+        _shared_ray["conn"] = init_ray(None, num_cpus=2)
 
 
 #: a line of Ray's own processes (GCS, raylet, ...), which Ray forwards to the driver of the

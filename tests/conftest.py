@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -63,44 +61,40 @@ def no_shared_wandb_service():
     os.environ.pop("WANDB_SERVICE", None)
 
 
+#: the connection of the Ray `ray_session` started (absent: none, or one that was up already)
+_SHARED_RAY: dict[str, Any] = {}
+
+
 @pytest.fixture(scope="session")
-def _shared_ray() -> Iterator[dict[str, Any]]:
-    from fl_lightning.runtime.local_ray import init_ray
-
-    held = {"conn": init_ray(None, num_cpus=2)}  # None: a Ray was up already, left as it is
-    yield held
-    if held["conn"] is not None:
-        held["conn"].shutdown()
-
-
-def _cpus_free(ray: Any, wait_s: float) -> bool:
-    deadline = time.monotonic() + wait_s
-    while ray.available_resources().get("CPU") != ray.cluster_resources().get("CPU"):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-@pytest.fixture
-def ray_session(_shared_ray: dict[str, Any], request: pytest.FixtureRequest) -> Iterator[Any]:
+def ray_session() -> Iterator[Any]:
     """One private local Ray (2 CPUs, loopback) shared by a pytest worker's tests that need
-    it; runs started inside reuse it instead of paying ~3 s for their own. A test starts with
-    all of its CPUs free: where an earlier test's run, interrupted while its workers started,
-    left one taken (Ray's lease of an actor killed as it was granted; that test checks its own
-    clean-up), the next per-client run waited for it for good (10 min, then failed: seen at
-    load 9-11), so this test gets a new Ray instead, with a warning in the summary."""
+    it; runs started inside reuse it instead of paying ~3 s for their own."""
     import ray
 
     from fl_lightning.runtime.local_ray import init_ray
 
-    conn = _shared_ray["conn"]
-    if conn is not None and not _cpus_free(ray, wait_s=20):
-        warnings.warn(f"{request.node.nodeid}: the shared Ray's CPUs were held at its start; Ray restarted",
-                      stacklevel=1)  # fmt: skip
-        conn.shutdown()
-        _shared_ray["conn"] = init_ray(None, num_cpus=2)
+    conn = init_ray(None, num_cpus=2)  # None: a Ray was up already, left as it is
+    if conn is not None:
+        _SHARED_RAY["conn"] = conn
     yield ray
+    if "conn" in _SHARED_RAY:
+        _SHARED_RAY.pop("conn").shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_ray_after_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test marked `fresh_ray_after` (it interrupts client workers as Ray grants
+    them), the shared Ray is replaced: after one, a per-client run on the same Ray waited 10
+    min for an actor Ray never started (load 9-11; pacct: its worker stayed `ray::IDLE`),
+    failing a test that had nothing to do with it. That test checks its own clean-up."""
+    yield
+    if request.node.get_closest_marker("fresh_ray_after") is not None and "conn" in _SHARED_RAY:
+        from fl_lightning.runtime.local_ray import init_ray
+
+        _SHARED_RAY.pop("conn").shutdown()
+        conn = init_ray(None, num_cpus=2)
+        if conn is not None:
+            _SHARED_RAY["conn"] = conn
 
 
 #: a line of Ray's own processes (GCS, raylet, ...), which Ray forwards to the driver of the

@@ -168,3 +168,34 @@ def test_a_submitted_fit_whose_actor_dies_is_retried_and_one_that_fails_twice_st
     bad = _unloadable(plan.broadcast)
     with pytest.raises(ClientFailure, match=r"round 1: client 1 failed: KeyError"):
         ex.take(ex.submit(bad, plan.payloads[1]))
+
+
+def test_workers_slow_to_set_up_are_reported_once_with_what_ray_has_free(ray_session, caplog):
+    """Workers not set up after the warning time: one line saying how many and what Ray has
+    free, and the wait goes on to the end (a run that waits for workers Ray does not place
+    said nothing, for 10 min in a test). Real remote tasks on the shared Ray stand for the
+    setups: one that ends at once, one that takes seconds (on no CPU: this module's idle
+    workers may hold both of the shared Ray's)."""
+    import time
+
+    from fl_lightning.runtime.ray_executor import wait_for_workers
+
+    @ray_session.remote(num_cpus=0)
+    def setup(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    fast = setup.remote(0.0)
+    ray_session.get(fast)  # done before the wait starts, whatever the load
+    refs = [fast, setup.remote(5.0)]
+    with caplog.at_level("WARNING", logger="fl_lightning.runtime.ray_executor"):
+        wait_for_workers(refs, warn_after=0.5)
+    ready, _ = ray_session.wait(refs, num_returns=2, timeout=0)
+    assert len(ready) == 2  # waited for both
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("1 of 2 client workers not set up after 0.5 s"), lines
+    assert "of 2 CPUs" in lines[0] and "ray status" in lines[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fl_lightning.runtime.ray_executor"):
+        wait_for_workers([setup.remote(0.0)], warn_after=60)
+    assert not caplog.records  # in time: nothing said

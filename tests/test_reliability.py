@@ -582,6 +582,8 @@ def test_ctrl_c_during_ray_start_up_leaves_no_ray_process(tmp_path, data_root):
         _clean_up(ray_tmp)
 
 
+# after it, a run on the same Ray once waited 10 min for an actor Ray never started (load 9-11)
+@pytest.mark.fresh_ray_after
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["ctrl_c", "sighup"])
 def test_a_signal_while_the_ray_workers_start_leaves_an_interrupted_summary(
     tmp_path, capsys, ray_session, sig

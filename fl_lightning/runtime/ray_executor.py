@@ -35,6 +35,9 @@ from .signals import held
 from .workers import Idle, WorkerSource, new_worker
 
 log = logging.getLogger(__name__)
+#: seconds the client workers may take to start and set up before the run says what Ray has
+#: free (it still waits: an autoscaling cluster adds nodes; on a fixed one, something holds them)
+STARTUP_WARN_S = 120.0
 _WINDOW = 4  # tasks in flight per actor (see `RayExecutor._run`)
 _BROADCASTS = 64  # model versions `submit` keeps put (clients in flight start from these)
 
@@ -97,6 +100,7 @@ class RayExecutor:
     def ready(self) -> list[dict[str, Any]]:
         """Wait until every actor is up and set up; returns where each one runs."""
         try:
+            wait_for_workers(list(self._setup.values()), STARTUP_WARN_S)
             ray.get(list(self._setup.values()))  # a failed setup names its own cause
             return ray.get([a.info.remote() for a in self.actors])
         except (RayTaskError, RayActorError) as e:
@@ -246,6 +250,24 @@ class RayExecutor:
             self._source.put(self.placement, idle)
         else:
             idle.end()
+
+
+def wait_for_workers(refs: list[Any], warn_after: float) -> None:
+    """Wait for every one of `refs` (the workers' setups); once, after `warn_after` s with some
+    still pending, say how many and what Ray has free: a run that waits for workers Ray does
+    not place says so instead of sitting silent."""
+    if not refs:
+        return
+    _, pending = ray.wait(refs, num_returns=len(refs), timeout=warn_after)
+    if pending:
+        free, total = ray.available_resources(), ray.cluster_resources()
+        log.warning(
+            "%d of %d client workers not set up after %g s; Ray has %g of %g CPUs and %g of %g GPUs "
+            "free (still waiting: `ray status` shows what holds them)",
+            len(pending), len(refs), warn_after, free.get("CPU", 0), total.get("CPU", 0),
+            free.get("GPU", 0), total.get("GPU", 0),
+        )  # fmt: skip
+        ray.wait(pending, num_returns=len(pending))
 
 
 def _cause(e: Exception) -> str:

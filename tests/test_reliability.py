@@ -441,6 +441,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, caplog, fin
 
 
 # --- row 9: a client actor killed mid-round ------------------------------------------------
+@pytest.mark.fresh_ray  # its per-client run needs both of the shared Ray's CPUs
 def test_a_killed_actor_is_in_metrics_and_wandb_and_changes_nothing(tmp_path, data_root, ray_session):
     from .wandb_files import read_finished_run
 
@@ -582,8 +583,7 @@ def test_ctrl_c_during_ray_start_up_leaves_no_ray_process(tmp_path, data_root):
         _clean_up(ray_tmp)
 
 
-# after it, a run on the same Ray once waited 10 min for an actor Ray never started (load 9-11)
-@pytest.mark.fresh_ray_after
+@pytest.mark.fresh_ray  # it checks that its workers give their CPUs back: from all free
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["ctrl_c", "sighup"])
 def test_a_signal_while_the_ray_workers_start_leaves_an_interrupted_summary(
     tmp_path, capsys, ray_session, sig

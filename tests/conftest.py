@@ -92,7 +92,8 @@ def _replace_shared_ray() -> None:
         _SHARED_RAY["conn"] = conn
 
 
-def _cpus_free(wait_s: float) -> bool:
+def cpus_free(wait_s: float) -> bool:
+    """Whether every CPU of the connected Ray is free within `wait_s` seconds."""
     import ray
 
     deadline = time.monotonic() + wait_s
@@ -112,7 +113,7 @@ def _fresh_ray_marked(request: pytest.FixtureRequest) -> Iterator[None]:
     something an earlier test on that Ray left, not found yet), failing tests that had
     nothing to do with it; each such test checks its own clean-up."""
     marked = request.node.get_closest_marker("fresh_ray") is not None
-    if marked and "conn" in _SHARED_RAY and not _cpus_free(wait_s=20):
+    if marked and "conn" in _SHARED_RAY and not cpus_free(wait_s=20):
         warnings.warn(f"{request.node.nodeid}: a CPU of the shared Ray was held at its start; Ray replaced",
                       stacklevel=1)  # fmt: skip
         _replace_shared_ray()

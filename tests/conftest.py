@@ -98,6 +98,19 @@ def _replace_shared_ray() -> None:
     _start_shared_ray()
 
 
+@pytest.fixture
+def warm_workers(ray_session: Any) -> Iterator[Any]:
+    """A session for one test's Ray runs on the shared Ray, keeping a completed run's client
+    workers warm for the next run of the same placement (`Session(reuse_actors=True)`, as a
+    sequential sweep does; its numbers are the same, `test_compare`), ended with the test.
+    A client worker is a process that imports torch and Lightning: ~3.7 CPU-s each, the
+    suite's largest cost that is no test's own work (docs/results.md)."""
+    from fl_lightning.runtime.session import Session
+
+    with Session(keep_ray=True, reuse_actors=True) as session:
+        yield session
+
+
 def cpus_free(wait_s: float) -> bool:
     """Whether every CPU of the connected Ray is free within `wait_s` seconds."""
     import ray

@@ -37,6 +37,17 @@ def _plant(where: Path, name: str, marker: Path) -> None:
     )
 
 
+def _lowest_priority(pids: list[int]) -> None:
+    """Nice 19 for every thread of `pids` (Linux's nice is per thread): a run a test keeps
+    training only to be alive beside what it checks otherwise took a core of a loaded
+    machine from the rest of the suite for the whole test."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, int(tid), 19)
+
+
 def _env(ray_tmp: str) -> dict[str, str]:
     return {**os.environ, "FL_LIGHTNING_RAY_TMPDIR": ray_tmp}
 
@@ -124,7 +135,12 @@ def test_the_watchdog_spares_the_terminal_below_a_session_named_folder(tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     pids: dict[str, int] = {}
     try:
-        out, err = term.communicate(timeout=600)
+        b_metrics, deadline = tmp_path / "b" / "default" / "b" / "metrics.jsonl", time.monotonic() + 600
+        while term.poll() is None and not b_metrics.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if b_metrics.exists():  # run b trains, its signal handling in place: it need only stay alive
+            _lowest_priority([int((cwd / "b.pid").read_text())])
+        out, err = term.communicate(timeout=max(1.0, deadline - time.monotonic()))
         pids = {name: int((cwd / f"{name}.pid").read_text()) for name in ("shell", "tail", "b")}
         assert term.returncode == 0, err[-3000:]
         deadline = time.monotonic() + 60
@@ -240,6 +256,7 @@ def test_a_users_ray_head_and_job_work_beside_a_private_run(tmp_path, data_root)
         while not metrics.exists() and run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         assert metrics.exists() and run.poll() is None, run.stderr.read().decode() if run.stderr else ""
+        _lowest_priority([run.pid, *_of_run(ray_tmp)])  # it need only stay up, its ports bound
         taken = _ports(set(_of_run(ray_tmp)))
         assert taken, "found no listening socket of the run's Ray"
         assert not taken & {AGENT, *range(DASHBOARD, DASHBOARD + 51)}, sorted(taken)  # 50: Ray's retries

@@ -122,7 +122,9 @@ def test_the_watchdog_spares_the_terminal_below_a_session_named_folder(tmp_path,
     notes.write_text("the user's own notes\n")
     cwd.mkdir()
     b_args = small(tmp_path / "b", *TINY, "runtime=serial", "fl.rounds=100000", "run_id=b")
-    a_args = small(tmp_path / "a", *TINY, "fl.rounds=1", "runtime.address=local", "run_id=a")
+    a_args = small(
+        tmp_path / "a", *TINY, "fl.rounds=1", "runtime.address=local", "runtime.num_actors=1", "run_id=a"
+    )
     env = {k: v for k, v in os.environ.items() if k != "FL_LIGHTNING_RAY_TMPDIR"}
     script = f"""
         (trap '' TERM; exec sleep 900) >/dev/null 2>&1 & echo $! > shell.pid
@@ -244,7 +246,9 @@ def test_a_users_ray_head_and_job_work_beside_a_private_run(tmp_path, data_root)
     shared machine, run it in a network namespace of its own as root:
     `unshare -n bash -c 'ip link set lo up && pytest tests/test_local_ray.py -k users_ray_head'`.)"""
     ray_tmp = tempfile.mkdtemp(prefix="flp", dir="/tmp")
-    args = small(tmp_path, *TINY, "fl.rounds=100000", "runtime.address=local", "run_id=p")
+    args = small(
+        tmp_path, *TINY, "fl.rounds=100000", "runtime.address=local", "runtime.num_actors=1", "run_id=p"
+    )
     free_before = _free(DASHBOARD) and _free(AGENT)
     run = subprocess.Popen([EXE, "run", *args, "--quiet"], env=_env(ray_tmp),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip

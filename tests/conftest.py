@@ -73,23 +73,42 @@ def ray_session() -> Iterator[Any]:
     it; runs started inside reuse it instead of paying ~3 s for their own."""
     import ray
 
-    from fl_lightning.runtime.local_ray import init_ray
-
-    conn = init_ray(None, num_cpus=2)  # None: a Ray was up already, left as it is
-    if conn is not None:
-        _SHARED_RAY["conn"] = conn
+    _start_shared_ray()
     yield ray
     if "conn" in _SHARED_RAY:
         _SHARED_RAY.pop("conn").shutdown()
 
 
-def _replace_shared_ray() -> None:
+def _start_shared_ray() -> None:
+    """Start the shared Ray, unless one was up already (then left as it is). Its workers'
+    output stays in Ray's session logs: forwarded to this process, a line of a worker that an
+    earlier test left (a `setup` worker aborting at exit with "Mutex corrupt", in CI under
+    load) came whenever it came, into the captured stderr of whichever test ran then (a
+    one-line check of a command that starts no Ray failed on it). What a test checks of a
+    run's workers comes back through results, metrics and files, never their stderr."""
     from fl_lightning.runtime.local_ray import init_ray
 
-    _SHARED_RAY.pop("conn").shutdown()
-    conn = init_ray(None, num_cpus=2)
+    conn = init_ray(None, num_cpus=2, log_to_driver=False)
     if conn is not None:
         _SHARED_RAY["conn"] = conn
+
+
+def _replace_shared_ray() -> None:
+    _SHARED_RAY.pop("conn").shutdown()
+    _start_shared_ray()
+
+
+@pytest.fixture
+def warm_workers(ray_session: Any) -> Iterator[Any]:
+    """A session for one test's Ray runs on the shared Ray, keeping a completed run's client
+    workers warm for the next run of the same placement (`Session(reuse_actors=True)`, as a
+    sequential sweep does; its numbers are the same, `test_compare`), ended with the test.
+    A client worker is a process that imports torch and Lightning: ~3.7 CPU-s each, the
+    suite's largest cost that is no test's own work (docs/results.md)."""
+    from fl_lightning.runtime.session import Session
+
+    with Session(keep_ray=True, reuse_actors=True) as session:
+        yield session
 
 
 def cpus_free(wait_s: float) -> bool:
@@ -122,11 +141,11 @@ def _fresh_ray_marked(request: pytest.FixtureRequest) -> Iterator[None]:
         _replace_shared_ray()
 
 
-#: a line of Ray's own processes (GCS, raylet, ...), which Ray forwards to the driver of the
-#: suite's shared local Ray (`ray_session`) whenever it comes: an in-process test's captured
-#: stderr may catch one that an earlier test caused ("(pid=gcs_server) ... Failed to kill
-#: actor": a worker that test killed). Never a line of the command under test; a worker's own
-#: lines (`(pid=1234)`, `(ClientWorker pid=...)`) are kept.
+#: a line of Ray's own processes (GCS, raylet, ...), which Ray forwards to its driver whenever it
+#: comes: an in-process test's captured stderr caught one that an earlier test caused
+#: ("(pid=gcs_server) ... Failed to kill actor": a worker that test killed). The shared Ray
+#: forwards nothing now (`_start_shared_ray`); kept for a Ray that was up before the suite.
+#: Never a line of the command under test; a worker's own lines (`(pid=1234)`) are kept.
 _RAY_SYSTEM_LINE = re.compile(
     r"^(\x1b\[\d+m)?\((pid=)?(gcs_server|raylet|autoscaler|monitor|log_monitor|dashboard\w*)\)"
 )

@@ -292,7 +292,7 @@ def test_a_deadline_drops_the_late_updates_and_over_selection_keeps_the_first_k(
 
 
 @pytest.mark.slow
-def test_fedbuff_and_a_deadline_give_the_same_numbers_serial_and_on_ray(tmp_path, data_root, ray_session):
+def test_fedbuff_and_a_deadline_give_the_same_numbers_serial_and_on_ray(tmp_path, data_root, warm_workers):
     """Arrivals are ordered by virtual time, never by which actor answers first: a per-client
     Ray run (its actors answer in any order) is the serial run, metric for metric and state for
     state."""
@@ -303,8 +303,9 @@ def test_fedbuff_and_a_deadline_give_the_same_numbers_serial_and_on_ray(tmp_path
         args = small(tmp_path / name, "fl.rounds=3", "data.train_subset=600", "runtime.threads_per_client=1",
                      *extra)  # fmt: skip
         _, s = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False)
-        _, r = start_run(compose([*args, "runtime=ray", "runtime.placement=per_client", "run_id=ray"]),
-                         console=False)  # fmt: skip
+        rs, r = start_run(compose([*args, "runtime=ray", "runtime.placement=per_client", "run_id=ray"]),
+                          console=False, session=warm_workers)  # fmt: skip
+        assert rs["actors_reused"] == (rs["num_actors"] if name == "deadline" else 0)  # the first run's, warm
         assert_same_run(s, r, stateful=False)
         assert [x["virtual_time"] for x in _lines(s)] == [x["virtual_time"] for x in _lines(r)]
 
@@ -320,7 +321,8 @@ def test_fedbuff_and_a_deadline_give_the_same_numbers_serial_and_on_ray(tmp_path
         args = small(tmp_path / name, "fl.rounds=3", "data.train_subset=600", "runtime.threads_per_client=1",
                      *extra)  # fmt: skip
         wall = ["runtime=ray", "runtime.placement=per_client", "system.clock=wall", "run_id=wall"]
-        _, w = start_run(compose([*args, *wall]), console=False)
+        ws, w = start_run(compose([*args, *wall]), console=False, session=warm_workers)
+        assert ws["actors_reused"] == ws["num_actors"]
         got = [json.loads(x) for x in (w / "arrivals.jsonl").read_text().splitlines()]
         assert [a["arrival"] for a in got] == sorted({a["arrival"] for a in got})  # in the order taken
         assert all(a["arrival"] > a["start"] >= 0 for a in got)

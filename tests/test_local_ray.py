@@ -37,6 +37,17 @@ def _plant(where: Path, name: str, marker: Path) -> None:
     )
 
 
+def _lowest_priority(pids: list[int]) -> None:
+    """Nice 19 for every thread of `pids` (Linux's nice is per thread): a run a test keeps
+    training only to be alive beside what it checks otherwise took a core of a loaded
+    machine from the rest of the suite for the whole test."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, int(tid), 19)
+
+
 def _env(ray_tmp: str) -> dict[str, str]:
     return {**os.environ, "FL_LIGHTNING_RAY_TMPDIR": ray_tmp}
 
@@ -55,7 +66,12 @@ def test_a_torch_py_in_the_working_directory_runs_in_no_ray_worker(tmp_path, dat
     for name in ("torch", "lightning"):
         _plant(cwd, name, marker)
     ray_tmp = tempfile.mkdtemp(prefix="flc", dir="/tmp")
-    args = [a for a in small(tmp_path, *TINY, "fl.rounds=1") if not a.startswith("output_dir=")]
+    # one client worker a run: each worker starts the same way, and one planted import in any fails
+    args = [
+        a
+        for a in small(tmp_path, *TINY, "fl.rounds=1", "runtime.num_actors=1")
+        if not a.startswith("output_dir=")
+    ]
     argv = {
         "run": ["run", *args, "output_dir=runs", "run_id=r", "--quiet"],
         "sweep": [
@@ -111,7 +127,9 @@ def test_the_watchdog_spares_the_terminal_below_a_session_named_folder(tmp_path,
     notes.write_text("the user's own notes\n")
     cwd.mkdir()
     b_args = small(tmp_path / "b", *TINY, "runtime=serial", "fl.rounds=100000", "run_id=b")
-    a_args = small(tmp_path / "a", *TINY, "fl.rounds=1", "runtime.address=local", "run_id=a")
+    a_args = small(
+        tmp_path / "a", *TINY, "fl.rounds=1", "runtime.address=local", "runtime.num_actors=1", "run_id=a"
+    )
     env = {k: v for k, v in os.environ.items() if k != "FL_LIGHTNING_RAY_TMPDIR"}
     script = f"""
         (trap '' TERM; exec sleep 900) >/dev/null 2>&1 & echo $! > shell.pid
@@ -124,7 +142,12 @@ def test_the_watchdog_spares_the_terminal_below_a_session_named_folder(tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     pids: dict[str, int] = {}
     try:
-        out, err = term.communicate(timeout=600)
+        b_metrics, deadline = tmp_path / "b" / "default" / "b" / "metrics.jsonl", time.monotonic() + 600
+        while term.poll() is None and not b_metrics.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if b_metrics.exists():  # run b trains, its signal handling in place: it need only stay alive
+            _lowest_priority([int((cwd / "b.pid").read_text())])
+        out, err = term.communicate(timeout=max(1.0, deadline - time.monotonic()))
         pids = {name: int((cwd / f"{name}.pid").read_text()) for name in ("shell", "tail", "b")}
         assert term.returncode == 0, err[-3000:]
         deadline = time.monotonic() + 60
@@ -228,7 +251,9 @@ def test_a_users_ray_head_and_job_work_beside_a_private_run(tmp_path, data_root)
     shared machine, run it in a network namespace of its own as root:
     `unshare -n bash -c 'ip link set lo up && pytest tests/test_local_ray.py -k users_ray_head'`.)"""
     ray_tmp = tempfile.mkdtemp(prefix="flp", dir="/tmp")
-    args = small(tmp_path, *TINY, "fl.rounds=100000", "runtime.address=local", "run_id=p")
+    args = small(
+        tmp_path, *TINY, "fl.rounds=100000", "runtime.address=local", "runtime.num_actors=1", "run_id=p"
+    )
     free_before = _free(DASHBOARD) and _free(AGENT)
     run = subprocess.Popen([EXE, "run", *args, "--quiet"], env=_env(ray_tmp),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
@@ -240,6 +265,7 @@ def test_a_users_ray_head_and_job_work_beside_a_private_run(tmp_path, data_root)
         while not metrics.exists() and run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         assert metrics.exists() and run.poll() is None, run.stderr.read().decode() if run.stderr else ""
+        _lowest_priority([run.pid, *_of_run(ray_tmp)])  # it need only stay up, its ports bound
         taken = _ports(set(_of_run(ray_tmp)))
         assert taken, "found no listening socket of the run's Ray"
         assert not taken & {AGENT, *range(DASHBOARD, DASHBOARD + 51)}, sorted(taken)  # 50: Ray's retries

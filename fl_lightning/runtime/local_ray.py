@@ -349,11 +349,16 @@ def _first_line(e: BaseException) -> str:
 
 
 def init_ray(
-    address: str | None, num_cpus: int | None = None, num_gpus: int | None = None
+    address: str | None,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    *,
+    log_to_driver: bool = True,
 ) -> RayConnection | None:
     """Start a private local Ray on loopback, or join a cluster (`address`, else
     `$RAY_ADDRESS`: see `cluster_address`). Returns the connection if this call connected
-    (the caller shuts it down), None if Ray was already up."""
+    (the caller shuts it down), None if Ray was already up. `log_to_driver=False` keeps the
+    workers' output in Ray's session logs instead of this process's stdout and stderr."""
     address = cluster_address(address)
     if not address:
         apply_loopback_env()  # before `import ray`: Ray reads some of these at import
@@ -365,7 +370,9 @@ def init_ray(
     from . import signals
 
     sigterm = signals.our_handler()
-    kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    kwargs: dict[str, Any] = dict(
+        include_dashboard=False, logging_level=logging.WARNING, log_to_driver=log_to_driver
+    )
     if address:
         check_reachable(address)
         try:

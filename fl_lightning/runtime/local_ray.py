@@ -287,7 +287,7 @@ def _private_head_params(log_monitor: bool = True) -> Iterator[None]:
     CPU-s of Ray's ~2.3 on 2 cores: `benchmarks/cold_phases.py`, `cpu_s.<kind>`). The log
     monitor carries the workers' output to the driver: started unless nothing is forwarded
     (`log_monitor=False`, `init_ray(log_to_driver=False)`), where it would only tail files for
-    no one (~0.2 CPU-s a minute, idle)."""
+    no one (~0.25 CPU-s a minute, idle: `benchmarks/ray_idle.py`)."""
     from ray._private import parameter, services
 
     original, api_server = parameter.RayParams, services.start_api_server
@@ -365,11 +365,10 @@ def init_ray(
     workers' output in Ray's session logs instead of this process's stdout and stderr.
 
     A private Ray collects no metrics (`enable_metrics_collection`): it starts no dashboard,
-    so nothing reads them, and exporting them kept its raylet, agent and workers busy ~0.3
-    CPU-s a minute while idle. `idle_workers=False` (a private Ray that mostly waits, as the
-    test suite's shared one) prestarts no idle workers: Ray keeps one a CPU ready for the first
-    actors (a cold start's gain), each ~0.3 CPU-s a minute while it waits (measured in
-    docs/results.md, issue 52)."""
+    so nothing reads them (their export cost its agent and raylet ~0.1 CPU-s a minute, idle).
+    `idle_workers=False` (a private Ray that mostly waits, as the test suite's shared one)
+    prestarts no idle workers: Ray keeps one a CPU ready for the first actors (a cold start's
+    gain), each ~0.3 CPU-s a minute while it waits (`benchmarks/ray_idle.py`)."""
     address = cluster_address(address)
     if not address:
         apply_loopback_env()  # before `import ray`: Ray reads some of these at import

@@ -49,7 +49,8 @@ def pytest_runtest_protocol(item, nextitem):
     c0, w0 = _usage(), time.time()
     yield
     with open(os.environ["SUITE_CPU_OUT"], "a") as f:
-        f.write(json.dumps({"id": item.nodeid, "cpu": _usage() - c0, "wall": time.time() - w0}) + "\\n")
+        f.write(json.dumps({"id": item.nodeid, "cpu": _usage() - c0, "wall": time.time() - w0,
+                            "start": w0, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}) + "\\n")
 """
 
 
@@ -82,10 +83,19 @@ def main() -> int:
     files: dict[str, float] = collections.Counter()
     for t in tests:
         files[t["id"].split("::")[0]] += t["cpu"]
+    # per pytest worker, seconds from the suite's start: its first test's start (collection
+    # before it), its last test's end (the tail after it) and the wall its tests took
+    workers: dict[str, dict[str, float]] = {}
+    for t in tests:
+        w = workers.setdefault(t.get("worker", "main"), {"first_start": wall, "last_end": 0.0, "busy": 0.0})
+        w["first_start"] = min(w["first_start"], t.get("start", t0) - t0)
+        w["last_end"] = max(w["last_end"], t.get("start", t0) - t0 + t["wall"])
+        w["busy"] += t["wall"]
     doc = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_at_end": os.getloadavg()},
         "pytest_args": args.pytest_args, "exit_code": rc, "wall_s": round(wall, 1),
         "cpu_s": round(sum(t["cpu"] for t in tests), 1),
+        "workers": {k: {n: round(v, 1) for n, v in w.items()} for k, w in sorted(workers.items())},
         "files": {k: round(v, 1) for k, v in sorted(files.items(), key=lambda kv: -kv[1])},
         "tests": sorted(({**t, "cpu": round(t["cpu"], 2), "wall": round(t["wall"], 2)} for t in tests),
                         key=lambda t: -t["cpu"]),

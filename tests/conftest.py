@@ -85,10 +85,11 @@ def _start_shared_ray() -> None:
     earlier test left (a `setup` worker aborting at exit with "Mutex corrupt", in CI under
     load) came whenever it came, into the captured stderr of whichever test ran then (a
     one-line check of a command that starts no Ray failed on it). What a test checks of a
-    run's workers comes back through results, metrics and files, never their stderr."""
+    run's workers comes back through results, metrics and files, never their stderr. It waits
+    through most of the suite: no idle workers kept ready (`idle_workers=False`)."""
     from fl_lightning.runtime.local_ray import init_ray
 
-    conn = init_ray(None, num_cpus=2, log_to_driver=False)
+    conn = init_ray(None, num_cpus=2, log_to_driver=False, idle_workers=False)
     if conn is not None:
         _SHARED_RAY["conn"] = conn
 

@@ -276,7 +276,7 @@ def _private_cwd(folder: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _private_head_params() -> Iterator[None]:
+def _private_head_params(log_monitor: bool = True) -> Iterator[None]:
     """What `ray.init(address="local")` cannot be told, for the block (Ray's parameters default
     them). The dashboard agent listens on a free port (0; Ray reads the bound one back), not
     52365, which another user's Ray may hold (the dashboard's own port is
@@ -285,7 +285,9 @@ def _private_head_params() -> Iterator[None]:
     fixed node that nothing scales, and nothing submits jobs to it or reads its state API, while
     each is a Python process importing Ray on the cores a cold start waits for (0.3 and 0.6
     CPU-s of Ray's ~2.3 on 2 cores: `benchmarks/cold_phases.py`, `cpu_s.<kind>`). The log
-    monitor stays: it carries the workers' output to the driver."""
+    monitor carries the workers' output to the driver: started unless nothing is forwarded
+    (`log_monitor=False`, `init_ray(log_to_driver=False)`), where it would only tail files for
+    no one (~0.25 CPU-s a minute, idle: `benchmarks/ray_idle.py`)."""
     from ray._private import parameter, services
 
     original, api_server = parameter.RayParams, services.start_api_server
@@ -294,6 +296,7 @@ def _private_head_params() -> Iterator[None]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("dashboard_agent_listen_port", 0)
             kwargs.setdefault("no_monitor", True)
+            kwargs.setdefault("include_log_monitor", log_monitor)
             super().__init__(*args, **kwargs)
 
     def no_api_server(*args: Any, **kwargs: Any) -> tuple[None, None]:
@@ -354,11 +357,18 @@ def init_ray(
     num_gpus: int | None = None,
     *,
     log_to_driver: bool = True,
+    idle_workers: bool = True,
 ) -> RayConnection | None:
     """Start a private local Ray on loopback, or join a cluster (`address`, else
     `$RAY_ADDRESS`: see `cluster_address`). Returns the connection if this call connected
     (the caller shuts it down), None if Ray was already up. `log_to_driver=False` keeps the
-    workers' output in Ray's session logs instead of this process's stdout and stderr."""
+    workers' output in Ray's session logs instead of this process's stdout and stderr.
+
+    A private Ray collects no metrics (`enable_metrics_collection`): it starts no dashboard,
+    so nothing reads them (their export cost its agent and raylet ~0.1 CPU-s a minute, idle).
+    `idle_workers=False` (a private Ray that mostly waits, as the test suite's shared one)
+    prestarts no idle workers: Ray keeps one a CPU ready for the first actors (a cold start's
+    gain), each ~0.3 CPU-s a minute while it waits (`benchmarks/ray_idle.py`)."""
     address = cluster_address(address)
     if not address:
         apply_loopback_env()  # before `import ray`: Ray reads some of these at import
@@ -398,8 +408,12 @@ def init_ray(
         if mark:
             os.environ[OWNER_ENV] = mark  # inherited by every process of this Ray
         # held: a signal during `ray.init` raises after it returns, never half-way through
-        with signals.held(), _home(ray_home()), _private_cwd(folder), _private_head_params():
-            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, dashboard_port=0, **kwargs)
+        system: dict[str, Any] = {"enable_metrics_collection": False}
+        if not idle_workers:
+            system |= {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+        with signals.held(), _home(ray_home()), _private_cwd(folder), _private_head_params(log_to_driver):
+            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, dashboard_port=0,
+                     _system_config=system, **kwargs)  # fmt: skip
             signals.restore_after_ray_init(sigterm)
             dog.watch(_session_dir())
     except BaseException as e:

@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=Path, required=True, help="the groups experiment's run directories")
     ap.add_argument("--draws", type=int, default=5, help="test draws 0..N-1 (N > every seed)")
     ap.add_argument("--out", type=Path, default=HERE)
+    ap.add_argument("--report-only", action="store_true", help="evaluate nothing: the tables of redraw.json")
     ap.add_argument("--primary-only", action="store_true", help="the fixed set and each seed's own draw only")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -241,12 +242,11 @@ def main(argv: list[str] | None = None) -> int:
             present[name] = (run_dir, s)
             if name in runs and runs[name]["checkpoint_sha256"] != sha256(ckpt):
                 del runs[name]  # another checkpoint under the name: read again
-    missing = [run_name(r, s) for s in seeds for r in rows if run_name(r, s) not in present]
     root = str(load_run_config(next(iter(present.values()))[0], []).data.root)
     test_draws = {d: tm.draw_test(root, d) for d in range(args.draws)}
     # pass 1: the fixed set and the draw of the run's own seed (the primary reading); pass 2:
     # the other draws (test sampling alone)
-    for first in (True, False):
+    for first in () if args.report_only else (True, False):
         for name, (run_dir, s) in present.items():
             want = {s: test_draws[s]} if first else test_draws
             have = runs.get(name, {}).get("draws", {})
@@ -274,6 +274,13 @@ def main(argv: list[str] | None = None) -> int:
                         out[(row, s)] = r[which] if draw is None else r["draws"][d]
         return out
 
+    runs = {n: runs[n] for n in present if n in runs}  # a run read before its checkpoint went: out
+    missing = [
+        run_name(r, s)
+        for s in seeds
+        for r in rows
+        if str(s) not in runs.get(run_name(r, s), {}).get("draws", {})
+    ]
     complete = [d for d in range(args.draws) if all(str(d) in r["draws"] for r in runs.values())]
     out = {
         "what": "E4's group controls, the blanked test pairs redrawn per seed (exploratory; redraw.py)",

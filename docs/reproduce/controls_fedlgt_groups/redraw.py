@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import math
 import statistics
 import sys
 import time
@@ -70,6 +71,10 @@ def evaluate(p: Prepared, state: Any, test: tuple[Any, Any, Any] | None = None) 
     return {k: float(out[k]) for k in METRICS}
 
 
+def _gap(logged: float | None, again: float) -> float:
+    return math.nan if logged is None else abs(logged - again)
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -96,9 +101,7 @@ def read_run(
             "logged": logged,
             "fixed": fixed,
             "fixed_equals_logged": all(logged[k] == fixed[k] for k in METRICS),
-            "fixed_max_abs_diff": max(
-                abs(float("nan" if logged[k] is None else logged[k]) - fixed[k]) for k in METRICS
-            ),
+            "fixed_max_abs_diff": max(_gap(logged[k], fixed[k]) for k in METRICS),
             "draws": {},
         }
     new = {str(d): evaluate(p, state, t) for d, t in draws.items() if str(d) not in old["draws"]}

@@ -104,3 +104,45 @@ def test_a_run_on_the_mosaics_logs_the_ap_on_blanked_labels(tmp_path, data_root,
     (line,) = [json.loads(x) for x in (tmp_path / "default" / "m" / "metrics.jsonl").read_text().splitlines()]
     for key in ("blank_c_ap", "blank_clothing_ap", "blank_digit_ap", "c_ap"):
         assert 0.0 <= line[key] <= 1.0, key
+
+
+def _expected_blanked_pairs() -> np.ndarray:
+    """Per label, the expected blanked test pairs of 2,000 uniform mosaics, from the recipe: half
+    outfits (one of each slot's classes, a bag half the time: 3 or 4 tiles), half digit families
+    (chosen by size, 2 or 3 of its digits); `BLANK_SHARE` of the mosaics blank one tile, each
+    tile alike. A top: 0.5 x 1/4 x 0.2 x mean(1/3, 1/4) x 2,000 = 14.6; a digit: 20."""
+    per = np.zeros(20)
+    one_tile = tm.BLANK_SHARE * (1 / 3 + 1 / 4) / 2  # blanked and this tile, in a 3- or 4-tile outfit
+    for slot in (tm.TOPS, tm.BOTTOMS, tm.SHOES):
+        per[list(slot)] = 0.5 / len(slot) * one_tile
+    per[tm.BAG] = 0.5 * 0.5 * tm.BLANK_SHARE / 4
+    for fam in tm.DIGIT_FAMILIES:  # in the mosaic with chance k/size, blanked with 0.2/k
+        per[list(fam)] = 0.5 * len(fam) / 10 * tm.BLANK_SHARE / len(fam)
+    return per * tm.TEST_MOSAICS
+
+
+def test_a_test_draw_is_the_fixed_sets_recipe_with_its_own_blanked_pairs(mosaics, data_root):
+    """`draw_test`: deterministic per draw, other pairs for another draw and than the fixed set
+    (draw 0 included: its rng is not the fixed set's), the same recipe (one theme a mosaic, at
+    most one blanked tile, labelled), every label tested about as the recipe expects."""
+    fixed = (mosaics.test_x, mosaics.test_y, mosaics.test_blank)
+    draws = {d: tm.draw_test(data_root, d) for d in (0, 1, 2)}
+    again = tm.draw_test(data_root, 1)
+    assert all(np.array_equal(a, b) for a, b in zip(draws[1], again, strict=True))
+    for x, y, blank in draws.values():
+        for got, want in zip((x, y, blank), fixed, strict=True):
+            assert got.shape == want.shape and got.dtype == want.dtype
+        assert all(_one_theme(set(np.flatnonzero(row).tolist())) for row in y)
+        assert not (blank & (y == 0)).any() and blank.sum(1).max() == 1
+    sets = [fixed[2], *(b for _, _, b in draws.values())]
+    for i, a in enumerate(sets):  # pairwise: each draw's blanked pairs are its own
+        for b in sets[i + 1 :]:
+            assert not np.array_equal(a, b) and (a & b).sum() < 0.1 * a.sum()
+    assert not np.array_equal(draws[0][0], fixed[0])
+    expected = _expected_blanked_pairs()
+    assert expected.sum() == pytest.approx(400.0)  # the fixed set has 416
+    for _, _, blank in draws.values():  # Poisson-like counts: 4 standard deviations
+        counts = blank.sum(0)
+        assert counts.min() >= 5
+        assert (np.abs(counts - expected) <= 4 * np.sqrt(expected)).all(), counts
+        assert abs(counts.sum() - expected.sum()) <= 4 * np.sqrt(expected.sum())

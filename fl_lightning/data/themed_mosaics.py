@@ -19,7 +19,8 @@ on them (`core.metrics.blanked_ap`: `blank_c_ap`, per coarse group `blank_clothi
 Built from the 8,000 client images of `fmnist_digits20` (the training mosaics) and its 2,000
 test images (the test mosaics); its held-out images (8,000..) stay out, for a tile trunk
 (`fl-lightning pretrain data=fmnist_digits20 model=cnn`). Deterministic, independent of the
-run seed; cached like the other decoded arrays.
+run seed; cached like the other decoded arrays. `draw_test` draws other test sets by the same
+recipe (a fresh set of blanked pairs per draw: test sampling in a seed-to-seed interval).
 """
 
 from __future__ import annotations
@@ -113,6 +114,20 @@ def build(root: str) -> dict[str, np.ndarray]:
         "test_y": test[1],
         "test_blank": test[2],
     }
+
+
+def draw_test(root: str, draw: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Another 2,000 test mosaics, `build`'s test recipe (uniform themes, then `compose`) over the
+    same 2,000 test images, with an rng of their own: child `draw` of the fixed set's seed
+    (`SeedSequence(0xE4, spawn_key=(draw,))`), a stream independent of the one `build` draws
+    from. `build` draws its test mosaics once, so every run seed is read on the same 416 blanked
+    (mosaic, label) pairs and the seed-to-seed intervals leave test sampling out; a run read on
+    the draw of its own seed puts it in (issue 55, the groups controls' redraw). Returns
+    (images, multi-hot, blanked pairs) as `build`'s test_x, test_y, test_blank; not cached, and
+    `build`, `load` and the cache are untouched (committed runs read the same data)."""
+    src = load_digits20(root)
+    rng = np.random.default_rng(np.random.SeedSequence(0xE4, spawn_key=(int(draw),)))
+    return compose(src.test_x, src.test_y, themes(TEST_MOSAICS, np.ones(len(CLASSES)), rng), rng)
 
 
 def load(root: str) -> ArrayDataset:

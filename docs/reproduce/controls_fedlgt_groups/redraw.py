@@ -32,6 +32,7 @@ import math
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +156,7 @@ def table(out: dict[str, Any]) -> str:
     for i, c in enumerate(fixed):
         means = [d[i]["mean"] for d in by_draw if d[i]["mean"] is not None] or [None]
         verdicts = ", ".join(
-            f"{v}: {n}" for v, n in sorted(_count(d[i]["holm_verdict"] for d in by_draw).items())
+            f"{v}: {n}" for v, n in sorted(Counter(d[i]["holm_verdict"] for d in by_draw).items())
         )
         lines.append(
             f"| {c['id']} ({c['row']} − {c['baseline']}) | {c['metric']} | {cell(c)} | {cell(per_seed[i])} "
@@ -184,13 +185,6 @@ def table(out: dict[str, Any]) -> str:
 def _range(xs: list[float | None]) -> str:
     got = [x for x in xs if x is not None]
     return f"{pct(min(got))} / {pct(max(got))}" if got else "–"
-
-
-def _count(xs: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for x in xs:
-        out[x] = out.get(x, 0) + 1
-    return out
 
 
 def spread(runs: dict[str, Any], claims: list[Claim], seeds: list[int], draws: list[int]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ loopback, real W&B offline files and the real dataset (small subsets for speed).
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import time
@@ -16,7 +17,13 @@ from typing import Any
 
 import pytest
 
-from fl_lightning.lean_imports import install  # as the CLI and the workers do
+# The collection's imports (torch, Lightning, every test module: ~12 CPU-s a worker) with the
+# cyclic collector paused, their objects frozen once they are done (`pytest_collection_finish`),
+# as a client worker's (`fl_lightning/heavy_imports.py`): a quarter of the imports' CPU, and the
+# suite's full collections no longer scan them.
+gc.disable()
+
+from fl_lightning.lean_imports import install  # noqa: E402  (as the CLI and the workers do)
 
 install()
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
@@ -244,3 +251,15 @@ def small(tmp_path: Path, *extra: str) -> list[str]:
     except Exception:  # noqa: BLE001  (a test's deliberately bad arguments: as given)
         cnn = False
     return [*base, *(NARROW if cnn else []), *extra]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The collection's imports done: frozen, and the collector back on (see the top)."""
+    gc.freeze()
+    gc.enable()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
+    """xdist's controller collects nothing: its collector back on before its workers start."""
+    gc.enable()

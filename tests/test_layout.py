@@ -62,14 +62,16 @@ LAYERS: list[tuple[str, ...]] = [
     ("config",),
     ("methods",),
     ("server_steps", "text", "models", "data", "tracking"),
-    ("core", "lean_imports"),  # lean_imports: how a process imports torchmetrics; imports nothing of ours
+    # lean_imports and heavy_imports: how a process imports torchmetrics, and its heavy imports
+    # with the collector paused; they import nothing of ours
+    ("core", "lean_imports", "heavy_imports"),
     ("",),  # the root package itself
 ]
 # the only imports within a layer (data -> models: a frozen-feature dataset computes its
 # features with a model of ours; models -> text: the CLIP prompt learner's frozen text tower
 # and soft prompts)
 SIBLING_IMPORTS = {("__main__", "cli"), ("server_steps", "text"), ("data", "models"), ("models", "text")}
-NO_RAY_OR_WANDB = ("core", "methods", "lean_imports")
+NO_RAY_OR_WANDB = ("core", "methods", "lean_imports", "heavy_imports")
 FORBIDDEN_THERE = ("ray", "wandb")
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 

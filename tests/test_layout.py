@@ -334,7 +334,7 @@ def test_the_contract_sees_known_violations():
 # their CPU). Where the code comes from does not change the order in which it imports.
 _FORK_IMPORTS = textwrap.dedent(
     """
-    import importlib, importlib.util, json, os, py_compile, shutil, sys, tempfile, traceback
+    import gc, importlib, importlib.util, json, os, py_compile, shutil, sys, tempfile, traceback
     from pathlib import Path
     modules, warm, package = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
     for name in warm:
@@ -343,6 +343,11 @@ _FORK_IMPORTS = textwrap.dedent(
         except Exception:
             pass  # a missing optional dependency shows up in the child that needs it
     assert not [m for m in sys.modules if m == "fl_lightning" or m.startswith("fl_lightning.")]
+    # what every child inherits, frozen, and its collector off: it would otherwise walk (and so
+    # copy, page by page) the whole warm heap (Python's `gc.freeze` note); a child imports one
+    # module and exits
+    gc.disable()
+    gc.freeze()
     sys.pycache_prefix, sys.dont_write_bytecode = tempfile.mkdtemp(prefix="fork_imports_"), False
     for src in map(str, Path(package).rglob("*.py")):
         py_compile.compile(src, cfile=importlib.util.cache_from_source(src), doraise=True)

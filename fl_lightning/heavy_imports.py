@@ -3,10 +3,11 @@ collector paused, and what they made frozen afterwards (issues 52 and 57: start-
 
 Importing torch and Lightning makes ~600,000 objects that live as long as the process
 (modules, classes, functions). While they are made, the collector runs every 700 allocations
-and scans its younger generations, and its full collections scan all of them: ~0.7 of the
-~2.75 CPU-s a client worker's imports took on 2 cores (`benchmarks/gc_imports.py`). Paused,
-the same imports take ~2.0 CPU-s; frozen (`gc.freeze`: moved to a generation the collector
-never scans), the run's own full collections no longer walk them (~0.25 s each before).
+and scans its younger generations, and its full collections scan all of them: a client
+worker's imports took 2.46 CPU-s on 2 cores, 1.84 with the collector paused
+(`benchmarks/gc_imports.py`, medians); frozen (`gc.freeze`: moved to a generation the
+collector never scans), a full collection during the run no longer walks them (0.17 s each
+before, ~0 after).
 
 Only the first call of a process that has anything to import pauses and freezes: later ones
 import as usual, so a sweep's runs never freeze (and so never keep) another run's objects.

@@ -35,7 +35,8 @@ class ClientActor:
         from ..lean_imports import install
 
         install()  # a worker's Lightning imports torchmetrics without its optional backends
-        # the worker's imports start now, not at its first setup; the collector paused (~25% of them)
+        # the worker's imports start now, not at its first setup, with the collector paused (a
+        # quarter of their CPU) and then frozen (`heavy_imports.py`)
         import_heavy("torch", f"{__package__}.host")
         import torch
 

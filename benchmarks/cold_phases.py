@@ -85,20 +85,23 @@ def probe(name: str) -> dict[str, float]:
     from fl_lightning.lean_imports import install
 
     install()  # as `fl-lightning run` and every worker do, first
-    if name == "driver_imports":
+    try:  # as the driver and a worker import (a `--base` checkout before it: as they did then)
+        from fl_lightning.heavy_imports import import_heavy
+    except ImportError:
         import importlib
 
+        def import_heavy(*modules: str) -> None:
+            for m in modules:
+                importlib.import_module(m)
+
+    if name == "driver_imports":
         from fl_lightning.runtime.early import DRIVER_MODULES
 
-        for m in DRIVER_MODULES:
-            importlib.import_module(m)
+        import_heavy(*DRIVER_MODULES)
         out["imports"] = time.perf_counter() - t0
         return out
     if name == "worker_imports":
-        import torch  # noqa: F401
-
-        from fl_lightning.runtime import host  # noqa: F401
-
+        import_heavy("torch", "fl_lightning.runtime.host")
         out["imports"] = time.perf_counter() - t0
         return out
     from fl_lightning.runtime.local_ray import init_ray

@@ -6,6 +6,7 @@ loopback, real W&B offline files and the real dataset (small subsets for speed).
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import time
@@ -16,7 +17,13 @@ from typing import Any
 
 import pytest
 
-from fl_lightning.lean_imports import install  # as the CLI and the workers do
+# The collection's imports (torch, Lightning, every test module: ~12 CPU-s a worker) with the
+# cyclic collector paused, their objects frozen once they are done (`pytest_collection_finish`),
+# as a client worker's (`fl_lightning/heavy_imports.py`): a quarter of the imports' CPU, and the
+# suite's full collections no longer scan them.
+gc.disable()
+
+from fl_lightning.lean_imports import install  # noqa: E402  (as the CLI and the workers do)
 
 install()
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
@@ -75,6 +82,7 @@ def ray_session() -> Iterator[Any]:
 
     _start_shared_ray()
     yield ray
+    _drop_ray_workers()
     if "conn" in _SHARED_RAY:
         _SHARED_RAY.pop("conn").shutdown()
 
@@ -95,21 +103,44 @@ def _start_shared_ray() -> None:
 
 
 def _replace_shared_ray() -> None:
+    _drop_ray_workers()
     _SHARED_RAY.pop("conn").shutdown()
     _start_shared_ray()
 
 
+#: `ray_workers`' session: the warm client workers one test's Ray runs leave for the next's
+_RAY_WORKERS: dict[str, Any] = {}
+
+
+def _drop_ray_workers() -> None:
+    """End the warm workers `ray_workers` kept (the shared Ray stays up)."""
+    session = _RAY_WORKERS.pop("session", None)
+    if session is not None:
+        session.close()
+
+
 @pytest.fixture
-def warm_workers(ray_session: Any) -> Iterator[Any]:
-    """A session for one test's Ray runs on the shared Ray, keeping a completed run's client
-    workers warm for the next run of the same placement (`Session(reuse_actors=True)`, as a
-    sequential sweep does; its numbers are the same, `test_compare`), ended with the test.
-    A client worker is a process that imports torch and Lightning: ~3.7 CPU-s each, the
-    suite's largest cost that is no test's own work (docs/results.md)."""
+def ray_workers(ray_session: Any) -> Any:
+    """A session for a test's Ray runs on the shared Ray whose client workers stay warm for the
+    next test's (`Session(reuse_actors=True)`, as a sequential sweep's runs: each run sets its
+    workers up anew, and the golden, serial == Ray and resume tests that run on them pass
+    unchanged). A client worker imports torch and Lightning, ~3.3 CPU-s each: tests that share
+    them run one after another (`pytest_collection_modifyitems`), and any other test finds them
+    ended (`pytest_runtest_setup`), so that the Ray's CPUs they hold are free."""
     from fl_lightning.runtime.session import Session
 
-    with Session(keep_ray=True, reuse_actors=True) as session:
-        yield session
+    if "session" not in _RAY_WORKERS:
+        _RAY_WORKERS["session"] = Session(keep_ray=True, reuse_actors=True)
+    return _RAY_WORKERS["session"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Warm workers held between tests hold CPUs of the shared Ray: a test that does not ask for
+    them (one that starts its own workers, counts free CPUs, or kills a worker) finds them
+    ended, before any of its fixtures (a module's, too) is set up."""
+    if "ray_workers" not in getattr(item, "fixturenames", ()):
+        _drop_ray_workers()
 
 
 def cpus_free(wait_s: float) -> bool:
@@ -183,16 +214,20 @@ _NOT_UNIT = {"data_root", "ray_session", "tmp_path", "tmp_path_factory"}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order tests run in (every one still runs): first the unit lane (no data set, no
     Ray, no files: a broken function shows in the first minute), then the long tests marked
-    `slow`, then the rest. `make test`'s workers (`--dist worksteal`) start on contiguous
-    thirds of this order (most long tests fall in the first worker's, after its unit tests)
-    and an idle one takes half of another's queue from its end, long tests included. Dealing
-    the long tests over the workers (`--dist load`, or thirds each starting on its share)
-    measured slower in fresh clones (Makefile)."""
+    `slow`, then the tests that share warm Ray workers (`ray_workers`), then the rest. `make
+    test`'s workers (`--dist worksteal`) start on contiguous thirds of this order (most long
+    tests fall in the first worker's, after its unit tests) and an idle one takes half of
+    another's queue from its end, long tests included. Dealing the long tests over the workers
+    (`--dist load`, or thirds each starting on its share) measured slower in fresh clones
+    (Makefile)."""
 
     def lane(item: pytest.Item) -> int:
+        names = set(getattr(item, "fixturenames", ()))
+        if "ray_workers" in names:
+            return 2  # one after another: each takes the warm workers the one before left
         if item.get_closest_marker("slow") is not None:
             return 1
-        return 2 if _NOT_UNIT & set(getattr(item, "fixturenames", ())) else 0
+        return 3 if _NOT_UNIT & names else 0
 
     items.sort(key=lane)  # stable: the collection order within each lane
 
@@ -216,3 +251,15 @@ def small(tmp_path: Path, *extra: str) -> list[str]:
     except Exception:  # noqa: BLE001  (a test's deliberately bad arguments: as given)
         cnn = False
     return [*base, *(NARROW if cnn else []), *extra]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The collection's imports done: frozen, and the collector back on (see the top)."""
+    gc.freeze()
+    gc.enable()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
+    """xdist's controller collects nothing: its collector back on before its workers start."""
+    gc.enable()

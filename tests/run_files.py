@@ -22,6 +22,7 @@ import torch
 from fl_lightning.cli.main import main
 from fl_lightning.config import compose
 from fl_lightning.runtime.runner import start_run
+from fl_lightning.runtime.session import Session
 
 #: metrics that measure the machine, not the run
 MACHINE = re.compile(r"time|_s$|_mb$|rss|anon")
@@ -129,16 +130,19 @@ def kill_after_checkpoint(
 POOL = ["runtime=ray", "runtime.placement=pool", "runtime.num_actors=2"]
 
 
-def assert_serial_is_ray_and_resume_is_exact(overrides: Sequence[str]) -> Path:
+def assert_serial_is_ray_and_resume_is_exact(
+    overrides: Sequence[str], session: Session | None = None
+) -> Path:
     """One config (`overrides`) run serially, on pooled Ray actors
-    (`POOL`), and killed (-9) after its next-to-last round's checkpoint then resumed: all three
-    agree on every metric and on the final server and client state, bit for bit. The serial
-    run's directory is returned. Needs the `ray_session` fixture."""
+    (`POOL`, in `session`: the `ray_workers` fixture's), and killed (-9) after its next-to-last
+    round's checkpoint then resumed: all three agree on every metric and on the final server and
+    client state, bit for bit. The serial run's directory is returned."""
     cfg = compose(list(overrides))
     rounds = int(cfg.fl.rounds)
     _, serial = start_run(compose([*overrides, "runtime=serial", "experiment=full", "run_id=serial"]),
                           console=False)  # fmt: skip
-    _, ray = start_run(compose([*overrides, *POOL, "experiment=full", "run_id=ray"]), console=False)
+    _, ray = start_run(compose([*overrides, *POOL, "experiment=full", "run_id=ray"]), console=False,
+                       session=session)  # fmt: skip
     assert_same_run(ray, serial)
     killed = Path(cfg.output_dir) / "killed" / "b"
     kill_after_checkpoint([*overrides, "runtime=serial", "experiment=killed", "run_id=b"], killed, rounds - 1)

@@ -347,10 +347,10 @@ def test_ffa_lora_under_the_dp_chain_resumes_exactly_and_ray_matches_serial(
     clip_file,  # noqa: F811
     tmp_path,
     data_root,
-    ray_session,
+    ray_workers,
 ):
     """FFA-LoRA under `aggregator.steps=[clip_l2,uniform,gaussian]` (its paper's DP setting):
-    round 1 on Ray's worker equals round 1 in one process; a run stopped after round 1 and
+    round 1 on Ray's workers equals round 1 in one process; a run stopped after round 1 and
     resumed equals the uninterrupted run bit for bit; bytes_up is the B matrices only; and
     the same under FedBuff, Ray's worker == one process."""
     import json
@@ -367,8 +367,8 @@ def test_ffa_lora_under_the_dp_chain_resumes_exactly_and_ray_matches_serial(
     args = [*LORA_TINY, "method=ffa_lora", f"model.pretrained={clip_file}", f"output_dir={tmp_path}",
             "aggregator.steps=[clip_l2,uniform,gaussian]", "aggregator.clip=1.0",
             "aggregator.noise_multiplier=0.1"]  # fmt: skip
-    ray, ray_dir = start_run(compose([*args, "runtime=ray", "runtime.num_actors=1", "fl.rounds=1",
-                                      "run_id=ray"]), console=False)  # fmt: skip
+    ray, ray_dir = start_run(compose([*args, "runtime=ray", "runtime.num_actors=2", "fl.rounds=1",
+                                      "run_id=ray"]), console=False, session=ray_workers)  # fmt: skip
     full, full_dir = start_run(
         compose([*args, "runtime=serial", "fl.rounds=2", "run_id=full"]), console=False
     )
@@ -387,11 +387,11 @@ def test_ffa_lora_under_the_dp_chain_resumes_exactly_and_ray_matches_serial(
     assert [[r[k] for k in keys] for r in lines(ray_dir)] == [[r[k] for k in keys] for r in lines(full_dir)]
     # FedBuff (system.mode=fedbuff): 2 clients in flight, a server step per arrival, so the second
     # lands stale (its delta from the B it started from, weighted 1/(1+τ)^0.5, then the DP
-    # chain); arrivals in virtual-time order, so Ray's worker gives the serial run's numbers
+    # chain); arrivals in virtual-time order, so Ray's workers give the serial run's numbers
     buff = [*args, "system.mode=fedbuff", "system.concurrency=2", "system.buffer=1",
             "system.seconds_per_example=0.01", "system.noise=exponential", "fl.rounds=2"]  # fmt: skip
-    async_runs = [start_run(compose([*buff, f"runtime={rt}", "runtime.num_actors=1", f"run_id=buff_{rt}"]),
-                            console=False)[1] for rt in ("ray", "serial")]  # fmt: skip
+    async_runs = [start_run(compose([*buff, f"runtime={rt}", "runtime.num_actors=2", f"run_id=buff_{rt}"]),
+                            console=False, session=ray_workers)[1] for rt in ("ray", "serial")]  # fmt: skip
     keys = (*keys, "virtual_time", "system/staleness_max")
     ray_buff, serial_buff = ([[r[k] for k in keys] for r in lines(d)] for d in async_runs)
     assert ray_buff == serial_buff and len(serial_buff) == 2

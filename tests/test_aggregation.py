@@ -298,7 +298,7 @@ def test_a_chain_that_cannot_be_right_is_one_line(steps, says):
         compose(["method=fedavg", f"aggregator.steps={steps}"]).check()
 
 
-def test_by_configuration_alone_a_noisy_chain_runs_and_serial_equals_ray(tmp_path, data_root, ray_session):
+def test_by_configuration_alone_a_noisy_chain_runs_and_serial_equals_ray(tmp_path, data_root, ray_workers):
     """FedAdam with [clip_l2,uniform,gaussian] from the command line: the chain's metrics are in
     every line, and Ray gives the serial run's numbers bit for bit (the noise is drawn from
     (seed, round), not from which worker answers first). A method that would ignore the chain
@@ -311,10 +311,11 @@ def test_by_configuration_alone_a_noisy_chain_runs_and_serial_equals_ray(tmp_pat
     args = small(tmp_path, "method=fedadam", "fl.rounds=2", "fl.num_clients=3", "fl.clients_per_round=2",
                  "data.train_subset=300", "runtime.threads_per_client=1", *chain)  # fmt: skip
     _, sdir = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False)
-    # one pooled actor: the comparison needs Ray's path, not more cores than the machine has
+    # two pooled actors, warm from the test before (`ray_workers`)
     _, rdir = start_run(
-        compose([*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=1", "run_id=ray"]),
+        compose([*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=2", "run_id=ray"]),
         console=False,
+        session=ray_workers,
     )
     serial, ray = records(sdir), records(rdir)
     assert serial == ray

@@ -292,20 +292,26 @@ def test_a_deadline_drops_the_late_updates_and_over_selection_keeps_the_first_k(
 
 
 @pytest.mark.slow
-def test_fedbuff_and_a_deadline_give_the_same_numbers_serial_and_on_ray(tmp_path, data_root, warm_workers):
-    """Arrivals are ordered by virtual time, never by which actor answers first: a per-client
-    Ray run (its actors answer in any order) is the serial run, metric for metric and state for
-    state."""
-    for name, extra in (
-        ("fedbuff", [*FEDBUFF, "system.concurrency=3", "system.buffer=2", "method=fedavgm"]),
-        ("deadline", ["system.seconds_per_example=0.001", "system.speed=lognormal", "system.deadline=0.3"]),
+def test_fedbuff_and_a_deadline_give_the_same_numbers_serial_and_on_ray(tmp_path, data_root, ray_workers):
+    """Arrivals are ordered by virtual time, never by which actor answers first: a Ray run on
+    two pooled workers (each answers whenever its client is done) is the serial run, metric for
+    metric and state for state. Its four Ray runs take the same warm workers (`ray_workers`):
+    each run after the first finds both warm."""
+    on_ray = ["runtime=ray", "runtime.placement=pool", "runtime.num_actors=2"]
+    for i, (name, extra) in enumerate(
+        (
+            ("fedbuff", [*FEDBUFF, "system.concurrency=3", "system.buffer=2", "method=fedavgm"]),
+            (
+                "deadline",
+                ["system.seconds_per_example=0.001", "system.speed=lognormal", "system.deadline=0.3"],
+            ),
+        )
     ):
         args = small(tmp_path / name, "fl.rounds=3", "data.train_subset=600", "runtime.threads_per_client=1",
                      *extra)  # fmt: skip
         _, s = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False)
-        rs, r = start_run(compose([*args, "runtime=ray", "runtime.placement=per_client", "run_id=ray"]),
-                          console=False, session=warm_workers)  # fmt: skip
-        assert rs["actors_reused"] == (rs["num_actors"] if name == "deadline" else 0)  # the first run's, warm
+        rs, r = start_run(compose([*args, *on_ray, "run_id=ray"]), console=False, session=ray_workers)
+        assert rs["num_actors"] == 2 and (i == 0 or rs["actors_reused"] == 2)  # the first run's, warm
         assert_same_run(s, r, stateful=False)
         assert [x["virtual_time"] for x in _lines(s)] == [x["virtual_time"] for x in _lines(r)]
 
@@ -320,9 +326,9 @@ def test_fedbuff_and_a_deadline_give_the_same_numbers_serial_and_on_ray(tmp_path
     ):
         args = small(tmp_path / name, "fl.rounds=3", "data.train_subset=600", "runtime.threads_per_client=1",
                      *extra)  # fmt: skip
-        wall = ["runtime=ray", "runtime.placement=per_client", "system.clock=wall", "run_id=wall"]
-        ws, w = start_run(compose([*args, *wall]), console=False, session=warm_workers)
-        assert ws["actors_reused"] == ws["num_actors"]
+        wall = [*on_ray, "system.clock=wall", "run_id=wall"]
+        ws, w = start_run(compose([*args, *wall]), console=False, session=ray_workers)
+        assert ws["actors_reused"] == ws["num_actors"] == 2
         got = [json.loads(x) for x in (w / "arrivals.jsonl").read_text().splitlines()]
         assert [a["arrival"] for a in got] == sorted({a["arrival"] for a in got})  # in the order taken
         assert all(a["arrival"] > a["start"] >= 0 for a in got)

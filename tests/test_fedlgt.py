@@ -151,13 +151,13 @@ def test_the_loss_is_bce_summed_over_the_unknown_labels_only():
 # --- whole runs -----------------------------------------------------------------------------
 @pytest.mark.slow
 def test_fedlgt_runs_fedctran_bit_for_bit_ca_mle_eps_0_and_multilabel_metrics_on_ray(
-    tmp_path, data_root, ray_session
+    tmp_path, data_root, ray_workers
 ):
     """Four small runs, each doing double duty. (1) FedC-Tran is FedLGT with learned label
     embeddings and CA-MLE off, bit for bit (lines and checkpoint); (2) CA-MLE with epsilon 0
     equals CA-MLE off (it hides nothing); (3) FedLGT's label embeddings are never sent: its
-    bytes each way are FedC-Tran's less the label table; (4) FedLGT on local Ray (one pooled
-    worker) logs multilabel metrics that scikit-learn recomputes from the saved predictions."""
+    bytes each way are FedC-Tran's less the label table; (4) FedLGT on local Ray (two pooled
+    workers) logs multilabel metrics that scikit-learn recomputes from the saved predictions."""
 
     # one transformer layer and 2 steps of 8 a round: the properties hold at any size, and C-Tran's
     # 3 layers x 3 steps of 16 were 3x the CPU of each of the four runs
@@ -180,13 +180,14 @@ def test_fedlgt_runs_fedctran_bit_for_bit_ca_mle_eps_0_and_multilabel_metrics_on
     b = torch.load(sorted((off_dir / "checkpoints").glob("round-*.pt"))[-1], weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
-    # one pooled worker on one torch thread (2 threads spin on a busy machine: 3x the CPU)
-    one = ["runtime.num_actors=1", "runtime.threads_per_client=1"]
-    cfg = compose(small(tmp_path, *lean, "method=fedlgt", "runtime=ray", *one, "eval.save_predictions=true",
+    # two pooled workers (warm from the test before, `ray_workers`), one torch thread each (2
+    # threads spin on a busy machine: 3x the CPU)
+    two = ["runtime.num_actors=2", "runtime.threads_per_client=1"]
+    cfg = compose(small(tmp_path, *lean, "method=fedlgt", "runtime=ray", *two, "eval.save_predictions=true",
                         "run_id=lgt"))  # fmt: skip
-    summary, run_dir = start_run(cfg, console=False)
+    summary, run_dir = start_run(cfg, console=False, session=ray_workers)
     recs = _records(run_dir)
-    assert summary["executor"] == "ray" and summary["num_actors"] == 1
+    assert summary["executor"] == "ray" and summary["num_actors"] == 2
     # (3) FedLGT sends everything FedC-Tran sends but the label embeddings: 10 labels, 384-d
     # float32 (model.d_model null: both take MiniLM's width); FedC-Tran's state embeddings are
     # frozen text features as in the authors' code, sent by neither

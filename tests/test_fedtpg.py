@@ -135,7 +135,7 @@ def test_fedtpg_golden_two_rounds_and_prompts_for_classes_no_client_held(clip_fi
 
 
 @pytest.mark.slow
-def test_fedtpg_base_new_resumes_exactly_and_ray_matches_serial(clip_file, tmp_path, data_root, ray_session):  # noqa: F811
+def test_fedtpg_base_new_resumes_exactly_and_ray_matches_serial(clip_file, tmp_path, data_root, ray_workers):  # noqa: F811
     """FedTPG's protocol: clients hold blocks of the base classes (2 of Fashion-MNIST's 5 base
     classes each: round(5/2) = 2 clients, 1 a round), the new classes only reach the generator
     as names at evaluation."""
@@ -149,9 +149,9 @@ def test_fedtpg_base_new_resumes_exactly_and_ray_matches_serial(clip_file, tmp_p
     assert full["rounds_completed"] == 2 and all(0 <= r["new_accuracy"] <= 1 for r in lines)
     assert len({r["new_accuracy"] for r in lines}) > 1  # the unseen classes' prompts move with training
     keys = ("round", "train_loss", "accuracy", "base_accuracy", "new_accuracy", "base_new_hm", "bytes_up")
-    ray_args = [*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=1", "fl.rounds=1"]
-    ray, ray_dir = start_run(compose([*ray_args, "run_id=ray"]), console=False)
-    assert ray["executor"] == "ray" and ray["num_actors"] == 1
+    ray_args = [*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=2", "fl.rounds=1"]
+    ray, ray_dir = start_run(compose([*ray_args, "run_id=ray"]), console=False, session=ray_workers)
+    assert ray["executor"] == "ray" and ray["num_actors"] == 2
     assert [[r[k] for k in keys] for r in _lines(ray_dir)] == [[r[k] for k in keys] for r in lines[:1]]
     # the Ray run stopped after round 1 resumes serially to round 2 as the uninterrupted run (no
     # serial 1-round run of its own: it cost as much)

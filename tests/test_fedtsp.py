@@ -394,14 +394,15 @@ def test_soft_prompts_survive_checkpoint_and_resume(serial_run, tsp, tmp_path):
         torch.testing.assert_close(got, want, atol=tol, rtol=0)
 
 
-def test_ray_run_matches_serial(serial_run, tmp_path, ray_session):
+def test_ray_run_matches_serial(serial_run, tmp_path, ray_workers):
     code, serial_dir = serial_run
     assert code == 0
     summary, ray_dir = start_run(
-        compose([*ARGS, "runtime=ray", "runtime.num_actors=1", "fl.rounds=1", f"output_dir={tmp_path}"]),
+        compose([*ARGS, "runtime=ray", "runtime.num_actors=2", "fl.rounds=1", f"output_dir={tmp_path}"]),
         console=False,
+        session=ray_workers,
     )
-    assert summary["executor"] == "ray" and summary["rounds_completed"] == 1 and summary["num_actors"] == 1
+    assert summary["executor"] == "ray" and summary["rounds_completed"] == 1 and summary["num_actors"] == 2
     keys = ("client_accuracy", "client_accuracy_mean", "train_loss", "bytes_up")
     assert [_records(ray_dir)[0][k] for k in keys] == [_records(serial_dir)[0][k] for k in keys]
 

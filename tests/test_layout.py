@@ -62,14 +62,16 @@ LAYERS: list[tuple[str, ...]] = [
     ("config",),
     ("methods",),
     ("server_steps", "text", "models", "data", "tracking"),
-    ("core", "lean_imports"),  # lean_imports: how a process imports torchmetrics; imports nothing of ours
+    # lean_imports and heavy_imports: how a process imports torchmetrics, and its heavy imports
+    # with the collector paused; they import nothing of ours
+    ("core", "lean_imports", "heavy_imports"),
     ("",),  # the root package itself
 ]
 # the only imports within a layer (data -> models: a frozen-feature dataset computes its
 # features with a model of ours; models -> text: the CLIP prompt learner's frozen text tower
 # and soft prompts)
 SIBLING_IMPORTS = {("__main__", "cli"), ("server_steps", "text"), ("data", "models"), ("models", "text")}
-NO_RAY_OR_WANDB = ("core", "methods", "lean_imports")
+NO_RAY_OR_WANDB = ("core", "methods", "lean_imports", "heavy_imports")
 FORBIDDEN_THERE = ("ray", "wandb")
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 
@@ -332,7 +334,7 @@ def test_the_contract_sees_known_violations():
 # their CPU). Where the code comes from does not change the order in which it imports.
 _FORK_IMPORTS = textwrap.dedent(
     """
-    import importlib, importlib.util, json, os, py_compile, shutil, sys, tempfile, traceback
+    import gc, importlib, importlib.util, json, os, py_compile, shutil, sys, tempfile, traceback
     from pathlib import Path
     modules, warm, package = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
     for name in warm:
@@ -341,6 +343,11 @@ _FORK_IMPORTS = textwrap.dedent(
         except Exception:
             pass  # a missing optional dependency shows up in the child that needs it
     assert not [m for m in sys.modules if m == "fl_lightning" or m.startswith("fl_lightning.")]
+    # what every child inherits, frozen, and its collector off: it would otherwise walk (and so
+    # copy, page by page) the whole warm heap (Python's `gc.freeze` note); a child imports one
+    # module and exits
+    gc.disable()
+    gc.freeze()
     sys.pycache_prefix, sys.dont_write_bytecode = tempfile.mkdtemp(prefix="fork_imports_"), False
     for src in map(str, Path(package).rglob("*.py")):
         py_compile.compile(src, cfile=importlib.util.cache_from_source(src), doraise=True)

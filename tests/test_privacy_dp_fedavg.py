@@ -214,14 +214,15 @@ ADAPTIVE = [
 
 
 @pytest.mark.slow
-def test_serial_equals_ray_and_epsilon_is_reported(tmp_path, data_root, ray_session):
+def test_serial_equals_ray_and_epsilon_is_reported(tmp_path, data_root, ray_workers):
     args = small(
         tmp_path, *DP, *ADAPTIVE, "fl.rounds=2", "data.train_subset=400", "runtime.threads_per_client=1"
     )
     s_sum, sdir = start_run(compose([*args, "runtime=serial", "run_id=serial"]), console=False)
     _, rdir = start_run(
-        compose([*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=1", "run_id=ray"]),
+        compose([*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=2", "run_id=ray"]),
         console=False,
+        session=ray_workers,
     )
     serial, ray = records(sdir), records(rdir)
     assert serial == ray

@@ -113,7 +113,7 @@ def test_what_dp_sgd_cannot_do_is_one_line(extra, says, tmp_path, capsys, data_r
 
 
 @pytest.mark.slow
-def test_dp_sgd_serial_equals_ray(tmp_path, data_root, ray_session):
+def test_dp_sgd_serial_equals_ray(tmp_path, data_root, ray_workers):
     """The noise is drawn from the fit's seed (seed, round, client), not from a worker's state:
     two rounds of 2 of 4 clients give the same lines, ε included, on either runtime."""
     args = small(tmp_path, *SGD, "fl.clients_per_round=2", "privacy.noise_multiplier=0.8", "fl.rounds=2",
@@ -122,6 +122,7 @@ def test_dp_sgd_serial_equals_ray(tmp_path, data_root, ray_session):
     _, rdir = start_run(
         compose([*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=2", "run_id=ray"]),
         console=False,
+        session=ray_workers,
     )
     assert records(sdir) == records(rdir)
     assert records(sdir)[-1]["privacy/epsilon"] > records(sdir)[0]["privacy/epsilon"] > 0

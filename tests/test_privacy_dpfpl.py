@@ -166,14 +166,14 @@ def test_dpfpl_refuses_in_one_line(extra, says, tmp_path, capsys, data_root):
 
 
 @pytest.mark.slow
-def test_dpfpl_serial_equals_ray_and_a_killed_run_resumes_exact(tmp_path, data_root, ray_session):
+def test_dpfpl_serial_equals_ray_and_a_killed_run_resumes_exact(tmp_path, data_root, ray_workers):
     """The local noise and V₀ come from a generator seeded by the client's round seed, and the
     local prompt is client state: pooled Ray actors give the serial run's metrics, global prompt
     and every client's local prompt bit for bit, and so does a run killed after round 1's
     checkpoint and resumed (round 2's noise is drawn as the uninterrupted run draws it)."""
     args = small(tmp_path, *TINY, *DPFPL, "method.rank=2", "method.noise=0.4", "privacy=dp_fedavg",
                  "privacy.clip=0.01", "privacy.delta=1e-3", "fl.rounds=2")  # fmt: skip
-    serial = assert_serial_is_ray_and_resume_is_exact(args)
+    serial = assert_serial_is_ray_and_resume_is_exact(args, ray_workers)
     lines = records(serial)
     assert [line["clients"] for line in lines] == [2, 2]  # 2 of 3 a round: one sits out, keeps its prompt
     assert 0 < lines[0]["privacy/epsilon"] < lines[1]["privacy/epsilon"]

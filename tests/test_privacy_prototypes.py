@@ -91,7 +91,7 @@ def test_fedproto_private_prototypes_golden_two_rounds(digits3):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_private_prototypes_serial_equals_ray_and_killed_resumes_exact(tmp_path, data_root, ray_session):
+def test_private_prototypes_serial_equals_ray_and_killed_resumes_exact(tmp_path, data_root, ray_workers):
     """FedProto at its defaults (personal models, prototypes the only upload) under
     `privacy=dp_fedavg`, 2 of 3 clients a round: pooled Ray actors give the serial run's metrics,
     noised prototypes, accountant state and every client's model bit for bit, and so does a run
@@ -100,7 +100,7 @@ def test_private_prototypes_serial_equals_ray_and_killed_resumes_exact(tmp_path,
                  "privacy.delta=1e-3", "fl.num_clients=3", "fl.clients_per_round=2", "fl.rounds=2",
                  "fl.local_epochs=1", "data.train_subset=200", "data.test_subset=100",
                  "runtime.threads_per_client=1")  # fmt: skip
-    serial = assert_serial_is_ray_and_resume_is_exact(args)
+    serial = assert_serial_is_ray_and_resume_is_exact(args, ray_workers)
     lines = records(serial)
     assert all(line["server/dp_fedavg/prototype_sum_std"] > 0 for line in lines)  # the release was noised
     assert 0 < lines[0]["privacy/epsilon"] < lines[1]["privacy/epsilon"]

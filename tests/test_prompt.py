@@ -445,13 +445,13 @@ def _keys(tree) -> list[str]:
     return []
 
 
-def _resumes_exactly_and_ray_matches_serial(method: str, args: list[str], warm, reused: int) -> None:
-    """Round 1 on Ray's (warm) worker, resumed in this process to round 2 serially, and 2 rounds
+def _resumes_exactly_and_ray_matches_serial(method: str, args: list[str], warm, first: bool) -> None:
+    """Round 1 on Ray's (warm) workers, resumed in this process to round 2 serially, and 2 rounds
     serial: one run both stopped and resumed and on Ray (a serial 1-round run cost as much)."""
     personal = method != "promptfl"
-    ray_args = [*args, "runtime=ray", "runtime.num_actors=1", "fl.rounds=1", "run_id=ray"]
+    ray_args = [*args, "runtime=ray", "runtime.num_actors=2", "fl.rounds=1", "run_id=ray"]
     ray, ray_dir = start_run(compose(ray_args), console=False, session=warm)
-    assert ray["executor"] == "ray" and ray["num_actors"] == 1 and ray["actors_reused"] == reused
+    assert ray["executor"] == "ray" and ray["num_actors"] == 2 and (first or ray["actors_reused"] == 2)
     args = [*args, "runtime=serial"]
     full, full_dir = start_run(compose([*args, "fl.rounds=2", "run_id=full"]), console=False)
     assert full["rounds_completed"] == 2
@@ -475,20 +475,17 @@ def _resumes_exactly_and_ray_matches_serial(method: str, args: list[str], warm, 
 
 
 @pytest.mark.slow
-def test_prompt_methods_resume_exactly_and_ray_matches_serial(clip_file, tmp_path, data_root, ray_session):
+def test_prompt_methods_resume_exactly_and_ray_matches_serial(clip_file, tmp_path, data_root, ray_workers):
     """PromptFL, FedOTP and FedPGP: a run stopped after round 1 and resumed gives round 2 bit
     for bit as the uninterrupted run (FedOTP's local context, FedPGP's U and V: kept by each
-    client, checkpointed, resumed); on Ray's worker, round 1 as in one process. The three Ray
-    runs go one after another on one warm worker (a sequential sweep's reuse: its start and
-    imports paid once), each still the serial run's numbers."""
-    from fl_lightning.runtime.session import Session
-
-    with Session(keep_ray=True, reuse_actors=True) as warm:
-        for i, method in enumerate(("promptfl", "fedotp", "fedpgp")):
-            out = tmp_path / method
-            args = [*TINY, f"method={method}", f"model.pretrained={clip_file}", f"output_dir={out}"]
-            args += ["data.client_test_fraction=0.25"] if method != "promptfl" else []
-            _resumes_exactly_and_ray_matches_serial(method, args, warm, reused=min(i, 1))
+    client, checkpointed, resumed); on Ray's workers, round 1 as in one process. The three Ray
+    runs go one after another on the same two warm workers (a sequential sweep's reuse: their
+    start and imports paid once, `ray_workers`), each still the serial run's numbers."""
+    for i, method in enumerate(("promptfl", "fedotp", "fedpgp")):
+        out = tmp_path / method
+        args = [*TINY, f"method={method}", f"model.pretrained={clip_file}", f"output_dir={out}"]
+        args += ["data.client_test_fraction=0.25"] if method != "promptfl" else []
+        _resumes_exactly_and_ray_matches_serial(method, args, ray_workers, first=i == 0)
 
 
 def test_the_prompt_model_and_methods_refuse_each_other_in_one_line(capsys):

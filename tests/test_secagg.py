@@ -462,7 +462,7 @@ SECURE = [
 ]
 
 
-def test_by_configuration_a_secure_noisy_chain_runs_and_serial_equals_ray(tmp_path, data_root, ray_session):
+def test_by_configuration_a_secure_noisy_chain_runs_and_serial_equals_ray(tmp_path, data_root, ray_workers):
     """FedAvgM with clipping, the clients' shares of the noise and secure aggregation, one client
     of three dropping each round: Ray gives the serial run's numbers bit for bit (every secret
     and rounding drawn from (seed, round, client)); the driver's code sees only masked updates."""
@@ -472,6 +472,7 @@ def test_by_configuration_a_secure_noisy_chain_runs_and_serial_equals_ray(tmp_pa
     _, rdir = start_run(
         compose([*args, "runtime=ray", "runtime.placement=pool", "runtime.num_actors=2", "run_id=ray"]),
         console=False,
+        session=ray_workers,
     )
     assert seen.kinds == ["MaskedUpdate"] * 6
     serial, ray = records(sdir), records(rdir)

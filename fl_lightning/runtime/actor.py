@@ -31,12 +31,15 @@ class ClientActor:
         import contextlib
         import os
 
+        from ..heavy_imports import import_heavy
         from ..lean_imports import install
 
         install()  # a worker's Lightning imports torchmetrics without its optional backends
+        # the worker's imports start now, not at its first setup, with the collector paused (a
+        # quarter of their CPU) and then frozen (`heavy_imports.py`)
+        import_heavy("torch", f"{__package__}.host")
         import torch
 
-        from . import host  # noqa: F401  (the worker's imports start now, not at its first setup)
         from .local_ray import WORKER_CWD_ENV
 
         # A local Ray's processes start in an empty folder (`local_ray._private_cwd`: the

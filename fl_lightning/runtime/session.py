@@ -11,13 +11,13 @@ driver's heavy imports, so that Ray and the workers start meanwhile (`early_star
 from __future__ import annotations
 
 import contextlib
-import importlib
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..heavy_imports import import_heavy
 from .early import DRIVER_MODULES
 from .local_ray import RayConnection, cluster_address, init_ray
 from .placement import Placement, local_resources, placement_for
@@ -93,8 +93,7 @@ class Session:
 
         def load() -> None:
             try:
-                for name in DRIVER_MODULES:
-                    importlib.import_module(name)
+                import_heavy(*DRIVER_MODULES)
             except BaseException as e:  # re-raised in the main thread
                 errors.append(e)
 

@@ -21,6 +21,7 @@ composed: `state_dict()` is plain JSON data for the checkpoint, and a resumed ru
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -183,8 +184,7 @@ class UserLevelAccountant:
             return 0.0
         if self.noise_multiplier <= 0:
             return math.inf
-        with _Quiet():
-            return float(self._accountant(rounds).get_epsilon(self.delta))
+        return _epsilon_after(self.method, self.sampling, self.orders, self.noise_multiplier, n, self.delta)
 
     def delta_at(self, epsilon: float, rounds: int | None = None) -> float:
         """δ at `epsilon` after `rounds` rounds (default: those composed)."""
@@ -220,6 +220,28 @@ class UserLevelAccountant:
         self.rounds = int(state["rounds"])
 
 
+@functools.lru_cache(maxsize=1024)
+def _epsilon_after(
+    method: Method,
+    sampling: Sampling,
+    orders: tuple[float, ...] | None,
+    sigma: float,
+    rounds: int,
+    delta: float,
+) -> float:
+    """ε at `delta` after `rounds` rounds of multiplier `sigma`: a pure function of its
+    arguments, kept. A run asks for the same ε several times a round (the round's metrics, the
+    budget check, the summary and console line) and a PLD accountant composes the rounds anew
+    each time (~0.5 s at 1,500 rounds on a core)."""
+    acc = _fresh(method, sampling, orders)
+    with _Quiet():
+        return float(acc.compose(_round_event(sampling, sigma), rounds).get_epsilon(delta))
+
+
+# A pure function of its arguments, kept: the rows of a sweep (a claims file's fixed and adaptive
+# rows at one ε) and a run's resume calibrate the same σ, each search composing ~10 accountants
+# (a PLD one at 1,500 rounds ~9 s on a core). An error is raised again, never kept.
+@functools.lru_cache(maxsize=256)
 def calibrate_noise_multiplier(
     target_epsilon: float,
     delta: float,

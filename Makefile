@@ -61,9 +61,10 @@ lint: venv
 # summary.json under signals.held.)
 # `worksteal`: a worker that runs out takes half of another's queue, so none ends long after
 # the others (tests/conftest.py orders the suite: unit lane, long tests, the tests sharing
-# warm Ray workers, the rest). Measured in fresh clones: worksteal 776 and 843 s of pytest; `--dist load --maxschedchunk 2` 943 s on a
-# suite of ~10% less CPU (a replay of the schedulers over per-test durations had ranked it
-# first: side by side, tests do not last as long as they did when measured).
+# warm Ray workers, the rest). Measured in fresh clones: worksteal 776 and 843 s of pytest;
+# `--dist load --maxschedchunk 2` 943 s on a suite of ~10% less CPU (a replay of the
+# schedulers over per-test durations had ranked it first: side by side, tests do not last as
+# long as they did when measured).
 # `make lint` in full, with mypy (~40 s on one core) beside the suite rather than before it: niced,
 # it runs in the gaps the suite leaves while tests wait on Ray and subprocesses. Its report comes
 # after the suite's; either failing fails `make test`.

@@ -126,7 +126,9 @@ def ray_workers(ray_session: Any) -> Any:
     workers up anew, and the golden, serial == Ray and resume tests that run on them pass
     unchanged). A client worker imports torch and Lightning, ~3.3 CPU-s each: tests that share
     them run one after another (`pytest_collection_modifyitems`), and any other test finds them
-    ended (`pytest_runtest_setup`), so that the Ray's CPUs they hold are free."""
+    ended (`pytest_runtest_setup`), so that the Ray's CPUs they hold are free. Every Ray run of a
+    test that asks for it passes `session=` this (a run in a `Session` of its own would wait for
+    the CPUs these hold)."""
     from fl_lightning.runtime.session import Session
 
     if "session" not in _RAY_WORKERS:

@@ -233,8 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             # fast: before torch, Ray or data are touched
             cfg = rerun_config(args.from_, args.overrides) if args.from_ else compose(args.overrides)
             from ..data.registry import check_data
-            from ..heavy_imports import import_heavy
-            from ..runtime.early import DRIVER_MODULES
+            from ..runtime.early import import_driver
             from ..runtime.lock import new_run_path
             from ..runtime.session import Session
 
@@ -244,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             check_method(cfg)  # the method's keys, values and own `check`: no torch, before Ray
             # a local Ray and its workers start while the driver imports
             with Session() as session, session.early_start(cfg):
-                import_heavy(*DRIVER_MODULES)  # done already where the run starts early
+                import_driver()  # done already where the run starts early
                 from ..runtime.runner import start_run
 
                 summary, _ = start_run(cfg, not args.quiet, run_dir, started_at=t0, session=session)
@@ -307,15 +306,14 @@ def main(argv: list[str] | None = None) -> int:
 
             run_dir = resolve_run_path(args.run_dir)  # what a Ray job printed resolves the same way
             cfg = load_run_config(run_dir, args.overrides)
-            from ..heavy_imports import import_heavy
-            from ..runtime.early import DRIVER_MODULES
+            from ..runtime.early import import_driver
             from ..runtime.lock import RunLock
             from ..tracking.loggers import check_wandb_dirs
 
             check_wandb_dirs(cfg.logger, run_dir)  # a link planted at <experiment>/.wandb: one line now
 
             RunLock(run_dir).acquire().release()  # busy: one line now, not after the imports below
-            import_heavy(*DRIVER_MODULES)
+            import_driver()
             from ..runtime.runner import resume_run
 
             _warn(resume_run(run_dir, cfg, console=not args.quiet))

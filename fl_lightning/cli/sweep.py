@@ -360,10 +360,9 @@ def _result_line(run: SweepRun, total: int, swept: Sequence[str]) -> str:
 
 
 def _run_inline(run: SweepRun, session: Session) -> None:
-    from ..heavy_imports import import_heavy
-    from ..runtime.early import DRIVER_MODULES
+    from ..runtime.early import import_driver
 
-    import_heavy(*DRIVER_MODULES)  # the first run's: the collector paused (a no-op after it)
+    import_driver()  # the first run's: the collector paused (a no-op after it)
     from ..runtime.runner import resume_run, start_run
 
     try:

@@ -21,3 +21,11 @@ that joins a cluster (`runtime.address`, `$RAY_ADDRESS`), runs serially, or has
 
 #: the driver's heavy modules, imported by a thread while Ray starts
 DRIVER_MODULES = ("fl_lightning.runtime.runner",)
+
+
+def import_driver() -> None:
+    """Import `DRIVER_MODULES`: a process's first time with the collector paused and what they
+    made frozen (`heavy_imports.py`), a no-op once they are imported."""
+    from ..heavy_imports import import_heavy
+
+    import_heavy(*DRIVER_MODULES)

@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..heavy_imports import import_heavy
-from .early import DRIVER_MODULES
+from .early import import_driver
 from .local_ray import RayConnection, cluster_address, init_ray
 from .placement import Placement, local_resources, placement_for
 from .workers import WorkerSource
@@ -93,7 +92,7 @@ class Session:
 
         def load() -> None:
             try:
-                import_heavy(*DRIVER_MODULES)
+                import_driver()
             except BaseException as e:  # re-raised in the main thread
                 errors.append(e)
 

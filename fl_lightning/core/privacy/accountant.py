@@ -171,11 +171,8 @@ class UserLevelAccountant:
         return _dpa().SelfComposedDpEvent(_round_event(self.sampling, self.noise_multiplier), n)
 
     def _accountant(self, rounds: int | None) -> dpa.PrivacyAccountant:
-        acc = _fresh(self.method, self.sampling, self.orders)
         n = self.rounds if rounds is None else rounds
-        if n > 0 and self.noise_multiplier > 0:
-            acc.compose(_round_event(self.sampling, self.noise_multiplier), n)
-        return acc
+        return _composed(self.method, self.sampling, self.orders, self.noise_multiplier, n)
 
     def epsilon(self, rounds: int | None = None) -> float:
         """ε at `delta` after `rounds` rounds (default: those composed); inf without noise."""
@@ -233,9 +230,18 @@ def _epsilon_after(
     arguments, kept. A run asks for the same ε several times a round (the round's metrics, the
     budget check, the summary and console line) and a PLD accountant composes the rounds anew
     each time (~0.5 s at 1,500 rounds on a core)."""
-    acc = _fresh(method, sampling, orders)
     with _Quiet():
-        return float(acc.compose(_round_event(sampling, sigma), rounds).get_epsilon(delta))
+        return float(_composed(method, sampling, orders, sigma, rounds).get_epsilon(delta))
+
+
+def _composed(
+    method: Method, sampling: Sampling, orders: tuple[float, ...] | None, sigma: float, rounds: int
+) -> dpa.PrivacyAccountant:
+    """A fresh accountant that composed `rounds` rounds of multiplier `sigma` (none without noise)."""
+    acc = _fresh(method, sampling, orders)
+    if rounds > 0 and sigma > 0:
+        acc.compose(_round_event(sampling, sigma), rounds)
+    return acc
 
 
 # A pure function of its arguments, kept: the rows of a sweep (a claims file's fixed and adaptive

@@ -3,7 +3,9 @@ the work starts), on `runtime=ray` and `runtime=serial`.
 
 Cases: an unknown method, an unknown key, a bad value, and the method's own checks: FedTSP keeps
 personal models, so it needs `data.client_test_fraction` (its default is 0); a key FedProx's
-config lacks; SCAFFOLD refusing momentum (its config's `check` reads the run's `optim`). Each is a fresh
+config lacks; SCAFFOLD refusing momentum (its config's `check` reads the run's `optim`); and what
+`privacy=dp_fedavg` cannot privatise (SCAFFOLD's control variates, an aggregation chain of its own,
+a clipped-count noise too small for the σ given). Each is a fresh
 process (`python -m fl_lightning run ...`), `--reps` times, alternating the runtimes; per run the
 wall time from process start to exit, the exit code, the error line, and whether a Ray session
 folder appeared (Ray started before the error). `--repo` measures another checkout (e.g. main,
@@ -26,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+DP = ["privacy=dp_fedavg", "privacy.noise_multiplier=1", "fl.num_clients=4", "fl.clients_per_round=2",
+      "privacy.delta=1e-3"]  # fmt: skip
 CASES = {
     "unknown_method": ["method=nosuch"],
     "unknown_key": ["fl.roundz=3"],
@@ -33,6 +37,10 @@ CASES = {
     "fedtsp_no_test_split": ["method=fedtsp"],
     "unknown_method_key": ["method=fedprox", "method.muu=1"],
     "scaffold_momentum": ["method=scaffold", "optim.momentum=0.9"],
+    # privacy=dp_fedavg: what it cannot privatise (a method's channel, a chain, a too small σ_b)
+    "dp_scaffold": [*DP, "method=scaffold"],
+    "dp_chain": [*DP, "aggregator.steps=[uniform]"],
+    "dp_count_stddev": [*DP, "privacy.adaptive=true", "privacy.clipped_count_stddev=0.1"],
 }
 
 

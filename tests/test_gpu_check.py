@@ -20,8 +20,9 @@ REPO = Path(__file__).resolve().parent.parent
 def test_gpu_check_dry_run_runs_every_step(tmp_path, data_root):
     out = tmp_path / "check"
     env = {**os.environ, "PYTHON": sys.executable, "FL_LIGHTNING_DATA": data_root}
+    argv = ["bash", str(REPO / "benchmarks" / "gpu_check.sh"), str(out), "--dry-run", "--no-ray"]
     done = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "gpu_check.sh"), str(out), "--dry-run", "--no-ray"],
+        [*argv, "--work", str(tmp_path)],  # the runs' folders: the test's own, none left in /tmp
         env=env,
         capture_output=True,
         text=True,

@@ -376,7 +376,10 @@ _FORK_IMPORTS = textwrap.dedent(
             os.waitpid(pid, 0)
             if msg:
                 failed[module] = msg.decode(errors="replace")
-    shutil.rmtree(sys.pycache_prefix, ignore_errors=True)
+    # nothing written any more: at exit a warm import's handlers imported more of its package,
+    # whose bytecode recreated the removed prefix (a folder left in /tmp by every run)
+    prefix, sys.pycache_prefix, sys.dont_write_bytecode = sys.pycache_prefix, None, True
+    shutil.rmtree(prefix, ignore_errors=True)
     print(json.dumps(failed))
     """
 )

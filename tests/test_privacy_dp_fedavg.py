@@ -9,6 +9,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -165,43 +168,88 @@ def test_dp_fedavg_composes_with_the_methods_server_step_over_two_rounds(name, d
 
 DP = ["privacy=dp_fedavg", "fl.num_clients=4", "fl.clients_per_round=2", "privacy.delta=1e-3"]
 
+#: what privacy=dp_fedavg refuses, and a part of the line that says so
+REFUSED = [
+    (
+        ["method=fedtgp", "data.client_test_fraction=0.25"],
+        "method=fedtgp also uploads class prototypes",
+    ),
+    (
+        ["method=fedtsp", "data.client_test_fraction=0.25"],
+        "add method.weighting=uniform",
+    ),
+    (
+        ["method=fedproto", "data.client_test_fraction=0.25", "privacy.adaptive=true"],
+        "set privacy.adaptive=false",
+    ),
+    (["method=scaffold"], "method=scaffold also uploads control-variate deltas"),
+    (["method=feddyn"], "feddyn does not aggregate through the aggregation chain"),
+    (["model=cnn_bn"], "uploads integer buffers"),
+    (["fl.bn_stats=recompute"], "fl.bn_stats=recompute also uploads"),
+    (["aggregator.steps=[uniform]"], "privacy=dp_fedavg is its own aggregation chain"),
+    (
+        [
+            "aggregator.steps=[clip_l2,uniform,distributed_gaussian,secagg_plus]",
+            "aggregator.noise_multiplier=1",
+        ],
+        "the accountant for it is missing",
+    ),
+    (["privacy.adaptive=true", "privacy.clipped_count_stddev=0.1"], "adaptive clipping needs 2·σ_b > σ"),
+    (
+        ["privacy.noise_multiplier=null", "privacy.target_epsilon=4", "privacy.max_epsilon=2"],
+        "would stop",
+    ),
+    (["system.mode=fedbuff", "system.buffer=2"], "use system.mode=sync"),
+]
+#: refused once the method's strategy (how it aggregates) or the model (its buffers) is built,
+#: after torch is imported; the others from the config alone
+BUILT = {"feddyn does not aggregate through the aggregation chain", "uploads integer buffers"}
 
-@pytest.mark.parametrize(
-    "extra, says",
-    [
-        (
-            ["method=fedtgp", "data.client_test_fraction=0.25"],
-            "method=fedtgp also uploads class prototypes",
-        ),
-        (
-            ["method=fedtsp", "data.client_test_fraction=0.25"],
-            "add method.weighting=uniform",
-        ),
-        (
-            ["method=fedproto", "data.client_test_fraction=0.25", "privacy.adaptive=true"],
-            "set privacy.adaptive=false",
-        ),
-        (["method=scaffold"], "method=scaffold also uploads control-variate deltas"),
-        (["method=feddyn"], "feddyn does not aggregate through the aggregation chain"),
-        (["model=cnn_bn"], "uploads integer buffers"),
-        (["fl.bn_stats=recompute"], "fl.bn_stats=recompute also uploads"),
-        (["aggregator.steps=[uniform]"], "privacy=dp_fedavg is its own aggregation chain"),
-        (
-            [
-                "aggregator.steps=[clip_l2,uniform,distributed_gaussian,secagg_plus]",
-                "aggregator.noise_multiplier=1",
-            ],
-            "the accountant for it is missing",
-        ),
-        (["privacy.adaptive=true", "privacy.clipped_count_stddev=0.1"], "adaptive clipping needs 2·σ_b > σ"),
-    ],
-)
+
+@pytest.mark.parametrize("extra, says", REFUSED)
 def test_what_dp_fedavg_cannot_privatise_is_refused_in_one_line(extra, says, tmp_path, capsys, data_root):
     code = main(["run", *small(tmp_path, *DP, *extra)])
     # a line Ray's log monitor forwards from another test's Ray in this worker is not ours
     err = "".join(line for line in capsys.readouterr().err.splitlines(True) if "(pid=" not in line)
     assert code == 2 and err.count("\n") == 1 and err.startswith("fl-lightning: error: "), err
     assert says in err
+    assert not (tmp_path / "default").exists()
+
+
+#: each command line of argv[1] through `main` in a fresh interpreter that cannot import torch,
+#: Lightning or Ray: what it printed and returned
+_WITHOUT_TORCH = """
+import contextlib, importlib.abc, io, json, sys
+
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("torch", "lightning", "ray"):
+            raise ImportError(f"{name} imported before the refusal")
+
+sys.meta_path.insert(0, NoTorch())
+from fl_lightning.cli.main import main
+
+said = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        said.append([main(argv), err.getvalue()])
+print(json.dumps(said))
+"""
+
+
+def test_a_refusal_from_the_config_comes_before_torch_or_ray(tmp_path, data_root):
+    """Each refused configuration the model is not needed for is refused by the command line
+    before torch, Lightning or Ray is imported: it started a Ray and two client workers (~4 s
+    and ~3 CPU-s) before saying so."""
+    cases = [(extra, says) for extra, says in REFUSED if says not in BUILT]
+    argv = [["run", *small(tmp_path, *DP, *extra)] for extra, _ in cases]
+    env = {**os.environ, "FL_LIGHTNING_DATA": data_root}
+    res = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, json.dumps(argv)], env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    for (code, err), (_, says) in zip(json.loads(res.stdout), cases, strict=True):
+        assert code == 2 and err.count("\n") == 1 and says in err, (says, err)
     assert not (tmp_path / "default").exists()
 
 

@@ -64,12 +64,6 @@ def validate_registered(cfg: RootConfig, trunk: str | None = None) -> MethodConf
             "client objective adds its own terms, which Opacus would not clip: use a method that "
             "trains FedAvg's objective (fedavg, fedavgm, fedadam, ...)"
         )
-    if cfg.privacy.name == "dp_fedavg":  # a channel the mechanism leaves without noise: refused
-        from ..core.privacy.plan import channel_refusal
-
-        why = channel_refusal(name, method_cfg)
-        if why:
-            raise ConfigError(why)
     entry = DATASETS.get(cfg.data.name)  # what is known of the data before loading it
     if cfg.eval.timing == "trained" and not (client_tests(cfg.data) and cfg.eval.clients):
         raise ConfigError(
@@ -136,6 +130,14 @@ def check_method(cfg: RootConfig) -> MethodConfig:
     method_cfg: MethodConfig = cfg.method
     cls = type(method_cfg)
     method_cfg.check(cfg)  # its own values first: the refusal names what the user set
+    if cfg.privacy.name == "dp_fedavg":  # a release the mechanism would leave without noise
+        from ..core.privacy.channels import adaptive_refusal, channel_refusal
+
+        why = channel_refusal(cls.name, method_cfg)
+        if why is None and cfg.privacy.adaptive:
+            why = adaptive_refusal(cls.name, method_cfg)
+        if why:
+            raise ConfigError(why)
     # clients' own test splits come from the data config alone (data/federated.py)
     if method_cfg.keeps_personal_models() and not client_tests(cfg.data):
         raise ConfigError(needs_test_split_error(cls.name))

@@ -433,6 +433,17 @@ class PrivacyConfig:
             )
         if self.adaptive and self.name != "dp_fedavg":
             raise ConfigError("privacy.adaptive (adaptive clipping) applies to privacy=dp_fedavg")
+        if self.adaptive and self.noise_multiplier is not None and self.clipped_count_stddev is not None:
+            from .privacy.accountant import adaptive_noise_multipliers
+
+            # the update's noise multiplier, as the run's plan computes it: a σ_b too small is refused
+            adaptive_noise_multipliers(self.noise_multiplier, self.clipped_count_stddev)
+        planned, most = self.target_epsilon, self.max_epsilon
+        if most is not None and planned is not None and most < planned:
+            raise ConfigError(
+                f"privacy.max_epsilon={most:g} is below privacy.target_epsilon={planned:g}: "
+                "the run would stop before its planned rounds"
+            )
 
 
 @dataclass
@@ -558,10 +569,39 @@ def _privacy_check(run: RootConfig) -> None:
             "privacy=dp_fedavg privatises the model delta only; fl.bn_stats=recompute also uploads "
             "each client's batch-norm statistics of the new model: use fl.bn_stats=averaged"
         )
+    if pv.name == "dp_fedavg":
+        _dp_fedavg_chain_check(run)
     if pv.name == "dp_fedavg" and pv.delta >= 1 / fl.num_clients:
         raise ConfigError(
             f"privacy.delta={pv.delta:g} must be below 1/fl.num_clients = {1 / fl.num_clients:g} "
             "(user-level: a larger δ allows revealing a whole client)"
+        )
+
+
+def _dp_fedavg_chain_check(run: RootConfig) -> None:
+    """privacy=dp_fedavg is the round's whole aggregation (clip, uniform weights, noise) on a
+    synchronous cohort: what would change its noise or sensitivity is refused here, from the
+    config alone, before Ray or a worker starts (`build_aggregator` then builds it)."""
+    if run.system.mode != "sync":  # the accountant's sampling model is a round's cohort
+        raise ConfigError(
+            f"privacy=dp_fedavg accounts for synchronous rounds of sampled cohorts: use system.mode=sync "
+            f"(not {run.system.mode})"
+        )
+    steps = list(run.aggregator.steps)
+    if any(n in ("secagg_plus", "distributed_gaussian") for n in steps):
+        # the noise would be the clients' shares, which no accountant here composes
+        raise ConfigError(
+            f"privacy=dp_fedavg with secure aggregation (aggregator.steps={steps}) "
+            "is not supported yet: distributed_gaussian adds each client's share of the noise before "
+            "secagg_plus's masked sum, but the accountant for it is missing (the shares of clients "
+            "that drop, and secagg_plus's per-coordinate clip and quantisation, change the sum's "
+            "noise and sensitivity: a distributed discrete Gaussian analysis, Kairouz et al. 2021); "
+            "use privacy=dp_fedavg without aggregator.steps, or secagg_plus without privacy"
+        )
+    if steps:
+        raise ConfigError(
+            f"privacy=dp_fedavg is its own aggregation chain (clip, uniform weights, noise): unset "
+            f"aggregator.steps={steps}"
         )
 
 

@@ -247,6 +247,10 @@ def check_data(section: DataConfig | Mapping[str, Any]) -> None:
     datasets = data.get("datasets")
     members = None if datasets is None else [str(m) for m in datasets]
     check_dataset(str(data["name"]), data["root"], bool(data.get("download")), members)
+    if data.get("partition") is not None:  # a name no partitioner has: one line before Ray starts
+        from .partition import PARTITIONERS
+
+        PARTITIONERS.get(str(data["partition"]))
     own = DATASETS.get(str(data["name"])).check
     if own is not None:
         own(data)

@@ -287,26 +287,7 @@ def build_aggregator(
     on a weight, so w/max_weight ≤ 1); `privacy=dp_fedavg`: its own step (clip, uniform
     weights, noise), alone."""
     if privacy is not None and privacy.ledger is None:
-        if cfg.system.mode != "sync":  # the accountant's sampling model is a round's cohort
-            raise ConfigError(
-                f"privacy=dp_fedavg accounts for synchronous rounds of sampled cohorts: use system.mode=sync "
-                f"(not {cfg.system.mode})"
-            )
-        secure = [n for n in cfg.aggregator.steps if n in ("secagg_plus", "distributed_gaussian")]
-        if secure:  # the noise would be the clients' shares, which no accountant here composes
-            raise ConfigError(
-                f"privacy=dp_fedavg with secure aggregation (aggregator.steps={list(cfg.aggregator.steps)}) "
-                "is not supported yet: distributed_gaussian adds each client's share of the noise before "
-                "secagg_plus's masked sum, but the accountant for it is missing (the shares of clients "
-                "that drop, and secagg_plus's per-coordinate clip and quantisation, change the sum's "
-                "noise and sensitivity: a distributed discrete Gaussian analysis, Kairouz et al. 2021); "
-                "use privacy=dp_fedavg without aggregator.steps, or secagg_plus without privacy"
-            )
-        if cfg.aggregator.steps:
-            raise ConfigError(
-                f"privacy=dp_fedavg is its own aggregation chain (clip, uniform weights, noise): unset "
-                f"aggregator.steps={list(cfg.aggregator.steps)}"
-            )
+        # its synchronous rounds and an empty `aggregator.steps`: `RootConfig.check` refused the rest
         return Aggregator([DpFedAvgStep(privacy)])
     steps = [AGGREGATION_STEPS[name](cfg) for name in cfg.aggregator.steps]
     for i, s in enumerate(steps):

@@ -24,6 +24,7 @@ from .accountant import (
     adaptive_noise_multipliers,
     calibrate_noise_multiplier,
 )
+from .channels import OTHER_CHANNELS, PRIVATE_PROTOTYPES, channel_refusal, releases_of
 from .dp_sgd import DpSgdLedger
 
 __all__ = [
@@ -34,53 +35,6 @@ __all__ = [
     "channel_refusal",
     "releases_of",
 ]
-
-#: methods whose clients upload something besides the model delta (or whose server builds a
-#: model per client from individual updates), which `privacy=dp_fedavg` does not privatise
-OTHER_CHANNELS: dict[str, str] = {
-    "fedtgp": "class prototypes (mean features per class, and their counts) to a server that trains on "
-    "them (privatised for fedproto and fedtsp only)",
-    "creff": "per-class feature gradients and class counts",
-    "clip2fl": "per-class feature gradients and class counts (CReFF's federated features)",
-    "ccvr": "per-class feature means, covariances and counts",
-    "feddistill": "per-class mean logits and counts",
-    "scaffold": "control-variate deltas",
-    "fednova": "local step counts (its normalised averaging)",
-    "fedfomo": "weights over other clients' models from its validation loss (and per-client models)",
-    "fedamp": "nothing else, but its server builds a model per client from individual updates",
-}
-
-
-#: methods whose class prototypes privacy=dp_fedavg privatises (core/privacy/prototypes.py)
-PRIVATE_PROTOTYPES = ("fedproto", "fedtsp")
-
-
-def releases_of(method: str, config: Any) -> int:
-    """How many Gaussian releases a round of `method` (its config `config`) makes under
-    privacy=dp_fedavg: the model's, and the prototype methods' prototype sum and holder count
-    (without shared weights those two only)."""
-    if method not in PRIVATE_PROTOTYPES:
-        return 1
-    return 2 + int(bool(getattr(config, "share_weights", False)))
-
-
-def channel_refusal(method: str, config: Any = None) -> str | None:
-    """One line refusing `method` under privacy=dp_fedavg, or None when what it uploads is
-    privatised (its model; FedProto's and FedTSP's prototypes too)."""
-    if method == "fedtsp" and getattr(config, "weighting", "uniform") == "count":
-        return (
-            "privacy=dp_fedavg averages FedTSP's image prototypes over the clients that hold each class "
-            "(a noised count): the example counts method.weighting=count needs have no bound a noise "
-            "could be set for; add method.weighting=uniform (the authors' code)"
-        )
-    channel = OTHER_CHANNELS.get(method)
-    if channel is None:
-        return None
-    return (
-        f"privacy=dp_fedavg privatises the model delta only; method={method} also uploads {channel}, "
-        "which would be released without noise: use a method that uploads only its model "
-        "(fedavg, fedprox, fedavgm, fedadam, fedglcl, promptfl, ...)"
-    )
 
 
 class BudgetSpent(Exception):
@@ -142,23 +96,12 @@ class PrivacyPlan:
             sigma = math.sqrt(releases) * calibrate_noise_multiplier(
                 float(privacy.target_epsilon), float(privacy.delta), sampling, int(fl.rounds), method
             )
-        if releases > 1 and privacy.adaptive:
-            raise ConfigError(
-                "privacy.adaptive moves the clip from the model updates' norms; the prototypes this "
-                "method also uploads are clipped to a fixed privacy.clip: set privacy.adaptive=false"
-            )
         count_std, update_sigma = 0.0, float(sigma)
         if privacy.adaptive:
             # Andrew et al.'s (and Flower's) m/20; where that is not above σ/2 (small cohorts, large
             # σ) σ itself, which raises the update's noise by 15% (σ_Δ = σ/√(3/4))
             count_std = float(privacy.clipped_count_stddev or max(cohort / 20, float(sigma)))
             update_sigma = adaptive_noise_multipliers(float(sigma), count_std)
-        if privacy.max_epsilon is not None and privacy.target_epsilon is not None:
-            if privacy.max_epsilon < privacy.target_epsilon:
-                raise ConfigError(
-                    f"privacy.max_epsilon={privacy.max_epsilon:g} is below privacy.target_epsilon="
-                    f"{privacy.target_epsilon:g}: the run would stop before its planned rounds"
-                )
         return cls(
             name=privacy.name, clip=float(privacy.clip), noise_multiplier=float(sigma),
             update_noise_multiplier=update_sigma, count_stddev=count_std, sampling=sampling,

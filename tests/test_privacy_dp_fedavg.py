@@ -216,6 +216,15 @@ def test_what_dp_fedavg_cannot_privatise_is_refused_in_one_line(extra, says, tmp
     assert not (tmp_path / "default").exists()
 
 
+def test_a_plan_with_prototype_releases_refuses_adaptive_clipping_itself():
+    """The command line refuses adaptive clipping for FedProto before Ray (`check_method`); a plan
+    made without that check (the testing kit's loops, a user's own driver) refuses it too."""
+    cfg = compose([*DP, "privacy.noise_multiplier=1", "privacy.adaptive=true"])
+    assert PrivacyPlan.of(cfg.privacy, cfg.fl, 2, releases=1).adaptive
+    with pytest.raises(ConfigError, match="set privacy.adaptive=false"):
+        PrivacyPlan.of(cfg.privacy, cfg.fl, 2, releases=2)
+
+
 #: each command line of argv[1] through `main` in a fresh interpreter that cannot import torch,
 #: Lightning or Ray: what it printed and returned
 _WITHOUT_TORCH = """

@@ -55,12 +55,14 @@ def channel_refusal(method: str, config: Any = None) -> str | None:
     )
 
 
+#: adaptive clipping with prototype releases: the clip follows the model updates' norms only
+ADAPTIVE_WITH_PROTOTYPES = (
+    "privacy.adaptive moves the clip from the model updates' norms; the prototypes this "
+    "method also uploads are clipped to a fixed privacy.clip: set privacy.adaptive=false"
+)
+
+
 def adaptive_refusal(method: str, config: Any = None) -> str | None:
     """One line refusing adaptive clipping for a method whose round makes more than one release
     (its prototypes are clipped to a fixed `privacy.clip`), or None."""
-    if releases_of(method, config) > 1:
-        return (
-            "privacy.adaptive moves the clip from the model updates' norms; the prototypes this "
-            "method also uploads are clipped to a fixed privacy.clip: set privacy.adaptive=false"
-        )
-    return None
+    return ADAPTIVE_WITH_PROTOTYPES if releases_of(method, config) > 1 else None

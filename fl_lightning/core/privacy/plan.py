@@ -24,7 +24,13 @@ from .accountant import (
     adaptive_noise_multipliers,
     calibrate_noise_multiplier,
 )
-from .channels import OTHER_CHANNELS, PRIVATE_PROTOTYPES, channel_refusal, releases_of
+from .channels import (
+    ADAPTIVE_WITH_PROTOTYPES,
+    OTHER_CHANNELS,
+    PRIVATE_PROTOTYPES,
+    channel_refusal,
+    releases_of,
+)
 from .dp_sgd import DpSgdLedger
 
 __all__ = [
@@ -96,6 +102,8 @@ class PrivacyPlan:
             sigma = math.sqrt(releases) * calibrate_noise_multiplier(
                 float(privacy.target_epsilon), float(privacy.delta), sampling, int(fl.rounds), method
             )
+        if releases > 1 and privacy.adaptive:  # `check_method` refuses it first; a plan made otherwise too
+            raise ConfigError(ADAPTIVE_WITH_PROTOTYPES)
         count_std, update_sigma = 0.0, float(sigma)
         if privacy.adaptive:
             # Andrew et al.'s (and Flower's) m/20; where that is not above σ/2 (small cohorts, large

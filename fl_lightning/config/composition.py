@@ -225,33 +225,28 @@ def _hint_preset(name: str) -> None:
         )
 
 
-# Both read a dataclass's type hints (`typing.get_type_hints`, ~1 ms for RootConfig), which a
-# compose asked for five times: a class's fields do not change, so each is read once.
-@functools.cache
 def _bool_keys(cls: Any, prefix: str = "") -> tuple[str, ...]:
     """The dotted keys of the `bool` fields of a config dataclass, nested ones included."""
-    hints = typing.get_type_hints(cls)
-    out: list[str] = []
-    for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        if kind is bool:
-            out.append(prefix + f.name)
-        elif dataclasses.is_dataclass(kind):
-            out += _bool_keys(kind, f"{prefix}{f.name}.")
-    return tuple(out)
+    return _keys_of(cls, prefix, "bool")
 
 
-@functools.cache
 def _literal_keys(cls: Any, prefix: str = "") -> tuple[str, ...]:
     """The dotted keys of the `Literal` fields of a config dataclass, nested ones included."""
+    return _keys_of(cls, prefix, "literal")
+
+
+# It reads a dataclass's type hints (`typing.get_type_hints`, ~1 ms for RootConfig), which a
+# compose asked for five times: a class's fields do not change, so each is read once.
+@functools.cache
+def _keys_of(cls: Any, prefix: str, kind: Literal["bool", "literal"]) -> tuple[str, ...]:
     hints = typing.get_type_hints(cls)
     out: list[str] = []
     for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        if typing.get_origin(kind) is Literal:
+        hint, nested = hints[f.name], dataclasses.is_dataclass(hints[f.name])  # (a hint stays hashable)
+        if hint is bool if kind == "bool" else typing.get_origin(hint) is Literal:
             out.append(prefix + f.name)
-        elif dataclasses.is_dataclass(kind):
-            out += _literal_keys(kind, f"{prefix}{f.name}.")
+        elif nested:
+            out += _keys_of(hint, f"{prefix}{f.name}.", kind)
     return tuple(out)
 
 

@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,26 @@ def test_overrides_groups_and_fraction():
     assert clients_per_round(cfg) == 10
     assert clients_per_round(compose(["fl.fraction=0.25", "fl.num_clients=10"])) == 2  # round(2.5)
     assert compose(["runtime=serial"]).runtime.executor == "serial"
+
+
+def test_composes_share_nothing_and_read_an_edited_file_again(tmp_path, monkeypatch):
+    """A compose parses each conf file once per text and copies RootConfig's schema built once
+    (`composition._parsed`, `schema`): what one compose set never reaches the next (a shared
+    schema or parsed file would carry it), and a file edited between two composes in one
+    process, to the same size within one clock tick, is read as it is now."""
+    from fl_lightning.config.composition import compose_tree
+
+    assert compose_tree(["fl.rounds=7", "method=fedprox", "method.mu=0.3"]).method.mu == 0.3
+    plain = compose_tree([])  # FedAvg's: FedProx's key (no file sets it) is not carried over
+    assert (plain.fl.rounds, plain.method.name, "mu" in plain.method) == (10, "fedavg", False)
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir(), conf)
+    monkeypatch.setenv("FL_LIGHTNING_CONF", str(conf))
+    base = conf / "config.yaml"
+    text = base.read_text()
+    assert "\n  rounds: 10\n" in text and compose([]).fl.rounds == 10
+    base.write_text(text.replace("\n  rounds: 10\n", "\n  rounds: 20\n"))  # the same size
+    assert compose([]).fl.rounds == 20
 
 
 def test_list_prints_one_line_per_method_with_its_paper_and_needs(capsys):

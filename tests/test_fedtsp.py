@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -368,7 +369,11 @@ def test_soft_prompts_survive_checkpoint_and_resume(serial_run, tsp, tmp_path):
         assert set(personal) == set(
             build_client_model("htfe_cnn3", cid, 10, 1, 28, feature_dim=384).state_dict()
         )
-    # resume: round 3 continues from the checkpointed prompts, logit scale and momentum
+    # resume: round 3 continues from the checkpointed prompts, logit scale and momentum; in a
+    # copy, as `once` asks (the shared run is read by the other tests of this file, on any
+    # worker, before or after this one: resumed in place, a later one found three rounds)
+    run_dir = Path(shutil.copytree(run_dir, tmp_path / "copy" / run_dir.name))
+    (run_dir / ".lock").unlink(missing_ok=True)
     assert main(["resume", str(run_dir), "fl.rounds=3", "--quiet"]) == 0
     assert [r["round"] for r in _records(run_dir)] == [1, 2, 3]
     state3, _, _ = checkpoint.load(run_dir / "checkpoints" / "round-000003.json")

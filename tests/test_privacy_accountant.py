@@ -84,9 +84,15 @@ def test_fixed_cohorts_are_replace_one_with_twice_the_sensitivity():
         UserLevelAccountant(Sampling("without_replacement", 100, 10), 1.0, 1e-5, method="pld")
 
 
-@pytest.mark.parametrize("kind", ["without_replacement", "poisson"])
-@pytest.mark.parametrize("target", [1.0, 4.0, 8.0])
-@pytest.mark.parametrize("rounds", [10, 100])
+#: every target and length under Poisson sampling; three of the six without replacement, whose
+#: RDP bound dp-accounting computes ~3x slower (2.3 CPU-s a search): each target once, both lengths
+CALIBRATIONS = [
+    *((kind, target, rounds) for kind in ["poisson"] for target in (1.0, 4.0, 8.0) for rounds in (10, 100)),
+    ("without_replacement", 1.0, 100), ("without_replacement", 4.0, 10), ("without_replacement", 8.0, 100),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "target", "rounds"), CALIBRATIONS)
 def test_calibrated_sigma_never_overshoots(kind, target, rounds):
     """The σ found for a target ε meets it, and is tight: a σ smaller by more than the search's
     tolerance would overshoot (Opacus' `get_noise_multiplier` contract)."""

@@ -23,6 +23,7 @@ from .composition import (
     _texts,
     check_bools,
     method_modules,
+    schema,
     validate,
 )
 from .typed import typed
@@ -165,7 +166,7 @@ def _saved_config(path: Path, overrides: list[str]) -> RootConfig:
         )
     try:
         try:
-            cfg = OmegaConf.structured(RootConfig)
+            cfg = schema(RootConfig)
             OmegaConf.set_struct(cfg, False)
             cfg.merge_with(_texts(doc))
             OmegaConf.set_struct(cfg, True)

@@ -22,6 +22,7 @@ from .composition import (
     check_bools,
     compose_tree,
     method_modules,
+    schema,
     sections,
 )
 
@@ -59,7 +60,7 @@ def method_config(cfg: DictConfig) -> MethodConfig:
     check_bools({"method": keys}, _bool_keys(cls, "method."))  # cfg.method is untyped: its raw values
     try:
         values = OmegaConf.create(keys)
-        method_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), values))
+        method_cfg = OmegaConf.to_object(OmegaConf.merge(schema(cls), values))
     except OmegaConfBaseException as e:
         raise _schema_errors(e) from None
     assert isinstance(method_cfg, MethodConfig)

@@ -1,13 +1,13 @@
-"""Journey 5 on one machine: a Ray head started with `ray start --head`, a run submitted to
-it with `cluster/submit.sh` (`ray job submit --working-dir <repo>`, data excluded from the
-upload), whose driver joins that head's cluster.
+"""A user's own Ray head on this machine, for the tests (test_local_ray.py): `ray start --head`
+on loopback (shared/RAY_LOCAL.md: every variable of `local_ray.loopback_cli_env`, its own
+short RAY_TMPDIR, its own ports), and journey 5 against it: a run submitted with
+`cluster/submit.sh` (`ray job submit --working-dir <repo>`, data excluded from the upload),
+whose driver joins that head's cluster.
 
-The head stays on loopback (shared/RAY_LOCAL.md: every variable of
-`local_ray.loopback_cli_env`, its own short RAY_TMPDIR, its own ports). It is stopped
-without `ray stop` (which stops every Ray process on the machine, including the session's
-`ray_session` instance and other people's): `ray start --block` keeps the head's processes
-below one parent, so the test collects that parent's descendants from /proc, sends the
-parent SIGTERM (Ray then shuts its node down), and SIGKILLs only those collected PIDs that
+A head is stopped without `ray stop` (which stops every Ray process on the machine, including
+the session's `ray_session` instance and other people's): `ray start --block` keeps the head's
+processes below one parent, so `Head.stop` collects that parent's descendants from /proc, sends
+the parent SIGTERM (Ray then shuts its node down), and SIGKILLs only those collected PIDs that
 are still alive afterwards (checked against their start time, so a reused PID is never hit).
 """
 
@@ -24,8 +24,6 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-
-import pytest
 
 from fl_lightning.runtime.local_ray import loopback_cli_env
 
@@ -176,21 +174,10 @@ class Head:
         return killed
 
 
-@pytest.fixture
-def ray_head():
-    head = Head()
-    try:
-        head.wait_ready()
-        yield head
-    finally:
-        head.stop()
-
-
-@pytest.mark.timeout(240)
-def test_submitted_job_joins_the_head_and_writes_its_run(tmp_path, data_root, ray_head):
-    out = tmp_path / "runs"
+def submit_run(head: Head, out: Path, data_root: str) -> subprocess.CompletedProcess[str]:
+    """Journey 5: a small run submitted to `head` with `cluster/submit.sh`, writing below `out`."""
     cmd = [
-        str(REPO / "cluster" / "submit.sh"), "--address", ray_head.url, "run",
+        str(REPO / "cluster" / "submit.sh"), "--address", head.url, "run",
         "data=fmnist", "data.train_subset=200", "data.test_subset=100", "fl.num_clients=2", "fl.rounds=1",
         "fl.local_steps=2", *NARROW, "logger=none", f"output_dir={out}",
         f"data.root={Path(data_root).expanduser().resolve()}", "experiment=job", "run_id=submitted",
@@ -198,17 +185,22 @@ def test_submitted_job_joins_the_head_and_writes_its_run(tmp_path, data_root, ra
         # placement, and each worker costs ~7 CPU-seconds to start
         "runtime.placement=pool", "runtime.num_actors=1",
     ]  # fmt: skip
-    res = subprocess.run(cmd, env=ray_head.env, capture_output=True, text=True, timeout=180)
+    return subprocess.run(cmd, env=head.env, capture_output=True, text=True, timeout=300)
+
+
+def check_submitted(head: Head, res: subprocess.CompletedProcess[str], out: Path) -> None:
+    """The submitted run joined the head's cluster (not a private local Ray), the head listened
+    on loopback only, the run wrote its summary, and the upload held the code and config but
+    none of the data, runs or environment."""
     logs = res.stdout + res.stderr
     assert res.returncode == 0, logs[-4000:]
-    addresses = _listening(set(_descendants(ray_head.proc.pid)) | {ray_head.proc.pid})
+    addresses = _listening(set(_descendants(head.proc.pid)) | {head.proc.pid})
     assert addresses and set(addresses) <= {"127.0.0.1", "::1"}, addresses  # shared/RAY_LOCAL.md
     assert "ray: joined the cluster at 127.0.0.1:" in logs  # not a private local Ray
     summary = json.loads((out / "job" / "submitted" / "summary.json").read_text())
     assert summary["rounds_completed"] == 1 and summary["num_actors"] == 1
     assert summary["final_accuracy"] is not None
-    # The upload held the code and config but none of the data, runs or environment.
-    pkgs = [p for p in Path(ray_head.tmp).rglob("working_dir_files/*") if p.is_dir()]
+    pkgs = [p for p in Path(head.tmp).rglob("working_dir_files/*") if p.is_dir()]
     assert pkgs, "no unpacked working dir found under the head's RAY_TMPDIR"
     wd = pkgs[0]
     assert (wd / "fl_lightning" / "data" / "datasets.py").is_file() and (

@@ -96,6 +96,10 @@ def test_composes_share_nothing_and_read_an_edited_file_again(tmp_path, monkeypa
     assert compose_tree(["fl.rounds=7", "method=fedprox", "method.mu=0.3"]).method.mu == 0.3
     plain = compose_tree([])  # FedAvg's: FedProx's key (no file sets it) is not carried over
     assert (plain.fl.rounds, plain.method.name, "mu" in plain.method) == (10, "fedavg", False)
+    # the method's own schema, shared with `OmegaConf.merge` (which copies it): its default stays
+    default = type(compose(["method=fedprox"]).method)().mu
+    assert compose(["method=fedprox", f"method.mu={default + 0.25}"]).method.mu == default + 0.25
+    assert compose(["method=fedprox"]).method.mu == default
     conf = tmp_path / "conf"
     shutil.copytree(conf_dir(), conf)
     monkeypatch.setenv("FL_LIGHTNING_CONF", str(conf))

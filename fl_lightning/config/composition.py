@@ -257,9 +257,12 @@ def _schema(cls: Any) -> DictConfig:
     return OmegaConf.structured(cls)
 
 
-def schema(cls: Any) -> DictConfig:
-    """A fresh `OmegaConf.structured(cls)`: the same tree, flags and types, a copy of one built once."""
-    return copy.deepcopy(_schema(cls))
+def schema(cls: Any, shared: bool = False) -> DictConfig:
+    """A fresh `OmegaConf.structured(cls)`: the same tree, flags and types, a copy of one built once;
+    `shared`: that one itself, for a caller that never changes it (`OmegaConf.merge` copies its first
+    argument)."""
+    built = _schema(cls)
+    return built if shared else copy.deepcopy(built)
 
 
 def _texts(tree: Any) -> Any:

@@ -60,7 +60,7 @@ def method_config(cfg: DictConfig) -> MethodConfig:
     check_bools({"method": keys}, _bool_keys(cls, "method."))  # cfg.method is untyped: its raw values
     try:
         values = OmegaConf.create(keys)
-        method_cfg = OmegaConf.to_object(OmegaConf.merge(schema(cls), values))
+        method_cfg = OmegaConf.to_object(OmegaConf.merge(schema(cls, shared=True), values))  # merge copies it
     except OmegaConfBaseException as e:
         raise _schema_errors(e) from None
     assert isinstance(method_cfg, MethodConfig)
